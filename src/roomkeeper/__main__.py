@@ -1,0 +1,5 @@
+"""``python -m roomkeeper``: the same as the ``roomkeeper`` command."""
+
+from roomkeeper.cli import main
+
+main()

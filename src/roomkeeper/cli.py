@@ -1,0 +1,185 @@
+"""The ``roomkeeper`` command.
+
+Log lines go to stderr, answers to stdout; a refusal or an unknown reading is
+an answer (exit 0), and only a usage error exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from roomkeeper import __version__
+from roomkeeper.admission import Decision, Guard, memory_line
+from roomkeeper.config import read_settings
+from roomkeeper.errors import SizeError
+from roomkeeper.parsers import Pressure
+from roomkeeper.paths import home_dir
+from roomkeeper.resources import Resources, read_resources
+from roomkeeper.units import format_gb, parse_size
+
+
+def parse_size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """Click callback: a size such as ``600M``, ``1.5G``, ``512K`` or plain bytes."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value, name=param.name or "size")
+    except SizeError as err:
+        raise click.BadParameter(str(err), ctx=ctx, param=param) from err
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("roomkeeper: %(levelname)s %(message)s"))
+    root = logging.getLogger("roomkeeper")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="roomkeeper")
+@click.option("-v", "--verbose", is_flag=True, help="Log more detail to stderr.")
+def main(verbose: bool) -> None:
+    """roomkeeper: admit work only when the container has room for it."""
+    _setup_logging(verbose)
+
+
+def _pressure_json(p: Pressure | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    lines = {"some": p.some, "full": p.full}
+    return {
+        name: None
+        if line is None
+        else {
+            "avg10": line.avg10,
+            "avg60": line.avg60,
+            "avg300": line.avg300,
+            "total_us": line.total_us,
+        }
+        for name, line in lines.items()
+    }
+
+
+def probe_report(resources: Resources, decision: Decision) -> dict[str, Any]:
+    """The JSON object ``roomkeeper probe --json`` prints."""
+    memory, disk = resources.memory, resources.disk
+    return {
+        "platform": resources.platform,
+        "memory": {
+            "source": memory.source.value,
+            "used_bytes": memory.used_bytes,
+            "limit_bytes": memory.limit_bytes,
+            "limit_origin": memory.limit_origin.value,
+            "group": memory.group,
+            "line_bytes": decision.memory_line_bytes,
+            "unknown_reason": memory.unknown_reason,
+        },
+        "pressure": {
+            "source": resources.pressure_source,
+            "memory": _pressure_json(resources.memory_pressure),
+            "cpu": _pressure_json(resources.cpu_pressure),
+        },
+        "load_per_core": resources.load_per_core,
+        "disk": {
+            "path": disk.path,
+            "free_bytes": disk.free_bytes,
+            "total_bytes": disk.total_bytes,
+            "unknown_reason": disk.unknown_reason,
+        },
+        "decision": {
+            "admit": decision.admit,
+            "reason": decision.reason.value,
+            "summary": decision.summary,
+            "estimate_bytes": decision.estimate_bytes,
+        },
+    }
+
+
+def _pressure_text(p: Pressure | None) -> str:
+    if p is None:
+        return "not available"
+    text = f"some {p.some.avg10:.2f}/{p.some.avg60:.2f}/{p.some.avg300:.2f}"
+    if p.full is not None:
+        text += f", full {p.full.avg10:.2f}/{p.full.avg60:.2f}/{p.full.avg300:.2f}"
+    return text + " % (avg10/60/300)"
+
+
+def _probe_table(resources: Resources, decision: Decision, headroom_percent: float) -> Table:
+    memory, disk = resources.memory, resources.disk
+    table = Table(title="roomkeeper probe", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("reading")
+    if memory.used_bytes is not None and memory.limit_bytes is not None:
+        line = memory_line(memory.limit_bytes, headroom_percent)
+        table.add_row("memory source", memory.source.value)
+        if memory.group:
+            table.add_row("cgroup", memory.group)
+        table.add_row("memory used", format_gb(memory.used_bytes))
+        table.add_row(
+            "memory limit", f"{format_gb(memory.limit_bytes)} from {memory.limit_origin.value}"
+        )
+        table.add_row(
+            "headroom line", f"{format_gb(line)} (limit - min({headroom_percent:g} %, 8 GB))"
+        )
+    else:
+        table.add_row("memory", f"unknown: {memory.unknown_reason}")
+    table.add_row(
+        f"memory pressure ({resources.pressure_source})", _pressure_text(resources.memory_pressure)
+    )
+    table.add_row("cpu pressure", _pressure_text(resources.cpu_pressure))
+    if resources.load_per_core is not None:
+        table.add_row("load per core", f"{resources.load_per_core:.2f}")
+    if disk.free_bytes is not None and disk.total_bytes is not None:
+        table.add_row(
+            "disk",
+            f"{format_gb(disk.free_bytes)} free of {format_gb(disk.total_bytes)} at {disk.path}",
+        )
+    else:
+        table.add_row("disk", f"unknown at {disk.path}: {disk.unknown_reason}")
+    verdict = "[green]admit[/green]" if decision.admit else "[red]refuse[/red]"
+    table.add_row(
+        f"one more job ({format_gb(decision.estimate_bytes)})",
+        f"{verdict} ({decision.reason.value}): {decision.summary}",
+    )
+    return table
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Write one JSON object to stdout.")
+@click.option(
+    "--memory",
+    callback=parse_size_option,
+    metavar="SIZE",
+    help="Judge a job of this size (600M, 1.5G); default ROOMKEEPER_JOB_MEMORY_MB.",
+)
+@click.option(
+    "--disk",
+    callback=parse_size_option,
+    metavar="SIZE",
+    help="Judge a job needing this much disk; default ROOMKEEPER_JOB_DISK_MB.",
+)
+def probe(as_json: bool, memory: int | None, disk: int | None) -> None:
+    """Show what roomkeeper reads, and whether one more job fits now."""
+    home_dir()  # ROOMKEEPER_HOME is created on first use
+    settings = read_settings()
+    resources = read_resources(settings=settings)
+    decision = Guard().check(memory_bytes=memory, disk_bytes=disk, resources=resources)
+    if as_json:
+        click.echo(json.dumps(probe_report(resources, decision)))
+        return
+    Console(soft_wrap=False).print(
+        _probe_table(resources, decision, settings.memory_headroom_percent)
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

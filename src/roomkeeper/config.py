@@ -1,0 +1,164 @@
+"""Settings read from ``ROOMKEEPER_*`` variables, afresh on every call.
+
+There is no restart to reconfigure (DESIGN.md): every part asks
+:func:`read_settings` when it needs a value.  A value that cannot be used is
+replaced by its default and said so in the log once per distinct value, so a
+typo is visible without flooding the log of a loop that reads it every round.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from roomkeeper.units import MIB
+
+log = logging.getLogger("roomkeeper")
+
+_T = TypeVar("_T")
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+_TRUE_WORDS = {"on", "1", "true", "yes"}
+_FALSE_WORDS = {"off", "0", "false", "no"}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """One consistent snapshot of every variable the guard uses.
+
+    Sizes are bytes (the variables are MiB); durations are seconds.
+    """
+
+    guard_on: bool = True
+    job_memory_bytes: int = 1024 * MIB
+    memory_headroom_percent: float = 10.0
+    job_warmup_seconds: float = 600.0
+    job_disk_bytes: int = 2048 * MIB
+    disk_headroom_percent: float = 10.0
+    memory_limit_bytes: int | None = None
+    workspace: str | None = None
+
+
+def warn_once(name: str, value: str, message: str) -> None:
+    """Log ``message`` once per (variable, value) for the life of the process."""
+    key = (name, value)
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning(message)
+
+
+def _variable(
+    env: Mapping[str, str],
+    name: str,
+    default: _T,
+    convert: Callable[[str], _T],
+    rule: str,
+) -> _T:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return convert(raw.strip())
+    except (ValueError, OverflowError):
+        warn_once(name, raw, f"{name}={raw!r} is not usable: {rule}; using the default {default}")
+        return default
+
+
+def _number(low: float, high: float) -> Callable[[str], float]:
+    def convert(text: str) -> float:
+        value = float(text)
+        if not (low <= value <= high):  # also rejects nan
+            raise ValueError(text)
+        return value
+
+    return convert
+
+
+def _integer(low: int, high: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        value = int(text)
+        if not (low <= value <= high):
+            raise ValueError(text)
+        return value
+
+    return convert
+
+
+def _mib(low: float) -> Callable[[str], int]:
+    to_number = _number(low, 2**43)  # 8 EiB in MiB: anything larger is a typo
+
+    def convert(text: str) -> int:
+        return int(to_number(text) * MIB)
+
+    return convert
+
+
+def _switch(text: str) -> bool:
+    word = text.lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise ValueError(text)
+
+
+_MIB_AT_LEAST_0 = _mib(0)
+_MIB_AT_LEAST_1 = _mib(1)
+_PERCENT = _number(0, 100)
+_SECONDS = _number(0, 10**9)
+
+
+def read_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read every ``ROOMKEEPER_*`` variable now.
+
+    Args:
+        env: the environment to read; ``os.environ`` when omitted.
+    """
+    env = os.environ if env is None else env
+    d = Settings()
+    stated_limit = _variable(
+        env, "ROOMKEEPER_MEMORY_LIMIT_MB", None, _MIB_AT_LEAST_1, "a number of MiB greater than 0"
+    )
+    return Settings(
+        guard_on=_variable(env, "ROOMKEEPER_GUARD", d.guard_on, _switch, "on or off"),
+        job_memory_bytes=_variable(
+            env,
+            "ROOMKEEPER_JOB_MEMORY_MB",
+            d.job_memory_bytes,
+            _MIB_AT_LEAST_0,
+            "a number of MiB >= 0",
+        ),
+        memory_headroom_percent=_variable(
+            env,
+            "ROOMKEEPER_MEMORY_HEADROOM_PERCENT",
+            d.memory_headroom_percent,
+            _PERCENT,
+            "a percentage from 0 to 100",
+        ),
+        job_warmup_seconds=_variable(
+            env,
+            "ROOMKEEPER_JOB_WARMUP_SECONDS",
+            d.job_warmup_seconds,
+            _SECONDS,
+            "a number of seconds >= 0",
+        ),
+        job_disk_bytes=_variable(
+            env, "ROOMKEEPER_JOB_DISK_MB", d.job_disk_bytes, _MIB_AT_LEAST_0, "a number of MiB >= 0"
+        ),
+        disk_headroom_percent=_variable(
+            env,
+            "ROOMKEEPER_DISK_HEADROOM_PERCENT",
+            d.disk_headroom_percent,
+            _PERCENT,
+            "a percentage from 0 to 100",
+        ),
+        memory_limit_bytes=stated_limit,
+        workspace=env.get("ROOMKEEPER_WORKSPACE") or None,
+    )

@@ -1,0 +1,52 @@
+"""The one exception tree of roomkeeper.
+
+::
+
+    RoomkeeperError                 base of everything roomkeeper raises on purpose
+    ├── UsageError                  a person or caller gave a value we cannot use
+    │   └── SizeError               a size such as ``600M`` could not be read
+    └── KernelFileError         a kernel file did not have the shape we expect
+
+Readers never let ``KernelFileError`` or ``OSError`` escape to the caller:
+they translate both, at one boundary in :mod:`roomkeeper.resources`, into a
+reading marked *unknown* with a reason.  Exceptions carry the fields a caller
+needs to act on them, not only a message.
+"""
+
+from __future__ import annotations
+
+
+class RoomkeeperError(Exception):
+    """Base class of every error roomkeeper raises on purpose."""
+
+
+class UsageError(RoomkeeperError, ValueError):
+    """A value given by a person or a caller cannot be used.
+
+    Attributes:
+        name: what the value was for (a flag, a variable, an argument).
+        value: the text or value that was given.
+    """
+
+    def __init__(self, message: str, *, name: str = "", value: object = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.value = value
+
+
+class SizeError(UsageError):
+    """A size such as ``600M``, ``1.5G`` or ``512K`` could not be read."""
+
+
+class KernelFileError(RoomkeeperError):
+    """A kernel file's text does not have the shape the parser expects.
+
+    Attributes:
+        what: which file it was, by its kernel name (``memory.stat``).
+        detail: what was wrong with it.
+    """
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(f"{what}: {detail}")
+        self.what = what
+        self.detail = detail
