@@ -316,11 +316,12 @@ class Guard:
         disk = None
         if memory.known:
             disk = resources.disk if resources is not None else read_disk(self._volume(settings))
-        self._announce(
-            (memory.describe(), disk.path if disk else None),
-            f'roomkeeper guard is on {{reads: "{memory.describe()}", '
-            f'volume: "{disk.path if disk else "not read"}"}}',
-        )
+        reads = memory.describe()
+        volume = disk.path if disk else "not read"
+        if (reads, volume) != self._announced:
+            self._announce(
+                (reads, volume), f'roomkeeper guard is on {{reads: "{reads}", volume: "{volume}"}}'
+            )
         if memory.used_bytes is None or memory.limit_bytes is None:
             summary = f"measurements unavailable: memory unknown ({memory.unknown_reason})"
             return Decision(job_id, False, Reason.UNKNOWN, _fit(summary), memory, None, estimate)
@@ -330,11 +331,10 @@ class Guard:
         total = used + reserved + estimate
         figures = (
             f"used {_g(used)} + young {_g(reserved)} ({len(young)}) + job {_g(estimate)} "
-            f"= {_g(total)}"
+            f"= {_g(total)} %s line {_g(line)} (limit {_g(limit)}, {memory.source.value})"
         )
-        where = f"limit {_g(limit)}, {memory.source.value}"
         if total > line:
-            summary = f"no room for memory (GB): {figures} > line {_g(line)} ({where})"
+            summary = f"no room for memory (GB): {figures % '>'}"
             return Decision(
                 job_id, False, Reason.MEMORY, _fit(summary), memory, None, estimate, reserved, line
             )
@@ -350,7 +350,7 @@ class Guard:
             f"of {_g(disk.total_bytes)}"
         )
         if disk.free_bytes < needed:
-            summary = f"no room on disk (GB): {disk_figures}"
+            summary = f"no room on disk (GB): {disk_figures}; memory {figures % '<='}"
             return Decision(job_id, False, Reason.DISK, _fit(summary), *common)
-        summary = f"room (GB): {figures} <= line {_g(line)} ({where}); disk {disk_figures}"
+        summary = f"room (GB): memory {figures % '<='}; disk {disk_figures}"
         return Decision(job_id, True, Reason.OK, _fit(summary), *common)

@@ -5,7 +5,8 @@
     RoomkeeperError                 base of everything roomkeeper raises on purpose
     ├── UsageError                  a person or caller gave a value we cannot use
     │   └── SizeError               a size such as ``600M`` could not be read
-    └── KernelFileError         a kernel file did not have the shape we expect
+    ├── KernelFileError         a kernel file did not have the shape we expect
+    └── LaunchError                 a managed process could not be started (``job_id``)
 
 Readers never let ``KernelFileError`` or ``OSError`` escape to the caller:
 they translate both, at one boundary in :mod:`roomkeeper.resources`, into a
@@ -50,3 +51,17 @@ class KernelFileError(RoomkeeperError):
         super().__init__(f"{what}: {detail}")
         self.what = what
         self.detail = detail
+
+
+class LaunchError(RoomkeeperError):
+    """A managed process could not be started: nothing of it is left running.
+
+    Attributes:
+        job_id: the job whose launch failed.
+        reason: what was wrong (a missing executable, a bad working directory...).
+    """
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        super().__init__(f"job {job_id!r} could not start: {reason}")
+        self.job_id = job_id
+        self.reason = reason

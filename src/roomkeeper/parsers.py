@@ -203,6 +203,10 @@ def parse_proc_self_cgroup(raw: bytes) -> tuple[str | None, str | None]:
         if not line.strip():
             continue
         parts = line.split(":", 2)
+        if len(parts) == 3 and parts[0] != "0" and "memory" not in parts[1]:
+            if not parts[2].startswith("/"):
+                raise KernelFileError(what, f"unexpected line {line[:60]!r}")
+            continue  # another v1 controller
         if len(parts) != 3 or not parts[2].startswith("/"):
             raise KernelFileError(what, f"unexpected line {line[:60]!r}")
         hierarchy, controllers, path = parts

@@ -16,6 +16,7 @@ the one boundary where ``OSError`` and
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import select
 import sys
@@ -252,6 +253,7 @@ def _locate(proc_root: str, cgroup_root: str) -> _Hierarchy | None:
         mounts = _mount_table.mounts()
     else:
         mounts = parsers.parse_mountinfo(_read(f"{proc_root}/self/mountinfo"))
+    missing_v2 = ""
     if v2_path is not None:
         for mount in mounts:
             if mount.fs_type != "cgroup2":
@@ -264,12 +266,17 @@ def _locate(proc_root: str, cgroup_root: str) -> _Hierarchy | None:
             # machine, whose memory controller is bound to v1).
             if os.path.exists(f"{own}/memory.current"):
                 return _Hierarchy(2, own, rel, base)
+            missing_v2 = own
     if v1_path is not None:
         for mount in mounts:
             if mount.fs_type == "cgroup" and "memory" in mount.super_options:
                 rel = _relative(v1_path, mount)
                 base = _rebase(mount.mount_point, cgroup_root)
                 return _Hierarchy(1, _join(base, rel), rel, base)
+    if missing_v2 and not os.path.isdir(missing_v2):
+        # Our own v2 group must be readable: it vanished, or this mount does
+        # not show it.  Guessing from meminfo would be wrong.
+        raise FileNotFoundError(errno.ENOENT, "the process's own cgroup is gone", missing_v2)
     return None
 
 

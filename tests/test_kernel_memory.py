@@ -1,0 +1,75 @@
+"""The readers against the real kernel: a real memory cgroup, real page cache, real anon memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from roomkeeper.resources import read_pressure
+from tests.cgroups import child_memory_cgroup
+
+pytestmark = pytest.mark.kernel
+
+MB = 10**6
+GIB = 2**30
+
+# Runs inside the group: joins it first (so what it allocates is charged
+# there), writes 300 MB through the page cache, holds 200 MiB of anonymous
+# memory, then takes a reading from inside and prints it.
+INSIDE = """
+import json, os, sys
+procs, scratch = sys.argv[1], sys.argv[2]
+with open(procs, "w") as f:
+    f.write(str(os.getpid()))
+block = b"x" * (1 << 20)
+with open(scratch, "wb") as f:
+    for _ in range(300):
+        f.write(block)
+held = bytearray(200 * (1 << 20))
+for i in range(0, len(held), 4096):
+    held[i] = 1
+from roomkeeper.config import Settings
+from roomkeeper.resources import read_memory
+r = read_memory(settings=Settings())
+group = os.path.dirname(procs)
+name = "memory.current" if os.path.exists(group + "/memory.current") else "memory.usage_in_bytes"
+charged = int(open(group + "/" + name).read())
+print(json.dumps({"used": r.used_bytes, "limit": r.limit_bytes, "source": r.source.value,
+                  "reason": r.unknown_reason, "charged": charged}))
+"""
+
+
+def test_reading_inside_a_limited_group_reports_its_limit_and_leaves_out_the_cache(
+    tmp_path: Path,
+) -> None:
+    """Inside a real 1 GiB group: the limit exactly, used 200-300 MB though 500 MB are charged."""
+    with child_memory_cgroup(GIB) as (version, group):
+        result = subprocess.run(
+            [sys.executable, "-c", INSIDE, str(group / "cgroup.procs"), str(tmp_path / "cache")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        reading = json.loads(result.stdout)
+    assert reading["reason"] is None
+    assert reading["source"] == f"cgroup v{version}"
+    assert reading["limit"] == GIB
+    assert 200 * MB <= reading["used"] <= 300 * MB, reading
+    # The kernel did charge the page cache to the group; the reading left it out.
+    assert reading["charged"] >= reading["used"] + 250 * MB, reading
+
+
+def test_machine_pressure_is_read_where_the_kernel_has_psi() -> None:
+    """/proc/pressure/memory and cpu parse on this kernel."""
+    if not Path("/proc/pressure/memory").exists():
+        pytest.skip("this kernel has no PSI (/proc/pressure is absent: CONFIG_PSI off)")
+    for kind in ("memory", "cpu"):
+        pressure, source = read_pressure(kind)
+        assert pressure is not None, kind
+        assert source in ("machine", "cgroup")
