@@ -61,6 +61,13 @@ class Reason(enum.Enum):
     MEMORY = "memory"  # no room in the container's memory
     DISK = "disk"  # no room on the workspace volume
     UNKNOWN = "unknown"  # a reading could not be taken: refused
+    # Words the scheduler adds (seed 002): why a job waits or was refused.
+    CPU = "cpu"  # CPU pressure above ROOMKEEPER_CPU_PRESSURE_PERCENT
+    SLOTS = "slots"  # ROOMKEEPER_MAX_RUNNING jobs are running
+    OWNER_SLOTS = "owner_slots"  # this owner runs ROOMKEEPER_MAX_RUNNING_PER_OWNER jobs
+    QUEUED = "queued"  # not judged yet: its turn has not come
+    QUEUE_FULL = "queue_full"  # submission refused: ROOMKEEPER_MAX_WAITING jobs wait
+    OWNER_QUEUE_FULL = "owner_queue_full"  # submission refused: the owner's queue is full
 
 
 @dataclass(frozen=True, slots=True)

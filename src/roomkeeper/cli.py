@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
+import time
+from pathlib import Path
+from typing import Any, TextIO
 
 import click
 from rich.console import Console
@@ -17,12 +19,19 @@ from rich.table import Table
 
 from roomkeeper import __version__
 from roomkeeper.admission import Decision, Guard, memory_line
-from roomkeeper.config import read_settings
-from roomkeeper.errors import SizeError
+from roomkeeper.batch import (
+    BatchProgress,
+    default_logs_dir,
+    read_commands,
+    run_batch,
+    summary_table,
+)
+from roomkeeper.config import read_queue_settings, read_settings
+from roomkeeper.errors import SizeError, UsageError
 from roomkeeper.parsers import Pressure
 from roomkeeper.paths import home_dir
 from roomkeeper.resources import Resources, read_resources
-from roomkeeper.units import format_gb, parse_size
+from roomkeeper.units import format_gb, parse_duration, parse_size
 
 
 def parse_size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -179,6 +188,94 @@ def probe(as_json: bool, memory: int | None, disk: int | None) -> None:
     Console(soft_wrap=False).print(
         _probe_table(resources, decision, settings.memory_headroom_percent)
     )
+
+
+@main.command()
+@click.argument("file", type=click.File("r"), default="-")
+@click.option(
+    "--job-memory",
+    callback=parse_size_option,
+    metavar="SIZE",
+    help="Memory each command is expected to hold (600M, 1.5G); default ROOMKEEPER_JOB_MEMORY_MB.",
+)
+@click.option(
+    "--max-running",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Run at most N at once; default ROOMKEEPER_MAX_RUNNING (4). Memory may allow fewer.",
+)
+@click.option(
+    "--timeout",
+    "timeout_text",
+    metavar="DURATION",
+    default=None,
+    help="Deadline per command from when it was queued (90s, 5m, 1.5h).",
+)
+@click.option(
+    "--logs",
+    "logs",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep each command's output here; default ROOMKEEPER_HOME/batch/<time>-<pid>/.",
+)
+@click.option("--quiet", is_flag=True, help="Do not print the commands' output (logs are kept).")
+def batch(
+    file: TextIO,
+    job_memory: int | None,
+    max_running: int | None,
+    timeout_text: str | None,
+    logs: Path | None,
+    quiet: bool,
+) -> None:
+    """Run each line of FILE (or stdin) as a shell command, as memory allows.
+
+    Each command's output is printed, unaltered and in one piece, when it
+    ends; a summary table goes to stderr. Exits 0 only when every command
+    exited 0. Ctrl-C stops every running command's whole tree.
+    """
+    timeout_s = None
+    if timeout_text is not None:
+        try:
+            timeout_s = parse_duration(timeout_text, name="--timeout")
+        except UsageError as err:
+            raise click.BadParameter(str(err), param_hint="--timeout") from err
+    commands = read_commands(file.readlines())
+    if not commands:
+        click.echo("roomkeeper batch: no commands to run (every line was empty)", err=True)
+        return
+    max_running = max_running or read_queue_settings().max_running
+    logs_dir = logs if logs is not None else default_logs_dir(home_dir())
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    err_console = Console(stderr=True)
+    started = time.monotonic()
+    on_terminal = sys.stderr.isatty()
+    interrupted = False
+    with BatchProgress(
+        len(commands),
+        console=Console(file=sys.stdout) if sys.stdout.isatty() and on_terminal else err_console,
+        on_terminal=on_terminal,
+        out=sys.stdout.buffer,
+    ) as progress:
+        try:
+            results = run_batch(
+                commands,
+                logs_dir=logs_dir,
+                job_memory=job_memory,
+                max_running=max_running,
+                timeout_s=timeout_s,
+                quiet=quiet,
+                progress=progress,
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+            results = []
+    if interrupted:
+        err_console.print("roomkeeper batch: interrupted; every running command was stopped")
+        sys.exit(130)
+    click.echo(summary_table(results, time.monotonic() - started), err=True)
+    click.echo(f"logs kept in {logs_dir}", err=True)
+    if not all(r.succeeded for r in results):
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

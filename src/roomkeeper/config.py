@@ -162,3 +162,61 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
         memory_limit_bytes=stated_limit,
         workspace=env.get("ROOMKEEPER_WORKSPACE") or None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """The scheduler's bounds (seed 002) and what its workers inherit."""
+
+    max_waiting: int = 32
+    max_waiting_per_owner: int = 8
+    max_running: int = 4
+    max_running_per_owner: int = 2
+    cpu_pressure_percent: float = 80.0
+    worker_nice: int = 10
+
+
+_COUNT = _integer(0, 10**6)
+_AT_LEAST_ONE = _integer(1, 10**4)
+
+
+def read_queue_settings(env: Mapping[str, str] | None = None) -> QueueSettings:
+    """Read the scheduler's variables now (``ROOMKEEPER_MAX_*``, CPU pressure, nice).
+
+    Args:
+        env: the environment to read; ``os.environ`` when omitted.
+    """
+    env = os.environ if env is None else env
+    d = QueueSettings()
+    return QueueSettings(
+        max_waiting=_variable(
+            env, "ROOMKEEPER_MAX_WAITING", d.max_waiting, _COUNT, "an integer >= 0"
+        ),
+        max_waiting_per_owner=_variable(
+            env,
+            "ROOMKEEPER_MAX_WAITING_PER_OWNER",
+            d.max_waiting_per_owner,
+            _COUNT,
+            "an integer >= 0",
+        ),
+        max_running=_variable(
+            env, "ROOMKEEPER_MAX_RUNNING", d.max_running, _AT_LEAST_ONE, "an integer >= 1"
+        ),
+        max_running_per_owner=_variable(
+            env,
+            "ROOMKEEPER_MAX_RUNNING_PER_OWNER",
+            d.max_running_per_owner,
+            _AT_LEAST_ONE,
+            "an integer >= 1",
+        ),
+        cpu_pressure_percent=_variable(
+            env,
+            "ROOMKEEPER_CPU_PRESSURE_PERCENT",
+            d.cpu_pressure_percent,
+            _PERCENT,
+            "a percentage from 0 to 100",
+        ),
+        worker_nice=_variable(
+            env, "ROOMKEEPER_WORKER_NICE", d.worker_nice, _integer(0, 19), "an integer 0 to 19"
+        ),
+    )

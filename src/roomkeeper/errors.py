@@ -5,8 +5,10 @@
     RoomkeeperError                 base of everything roomkeeper raises on purpose
     ├── UsageError                  a person or caller gave a value we cannot use
     │   └── SizeError               a size such as ``600M`` could not be read
-    ├── KernelFileError         a kernel file did not have the shape we expect
-    └── LaunchError                 a managed process could not be started (``job_id``)
+    ├── KernelFileError             a kernel file did not have the shape we expect
+    ├── LaunchError                 a managed process could not be started (``job_id``)
+    ├── QueueFullError              a submission met a waiting bound (refused, not queued)
+    └── UnknownJobError             no job has the id asked for (``job_id``)
 
 Readers never let ``KernelFileError`` or ``OSError`` escape to the caller:
 they translate both, at one boundary in :mod:`roomkeeper.resources`, into a
@@ -65,3 +67,32 @@ class LaunchError(RoomkeeperError):
         super().__init__(f"job {job_id!r} could not start: {reason}")
         self.job_id = job_id
         self.reason = reason
+
+
+class QueueFullError(RoomkeeperError):
+    """A submission was refused at once because a waiting bound was reached.
+
+    Attributes:
+        reason: ``queue_full`` or ``owner_queue_full`` (or ``closing``, ``duplicate``).
+        owner: the owner whose submission it was.
+    """
+
+    def __init__(self, message: str, *, reason: str, owner: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.owner = owner
+
+
+class UnknownJobError(RoomkeeperError, KeyError):
+    """No job has the id asked for.
+
+    Attributes:
+        job_id: the id that was asked for.
+    """
+
+    def __init__(self, message: str, *, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+    def __str__(self) -> str:
+        return str(self.args[0])

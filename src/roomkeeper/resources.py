@@ -300,6 +300,28 @@ def _level_used(directory: str, version: int) -> tuple[int, dict[str, int]]:
     return max(0, usage - reclaimable), stat
 
 
+def own_memory_group(
+    proc_root: str = PROC_ROOT, cgroup_root: str = CGROUP_ROOT
+) -> tuple[int, str] | None:
+    """This process's own memory cgroup as (version, directory), None without one.
+
+    Raises:
+        OSError, KernelFileError: the membership files could not be read, or
+            our own v2 group is gone.
+    """
+    hierarchy = _locate(proc_root, cgroup_root)
+    return None if hierarchy is None else (hierarchy.version, hierarchy.own_dir)
+
+
+def group_used_bytes(directory: str, version: int) -> int:
+    """What a cgroup holds that the kernel cannot give back (DESIGN.md's "used").
+
+    Raises:
+        OSError, KernelFileError: the group's files could not be read.
+    """
+    return _level_used(directory, version)[0]
+
+
 def _level_limit(directory: str, version: int) -> int | None:
     """The level's limit, None for no limit or for a level that has no limit file."""
     name = "memory.max" if version == 2 else "memory.limit_in_bytes"

@@ -1,0 +1,174 @@
+"""Memory swarm: roomkeeper batch against GNU parallel in a real 4 GiB memory cgroup.
+
+24 jobs each grow to a different size between 300 MB and 1.2 GB over a few
+seconds and hold it briefly.  Every contender runs in a fresh child memory
+cgroup (v1 or v2, created under this process's own group, removed after),
+and is judged by completed jobs, kernel OOM kills and wall time:
+
+- ``roomkeeper batch --max-running 8 --job-memory 1200M``
+- ``parallel --memfree 1200M -j 8`` (reads the host's /proc/meminfo)
+- ``parallel -j K`` for K = 2 .. 6
+
+K0 = floor(usable memory / estimate) is the static choice a careful user
+would make from the same estimate: usable = limit - min(10 %, 8 GB).
+
+Needs root and a cgroup memory controller.  Usage:
+    python benchmarks/bench_swarm.py [--limit 4G] [--jobs 24] [--grow 3] [--hold 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from roomkeeper.admission import memory_line
+from roomkeeper.cgroups import own_memory_cgroup
+from roomkeeper.units import parse_size
+
+HERE = Path(__file__).resolve().parent
+GROW = HERE / "grow.py"
+ESTIMATE = "1200M"
+
+
+def oom_kills(group: Path, version: int) -> int:
+    name = "memory.events" if version == 2 else "memory.oom_control"
+    for line in (group / name).read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    raise RuntimeError(f"{name} has no oom_kill counter (Linux >= 4.13 needed)")
+
+
+def run_in_group(
+    parent: Path, version: int, limit: int, argv: list[str], stdin: Path
+) -> tuple[float, int]:
+    """Run argv inside a fresh child group with ``limit``; return (wall seconds, OOM kills)."""
+    group = parent / f"rkbench-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        (group / ("memory.max" if version == 2 else "memory.limit_in_bytes")).write_text(str(limit))
+        if version == 1:
+            with contextlib.suppress(OSError):  # no swap here; keep it that way if swap exists
+                (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
+        start = time.monotonic()
+        with stdin.open() as f:
+            subprocess.run(
+                joiner + argv,
+                stdin=f,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+            )
+        wall = time.monotonic() - start
+        return wall, oom_kills(group, version)
+    finally:
+        deadline = time.monotonic() + 30
+        while True:
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)  # left behind by the contender we started
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", default="4G", help="the group's limit (binary suffixes)")
+    parser.add_argument("--jobs", type=int, default=24)
+    parser.add_argument("--grow", type=float, default=3.0, help="seconds each job takes to grow")
+    parser.add_argument("--hold", type=float, default=1.0, help="seconds each job holds its peak")
+    parser.add_argument("--k", default="2,3,4,5,6", help="parallel -j values to try")
+    args = parser.parse_args()
+    if shutil.which("parallel") is None:
+        sys.exit("GNU parallel is needed: apt-get install -y parallel")
+    own = own_memory_cgroup()
+    if own is None or os.geteuid() != 0:
+        sys.exit("needs root and a cgroup memory controller")
+    parent, version = Path(own.directory), own.version
+    limit = parse_size(args.limit)
+    estimate = parse_size(ESTIMATE)
+    k0 = math.floor(memory_line(limit, 10) / estimate)
+    sizes = [int(300e6 + i * (1200e6 - 300e6) / (args.jobs - 1)) for i in range(args.jobs)]
+    random.Random(7).shuffle(sizes)
+    print(
+        f"cgroup v{version}, limit {limit} bytes, {args.jobs} jobs of 300 MB..1.2 GB, "
+        f"estimate {ESTIMATE}, K0 = {k0}",
+        flush=True,
+    )
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        contenders: list[tuple[str, list[str]]] = [
+            (
+                "roomkeeper batch --max-running 8",
+                [
+                    sys.executable,
+                    "-m",
+                    "roomkeeper",
+                    "batch",
+                    "--max-running",
+                    "8",
+                    "--job-memory",
+                    ESTIMATE,
+                    "--quiet",
+                    "--logs",
+                    str(tmpdir / "rk-logs"),
+                ],
+            ),
+            ("parallel --memfree 1200M -j 8", ["parallel", "--memfree", ESTIMATE, "-j", "8"]),
+        ] + [(f"parallel -j {k}", ["parallel", "-j", str(k)]) for k in map(int, args.k.split(","))]
+        env_home = tmpdir / "home"
+        os.environ["ROOMKEEPER_HOME"] = str(env_home)
+        for name, argv in contenders:
+            done = tmpdir / "done" / name.replace(" ", "_")
+            done.mkdir(parents=True)
+            commands = tmpdir / f"{name.replace(' ', '_')}.txt"
+            commands.write_text(
+                "".join(
+                    f"{sys.executable} {GROW} {size} {args.grow} {args.hold} {done / str(i)}\n"
+                    for i, size in enumerate(sizes)
+                )
+            )
+            wall, kills = run_in_group(parent, version, limit, argv, commands)
+            completed = len(list(done.iterdir()))
+            rows.append((name, completed, kills, wall))
+            print(
+                f"{name:34s} completed {completed:2d}/{args.jobs}  OOM kills {kills:2d}  "
+                f"wall {wall:6.1f} s",
+                flush=True,
+            )
+
+    k0_wall = next((w for n, _, _, w in rows if n == f"parallel -j {k0}"), None)
+    rk = rows[0]
+    safe = [
+        int(n.split()[-1])
+        for n, c, k, _ in rows
+        if n.startswith("parallel -j") and k == 0 and c == args.jobs
+    ]
+    if k0_wall:
+        print(
+            f"roomkeeper wall / parallel -j {k0} (K0) wall = {rk[3] / k0_wall:.2f}x "
+            "(target <= 1.1x)"
+        )
+    print(f"best K with every job done and no OOM kill: {max(safe) if safe else 'none'}")
+
+
+if __name__ == "__main__":
+    main()

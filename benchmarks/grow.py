@@ -1,0 +1,22 @@
+"""A job for the swarm benchmark: grow to SIZE bytes over GROW seconds, hold HOLD seconds.
+
+Usage: python grow.py SIZE_BYTES [GROW_SECONDS] [HOLD_SECONDS] [DONE_FILE]
+Memory is written, not only reserved, so every page is really charged.
+"""
+
+import sys
+import time
+
+size = int(sys.argv[1])
+grow = float(sys.argv[2]) if len(sys.argv) > 2 else 3.0
+hold = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+steps = 20
+chunk = size // steps
+held = []
+for _ in range(steps):
+    held.append(b"\x01" * chunk)  # allocated and written: every page is touched
+    time.sleep(grow / steps)
+time.sleep(hold)
+if len(sys.argv) > 4:
+    with open(sys.argv[4], "w") as f:
+        f.write("done\n")

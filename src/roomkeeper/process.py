@@ -1,0 +1,453 @@
+"""Managed processes: one job, one process tree, stopped whole (seed 002).
+
+A job runs from argv (a shell only when asked), in its own session and
+process group, at a lowered CPU priority its descendants inherit, with
+stdin from ``/dev/null`` and stdout and stderr in a log file that outlives
+it.  Where the kernel allows, it gets its own memory cgroup under
+roomkeeper's own group (so the container is still charged for it), which
+measures its footprint and finds every member, however it tried to leave.
+
+The job must join its cgroup and be reniced *before* the real command runs,
+or a fork could escape both.  ``preexec_fn`` is unsafe in a multithreaded
+scheduler, so the command goes through a trampoline::
+
+    /bin/sh -c 'echo $$ > "$0" && exec "$@"' <cgroup.procs> nice -n N argv...
+
+``sh`` joins the group (``$$`` is the pid the job keeps through both execs),
+``nice`` lowers the priority, and each part is left out when it has nothing
+to do.  Measured on the 2-core development machine, launch, wait and close
+of ``true`` take about 2.8 ms with both parts, 1.6 ms with neither, against
+0.7 ms for a bare ``subprocess.Popen``.  Because ``nice`` reports a missing
+command only as exit status 127, the executable is looked up first, on the
+PATH the job will use: a missing one is a :class:`LaunchError`, not a job
+that ran and failed (one removed between the look-up and the exec still
+exits 127).
+
+The leader is never reaped before :meth:`ManagedProcess.close`: its exit
+status is read with ``WNOWAIT``, so its pid, which is also the process group
+and session id, cannot be reused while we might still signal it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import psutil
+
+from roomkeeper.cgroups import JobCgroup, create_job_cgroup, own_memory_cgroup
+from roomkeeper.errors import KernelFileError, LaunchError, RoomkeeperError, UsageError
+from roomkeeper.lifeline import (
+    PR_SET_CHILD_SUBREAPER,
+    Lifeline,
+    cgroup_members,
+    kill_cgroup,
+    prctl,
+    scan_proc,
+    tree_members,
+)
+
+__all__ = [
+    "JobCgroup",
+    "LaunchError",
+    "LaunchSpec",
+    "Lifeline",
+    "ManagedProcess",
+    "ProcessStatistics",
+    "become_subreaper",
+    "create_job_cgroup",
+    "launch",
+    "own_memory_cgroup",
+]
+
+_TRAMPOLINE = 'echo $$ > "$0" && exec "$@"'
+_KILL_ROUNDS = 100
+_subreaper = False  # whether become_subreaper() made orphans ours to reap
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What to run and how.
+
+    Attributes:
+        argv: the program and its arguments, never run through a shell unless ``shell``.
+        log_path: the file that receives stdout and stderr (appended to, kept afterwards).
+        cwd: the working directory; None for the scheduler's.
+        env: the whole environment; None to inherit the scheduler's.
+        nice: the niceness the job and every descendant run at; a job is never raised above us.
+        shell: run ``argv``, one string, with ``/bin/sh -c``.
+        use_cgroup: try a memory cgroup of the job's own; without one, psutil measures.
+    """
+
+    argv: Sequence[str]
+    log_path: str
+    cwd: str | None = None
+    env: Mapping[str, str] | None = None
+    nice: int = 10
+    shell: bool = False
+    use_cgroup: bool = True
+
+    def __post_init__(self) -> None:
+        if not -20 <= self.nice <= 19:
+            raise UsageError(f"nice must be in -20..19 (got {self.nice})", name="nice")
+        text = isinstance(self.argv, str)
+        if (self.shell and not (text or len(self.argv) == 1)) or (
+            not self.shell and (text or not self.argv)
+        ):
+            want = "one string" if self.shell else "a non-empty list (shell=True runs shell text)"
+            raise UsageError(f"argv must be {want} (got {self.argv!r})", name="argv")
+
+    def command(self) -> list[str]:
+        """The argv that runs, before the trampoline."""
+        if self.shell:
+            return ["/bin/sh", "-c", self.argv if isinstance(self.argv, str) else self.argv[0]]
+        return list(self.argv)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStatistics:
+    """A snapshot of a :class:`ManagedProcess`; ``members`` counts descendants remembered."""
+
+    job_id: str
+    pid: int
+    returncode: int | None
+    cgroup_dir: str | None
+    cgroup_note: str | None  # why the job has no cgroup, or why it could not be removed
+    members: int
+    peak_bytes: int
+    closed: bool
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def _zombie_children() -> bool:
+    """Whether any child of ours waits to be reaped (a peek that reaps nothing, ~2 us)."""
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # no children at all
+        return False
+
+
+@functools.cache
+def _nice_path() -> str:
+    return shutil.which("nice") or "/usr/bin/nice"
+
+
+def become_subreaper(enable: bool = True) -> bool:
+    """Make this process a child subreaper; returns whether the kernel agreed.
+
+    Orphans of a job are then reparented to us instead of to init, so the
+    tree can still be walked.  The scheduler calls it once; the orphans it
+    adopts are reaped when their job is closed.
+    """
+    global _subreaper  # noqa: PLW0603 -- mirrors a per-process kernel flag
+    try:
+        prctl(PR_SET_CHILD_SUBREAPER, int(enable))
+    except (OSError, AttributeError):  # not Linux, or a libc without prctl
+        return False
+    _subreaper = enable
+    return True
+
+
+def _check_launchable(job_id: str, spec: LaunchSpec) -> None:
+    if spec.cwd is not None and not os.path.isdir(spec.cwd):
+        what = "is not a directory" if os.path.exists(spec.cwd) else "does not exist"
+        raise LaunchError(job_id, f"working directory {spec.cwd!r} {what}; create it first")
+    if spec.shell:
+        return  # the shell reports a missing command itself (status 127)
+    program = spec.argv[0]
+    env_path = (spec.env if spec.env is not None else os.environ).get("PATH", os.defpath)
+    if "/" in program:  # execvp looks it up from the job's cwd, not along PATH
+        full = os.path.join(spec.cwd or ".", program)
+        if not (os.path.isfile(full) and os.access(full, os.X_OK)):
+            raise LaunchError(job_id, f"executable {program!r} does not exist or cannot be run")
+    elif shutil.which(program, path=env_path) is None:
+        raise LaunchError(
+            job_id, f"executable {program!r} not found on PATH {env_path!r}; give its full path"
+        )
+
+
+def launch(job_id: str, spec: LaunchSpec, *, lifeline: Lifeline | None = None) -> ManagedProcess:
+    """Start a job as a managed process tree, watched by ``lifeline`` when given.
+
+    Raises:
+        LaunchError: it could not start (missing executable, bad cwd, log not writable,
+            no lifeline); nothing of it is left running, and no cgroup is left behind.
+    """
+    _check_launchable(job_id, spec)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    try:
+        log_fd = os.open(spec.log_path, flags, 0o644)
+    except OSError as err:
+        raise LaunchError(job_id, f"cannot open log {spec.log_path!r}: {err.strerror}") from err
+    cgroup: JobCgroup | str = "not asked for"
+    try:
+        if lifeline is not None:
+            lifeline.start()  # before the spawn: nothing may run unwatched
+        if spec.use_cgroup:
+            cgroup = create_job_cgroup(job_id)
+        argv = spec.command()
+        # Niceness is per thread, inherited from the forking one; we lower it, never raise it.
+        increment = max(0, spec.nice - os.getpriority(os.PRIO_PROCESS, 0))
+        if increment:
+            argv = [_nice_path(), "-n", str(increment), *argv]
+        if isinstance(cgroup, JobCgroup):
+            argv = ["/bin/sh", "-c", _TRAMPOLINE, f"{cgroup.directory}/cgroup.procs", *argv]
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=subprocess.STDOUT,
+            cwd=spec.cwd,
+            env=None if spec.env is None else dict(spec.env),
+            start_new_session=True,
+        )
+    except (OSError, RoomkeeperError) as err:
+        if isinstance(cgroup, JobCgroup):
+            cgroup.remove()
+        reason = f"cannot start {spec.argv[0]!r}: {err}" if isinstance(err, OSError) else str(err)
+        raise LaunchError(job_id, reason) from err
+    finally:
+        os.close(log_fd)
+    process = ManagedProcess(
+        job_id, popen, log_path=spec.log_path, cgroup=cgroup, lifeline=lifeline
+    )
+    if lifeline is not None:
+        try:
+            lifeline.register(popen.pid, popen.pid, process.cgroup_dir)
+        except (OSError, RoomkeeperError) as err:
+            process.close()
+            raise LaunchError(job_id, f"the lifeline could not take the job: {err}") from err
+    return process
+
+
+class ManagedProcess:
+    """A running job's tree; made by :func:`launch`.
+
+    Attributes:
+        job_id: the scheduler's name for the job.
+        pid: the leader's pid, which is also its session and process group id.
+        started_at: ``time.monotonic()`` just after the spawn.
+        log_path: where stdout and stderr went.
+        cgroup_dir: the job's own memory cgroup, None when none could be made.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        popen: subprocess.Popen[bytes],
+        *,
+        log_path: str,
+        cgroup: JobCgroup | str,
+        lifeline: Lifeline | None,
+    ) -> None:
+        self.job_id, self.pid, self.log_path = job_id, popen.pid, log_path
+        self.started_at = time.monotonic()
+        self._cgroup = cgroup if isinstance(cgroup, JobCgroup) else None
+        self.cgroup_dir = None if self._cgroup is None else self._cgroup.directory
+        self.cgroup_note = cgroup if isinstance(cgroup, str) else None
+        self._popen, self._lifeline, self._lock = popen, lifeline, threading.RLock()
+        self._returncode: int | None = None
+        self._peak = 0
+        self._members: dict[int, psutil.Process] = {}  # remembered while they ran
+        self._closed = False
+        try:  # a pidfd names this process and no later one with the same pid
+            self._pidfd: int | None = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def poll(self) -> int | None:
+        """The leader's exit code (negative: the signal that killed it), None while it runs."""
+        if self._returncode is None:
+            try:  # WNOWAIT: learn the status, leave the zombie holding the pid
+                result = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # someone else reaped it
+                self._returncode = self._popen.poll()
+                return self._returncode
+            if result is not None:
+                killed = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+                self._returncode = -result.si_status if killed else result.si_status
+        return self._returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the leader to exit; its exit code, or None when ``timeout`` passed first."""
+        if self.poll() is not None or self._closed:
+            return self._returncode
+        if self._pidfd is not None:
+            poller = select.poll()
+            poller.register(self._pidfd, select.POLLIN)  # readable once the process exits
+            poller.poll(None if timeout is None else max(0.0, timeout) * 1000)
+            return self.poll()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.005)
+        return self._returncode
+
+    def refresh(self) -> list[psutil.Process]:
+        """Find the tree's live members besides the leader, and remember them.
+
+        A descendant that leaves the session and loses its parent can be found
+        later only if it was seen here (or is in the job's cgroup), so a
+        scheduler without cgroups calls this now and then (footprint_bytes does).
+        """
+        if self._cgroup is not None:
+            # Every descendant joined the group before it could fork (the
+            # trampoline), and only a privileged process can move one out.
+            table, pids = {}, cgroup_members(self._cgroup.directory)
+        else:
+            table = scan_proc()
+            seeds = [pid for pid, proc in self._members.items() if proc.is_running()]
+            pids = tree_members(table, self.pid, None, seeds)
+        pids.discard(self.pid)
+        live: list[psutil.Process] = []
+        for pid in pids:
+            if pid in table and table[pid].state == "Z":
+                continue
+            proc = self._members.get(pid)
+            if proc is None or not proc.is_running():  # new, or its pid was reused
+                try:
+                    proc = self._members[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    continue
+            live.append(proc)
+        return live
+
+    def footprint_bytes(self) -> int:
+        """Memory the job holds now that the kernel cannot give back (cgroup, else RSS sum)."""
+        value: int | None = None
+        if self._cgroup is not None and not self._closed:
+            try:
+                value = self._cgroup.footprint_bytes()
+            except (OSError, KernelFileError):
+                value = None  # the group is going away; measure the processes instead
+        if value is None:
+            value = 0
+            members = [] if self._closed else self.refresh()
+            if self.poll() is None:  # unreaped until close(): its pid is not reused
+                members.append(psutil.Process(self.pid))
+            for proc in members:
+                try:
+                    value += proc.memory_info().rss
+                except psutil.Error:
+                    continue
+        self._peak = max(self._peak, value)
+        return value
+
+    def peak_bytes(self) -> int:
+        """The highest footprint seen: the kernel's mark where kept, else our samples."""
+        kernel = None if self._cgroup is None or self._closed else self._cgroup.peak_bytes()
+        return max(self._peak, kernel or 0)
+
+    def stop(
+        self,
+        grace: float = 5.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> int | None:
+        """Stop the whole tree: SIGTERM to all, up to ``grace`` seconds, then SIGKILL the rest.
+
+        Returns:
+            the leader's exit code.
+        """
+        with self._lock:
+            if self._closed:
+                return self._returncode
+            members = self.refresh()
+            self._signal(signal.SIGTERM, members)
+            deadline, step = clock() + grace, 0.001
+            while (left := deadline - clock()) > 0 and self._alive(members):
+                sleep(min(step, left))
+                step = min(step * 2, 0.05)
+            for _ in range(_KILL_ROUNDS):  # a member may fork between listing and signal
+                members = self.refresh()
+                if self.poll() is not None and not members:
+                    break
+                self._signal(signal.SIGKILL, members)
+                sleep(0.002)
+            return self.wait(timeout=5.0)
+
+    def close(self) -> None:
+        """Kill what is left of the tree, reap it, remove its cgroup, leave the lifeline.
+
+        Idempotent.  Call :meth:`stop` first for a graceful end: whatever still
+        runs here gets SIGTERM and at once SIGKILL.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            if self.poll() is None or self.refresh():
+                self.stop(grace=0.0)
+            if self._cgroup is not None and not self._cgroup.remove():
+                self.cgroup_note = f"{self._cgroup.directory} could not be removed"
+            if self._lifeline is not None:
+                self._lifeline.unregister(self.pid)
+            self._popen.wait()  # from here on the pid may be reused
+            self._returncode = self._popen.returncode
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+            self._closed = True
+            if _subreaper and _zombie_children():
+                self._reap_adopted()
+
+    def _reap_adopted(self) -> None:
+        # Orphans reparented to us (subreaper) die as our zombies; a zombie keeps
+        # its session id, which tells the job's from those of any other child.
+        for pid, stat in scan_proc().items():
+            ours = stat.sid == self.pid or pid in self._members
+            if ours and stat.ppid == os.getpid() and stat.state == "Z" and pid != self.pid:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
+    def statistics(self) -> ProcessStatistics:
+        """A snapshot of the job's state."""
+        return ProcessStatistics(
+            self.job_id,
+            self.pid,
+            self.poll() if not self._closed else self._returncode,
+            self.cgroup_dir,
+            self.cgroup_note,
+            len(self._members),
+            self.peak_bytes(),
+            self._closed,
+        )
+
+    def _alive(self, members: list[psutil.Process]) -> bool:
+        if self.poll() is None:
+            return True
+        for proc in members:
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.Error:
+                continue
+        return False
+
+    def _signal(self, sig: int, members: list[psutil.Process]) -> None:
+        if self.poll() is None and self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):  # it exited just now
+                signal.pidfd_send_signal(self._pidfd, sig)
+        # Safe without a pidfd too: the unreaped leader keeps its pid, hence the group id.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+        if sig == signal.SIGKILL and self._cgroup is not None and self._cgroup.version == 2:
+            kill_cgroup(self._cgroup.directory)
+        for proc in members:
+            try:
+                if proc.is_running():  # psutil compares create times: no reused pid
+                    proc.send_signal(sig)
+            except psutil.Error:
+                continue

@@ -1,0 +1,169 @@
+"""`roomkeeper batch` as a person runs it: real commands, real output, real signals."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+
+def batch(
+    tmp_path: Path, *args: str, stdin: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    clean.update(ROOMKEEPER_HOME=str(tmp_path / "home"), **env)
+    return subprocess.run(
+        [sys.executable, "-m", "roomkeeper", "batch", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=clean,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_each_jobs_output_is_printed_whole_and_unaltered(tmp_path: Path) -> None:
+    """Output of one job comes out together, even when jobs interleave their writes."""
+    commands = "\n".join(
+        f"for i in 1 2 3; do echo job{n}-line$i; sleep 0.05; done" for n in range(4)
+    )
+    result = batch(tmp_path, "--logs", str(tmp_path / "logs"), stdin=commands + "\n")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 12
+    for start in range(0, 12, 3):
+        job = lines[start].split("-")[0]
+        assert lines[start : start + 3] == [f"{job}-line1", f"{job}-line2", f"{job}-line3"]
+    assert sorted((tmp_path / "logs").iterdir()) == [
+        tmp_path / "logs" / f"{n}.log" for n in (1, 2, 3, 4)
+    ]
+
+
+def test_exit_code_is_zero_only_when_every_command_succeeded(tmp_path: Path) -> None:
+    """One failing line makes the batch exit 1; the summary names each exit code."""
+    result = batch(tmp_path, stdin="true\nexit 7\n\necho fine\n")
+    assert result.returncode == 1
+    assert "3 commands, 1 failed" in result.stderr
+    summary = result.stderr[result.stderr.index("roomkeeper batch: 3 commands") :]
+    assert "exit 7" in summary and "peak memory" in summary
+    ok = batch(tmp_path, stdin="true\necho fine\n")
+    assert ok.returncode == 0
+
+
+def test_lines_are_shell_text(tmp_path: Path) -> None:
+    """A batch line runs with /bin/sh -c: pipes and variables work."""
+    result = batch(tmp_path, stdin="echo a b c | wc -w\n")
+    assert result.stdout.strip() == "3"
+
+
+def test_a_batch_is_one_owner_and_never_meets_the_waiting_bound(tmp_path: Path) -> None:
+    """Per-owner caps do not apply inside a batch, and 20 lines pass a waiting bound of 2."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    concurrent = (
+        f"touch {gate}/$$; for i in $(seq 100); do "
+        f'[ "$(ls {gate} | wc -l)" -ge 3 ] && exit 0; sleep 0.05; done; exit 1'
+    )
+    result = batch(
+        tmp_path,
+        "--max-running",
+        "3",
+        "--job-memory",
+        "1M",
+        stdin="\n".join([concurrent] * 3) + "\n",
+        ROOMKEEPER_MAX_RUNNING_PER_OWNER="1",
+    )
+    assert result.returncode == 0, result.stderr
+    many = batch(tmp_path, "--quiet", stdin="true\n" * 20, ROOMKEEPER_MAX_WAITING="2")
+    assert many.returncode == 0, many.stderr
+    assert "20 commands, 0 failed" in many.stderr
+
+
+def test_progress_goes_to_stderr_as_plain_lines_off_a_terminal(tmp_path: Path) -> None:
+    """Without a terminal, progress is plain lines on stderr; stdout holds only job output."""
+    result = batch(tmp_path, stdin="echo x\necho y\n")
+    assert result.stdout.splitlines() == ["x", "y"] or result.stdout.splitlines() == ["y", "x"]
+    assert "roomkeeper batch: 2/2 done" in result.stderr
+
+
+def test_usage_errors_say_what_was_wrong(tmp_path: Path) -> None:
+    """A bad size, duration or missing file exits 2 with a message and no traceback."""
+    for args in (["--job-memory", "lots", "-"], ["--timeout", "soon", "-"], ["/no/such/file"]):
+        result = batch(tmp_path, *args, stdin="true\n")
+        assert result.returncode == 2, args
+        assert "Traceback" not in result.stderr
+    assert "must be a size such as 600M" in batch(tmp_path, "--job-memory", "x", stdin="").stderr
+
+
+def test_timeout_stops_a_command_and_fails_the_batch(tmp_path: Path) -> None:
+    """--timeout counts from queueing; a command past it is stopped and reported timed_out."""
+    result = batch(tmp_path, "--timeout", "1s", stdin="sleep 30\n")
+    assert result.returncode == 1
+    assert "timed_out" in result.stderr
+
+
+def test_ctrl_c_stops_every_running_tree(tmp_path: Path) -> None:
+    """SIGINT to the batch stops every job's tree, grandchildren that left the group included."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    line = (
+        f"sleep 60 & echo $! > {pids}/$$.child; setsid sleep 60 & echo $! > {pids}/$$.setsid; wait"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    env["ROOMKEEPER_HOME"] = str(tmp_path / "home")
+    with (tmp_path / "stderr").open("w") as err_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "roomkeeper",
+                "batch",
+                "--max-running",
+                "2",
+                "--job-memory",
+                "1M",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            env=env,
+            text=True,
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(f"{line}\n{line}\n")
+        proc.stdin.close()
+        deadline = time.monotonic() + 20
+        while len(list(pids.iterdir())) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = [int(p.read_text()) for p in pids.iterdir()]
+        assert len(started) == 4
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+            err = (tmp_path / "stderr").read_text()
+            assert proc.returncode == 130, err
+            assert "interrupted" in err
+            time.sleep(0.2)
+            survivors = [
+                p
+                for p in started
+                if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+            ]
+            assert survivors == []
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pid in started:  # these sleeps are ours: never leave them behind
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()

@@ -1,0 +1,583 @@
+"""Managed processes and the lifeline, on real processes, real signals and real cgroups."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from roomkeeper.errors import LaunchError, UsageError
+from roomkeeper.lifeline import (
+    Lifeline,
+    LifelineStatistics,
+    ProcStat,
+    cgroup_members,
+    read_stat,
+    scan_proc,
+    tree_members,
+)
+from roomkeeper.process import (
+    JobCgroup,
+    LaunchSpec,
+    ManagedProcess,
+    become_subreaper,
+    create_job_cgroup,
+    launch,
+    own_memory_cgroup,
+)
+from roomkeeper.testing import FakeClock
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+MIB = 1 << 20
+
+# A job that builds a tree and prints "<name> <pid>" for each member:
+#   kept:    a child that stays, with a grandchild that called setsid()
+#   orphan:  a grandchild whose parent (a child) already exited
+#   escapee: (argv "escapee") a grandchild that called setsid() and lost its parent
+# then the leader ignores SIGTERM, so only SIGKILL ends it.
+TREE = textwrap.dedent(
+    """
+    import os, signal, sys, time
+
+    def branch(name, setsid, orphan):
+        r, w = os.pipe()
+        if os.fork() == 0:
+            if os.fork() == 0:
+                if setsid:
+                    os.setsid()
+                os.write(w, f"{os.getpid()}".encode())
+                time.sleep(60)
+                os._exit(0)
+            if orphan:
+                os._exit(0)
+            time.sleep(60)
+            os._exit(0)
+        os.close(w)
+        print(name, int(os.read(r, 32)), flush=True)
+
+    branch("kept", setsid=True, orphan=False)
+    branch("orphan", setsid=False, orphan=True)
+    if "escapee" in sys.argv:
+        branch("escapee", setsid=True, orphan=True)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("ready", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def python(code: str, *args: str) -> list[str]:
+    """argv running a Python snippet in a fresh interpreter."""
+    return [sys.executable, "-c", code, *args]
+
+
+def gone(pid: int) -> bool:
+    """Whether a process is dead: no longer there, or a zombie waiting to be reaped."""
+    stat = read_stat(pid)
+    return stat is None or stat.state == "Z"
+
+
+def read_log(path: Path, needle: str, timeout: float = 10.0) -> str:
+    """The log once it holds ``needle`` (waits for a child to get ready, not for a timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = path.read_text() if path.exists() else ""
+        if needle in text or time.monotonic() > deadline:
+            return text
+        time.sleep(0.01)
+
+
+def pids_in(text: str) -> dict[str, int]:
+    """The "<name> <pid>" lines of a log."""
+    return {
+        fields[0]: int(fields[1])
+        for line in text.splitlines()
+        if len(fields := line.split()) == 2 and fields[1].isdigit()
+    }
+
+
+def fake_sleep(clock: FakeClock) -> Callable[[float], None]:
+    """A sleep that moves the fake clock, yielding the CPU a moment for signals to land."""
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds)
+        time.sleep(0.001)
+
+    return sleep
+
+
+class Reaper:
+    """Everything a test started, so that nothing outlives it even when it fails."""
+
+    def __init__(self) -> None:
+        self.jobs: list[ManagedProcess] = []
+        self.procs: list[psutil.Process] = []
+        self.sessions: set[int] = set()
+        self.cgroups: list[str] = []
+
+    def launch(self, job_id: str, spec: LaunchSpec, **kwargs: Lifeline) -> ManagedProcess:
+        job = launch(job_id, spec, **kwargs)
+        self.jobs.append(job)
+        if job.cgroup_dir is not None:
+            self.cgroups.append(job.cgroup_dir)
+        return job
+
+    def watch(self, *pids: int) -> None:
+        for pid in pids:
+            stat = read_stat(pid)
+            try:
+                self.procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+            if stat is not None and stat.sid != os.getsid(0):  # never our own session
+                self.sessions.add(stat.sid)
+
+    def cleanup(self) -> None:
+        for job in self.jobs:
+            job.close()
+        # Listed before anything is killed (a killed parent hides its children):
+        # members never printed (a tree's middle children) share a watched
+        # session or descend from a watched member, so they are ours to kill.
+        table = scan_proc()
+        seeds = [proc.pid for proc in self.procs if proc.is_running()]
+        for sid in self.sessions or {-1}:  # -1: no session, the seeds' trees only
+            for pid in tree_members(table, sid, None, seeds):
+                if table.get(pid, ProcStat("Z", 0, 0, 0)).state != "Z":
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        for proc in self.procs:
+            try:
+                if proc.is_running():
+                    proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        deadline = time.monotonic() + 5
+        while not all(gone(proc.pid) for proc in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # Reap what came to us as a subreaper, from the sessions of the trees watched.
+        for pid, stat in scan_proc().items():
+            if stat.ppid == os.getpid() and stat.state == "Z" and stat.sid in self.sessions:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+        for directory in self.cgroups:
+            for pid in cgroup_members(directory):  # in a group we made: ours to kill
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            for _ in range(100):
+                try:
+                    os.rmdir(directory)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+@pytest.fixture
+def reaper() -> Iterator[Reaper]:
+    """Closes every job, kills every watched pid and removes every cgroup a test made."""
+    keeper = Reaper()
+    try:
+        yield keeper
+    finally:
+        keeper.cleanup()
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """This process adopts orphans for the test's duration."""
+    if not become_subreaper():
+        pytest.skip("prctl(PR_SET_CHILD_SUBREAPER) is not available on this platform")
+    try:
+        yield
+    finally:
+        become_subreaper(False)
+
+
+@pytest.fixture
+def cgroup_ok() -> None:
+    """Skips the test where a job cgroup cannot be made (not root, no memory controller)."""
+    made = create_job_cgroup("probe")
+    if isinstance(made, str):
+        pytest.skip(f"no job cgroup on this machine: {made}")
+    made.remove()
+
+
+def test_argv_runs_without_a_shell(tmp_path: Path, reaper: Reaper) -> None:
+    """Arguments with ; and $HOME reach the program literally: no shell is involved."""
+    log = tmp_path / "job.log"
+    argv = python("import sys; print(sys.argv[1:])", "a;b", "$HOME", "`id`")
+    job = reaper.launch("literal", LaunchSpec(argv, str(log)))
+    assert job.wait(10) == 0
+    assert log.read_text() == "['a;b', '$HOME', '`id`']\n"
+
+
+def test_shell_true_runs_shell_text(tmp_path: Path, reaper: Reaper) -> None:
+    """shell=True runs one string with /bin/sh -c."""
+    log = tmp_path / "job.log"
+    job = reaper.launch("shell", LaunchSpec("echo $((2 + 3)); exit 4", str(log), shell=True))
+    assert job.wait(10) == 4
+    assert log.read_text() == "5\n"
+
+
+def test_spec_refuses_shell_text_without_shell(tmp_path: Path) -> None:
+    """A string argv without shell=True, or several with it, is refused with the way out."""
+    with pytest.raises(UsageError, match=r"shell=True runs shell text"):
+        LaunchSpec("ls -l", str(tmp_path / "x.log"))
+    with pytest.raises(UsageError, match="argv must be one string"):
+        LaunchSpec(["ls", "-l"], str(tmp_path / "x.log"), shell=True)
+
+
+def test_output_lands_in_the_log_and_is_kept_after_stop(tmp_path: Path, reaper: Reaper) -> None:
+    """stdout and stderr both go to the log file, which stays after the job is stopped."""
+    log = tmp_path / "job.log"
+    code = (
+        "import sys, time; print('out', flush=True); print('err', file=sys.stderr, flush=True);"
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    job = reaper.launch("output", LaunchSpec(python(code), str(log)))
+    read_log(log, "ready")
+    clock = FakeClock()
+    assert job.stop(grace=5.0, clock=clock, sleep=fake_sleep(clock)) == -signal.SIGTERM
+    job.close()
+    assert log.read_text().splitlines() == ["out", "err", "ready"]
+
+
+def test_own_session_and_nice_reach_a_grandchild(tmp_path: Path, reaper: Reaper) -> None:
+    """The job leads its own session and group, and its nice value is a grandchild's too."""
+    log = tmp_path / "job.log"
+    code = (
+        "import os, subprocess, sys; print('leader', os.getsid(0), os.getpgid(0), os.nice(0));"
+        "sys.stdout.flush(); subprocess.run([sys.executable, '-c', "
+        "'import os; print(\"grandchild\", os.getsid(0), os.getpgid(0), os.nice(0))'])"
+    )
+    job = reaper.launch("nice", LaunchSpec(python(code), str(log), nice=13))
+    assert job.wait(10) == 0
+    expected_nice = max(13, os.nice(0))  # never raised above the scheduler's own
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert lines == [
+        ["leader", str(job.pid), str(job.pid), str(expected_nice)],
+        ["grandchild", str(job.pid), str(job.pid), str(expected_nice)],
+    ]
+    assert os.getsid(0) != job.pid
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("use_cgroup", [True, False], ids=["cgroup", "no-cgroup"])
+def test_stop_kills_the_whole_tree(
+    tmp_path: Path,
+    reaper: Reaper,
+    subreaper: None,
+    use_cgroup: bool,
+    request: pytest.FixtureRequest,
+) -> None:
+    """SIGTERM, the grace period, then SIGKILL reach a setsid() grandchild and an orphan."""
+    if use_cgroup:
+        request.getfixturevalue("cgroup_ok")
+    log = tmp_path / "tree.log"
+    args = ("escapee",) if use_cgroup else ()  # only a cgroup finds a parentless setsid()
+    job = reaper.launch("tree", LaunchSpec(python(TREE, *args), str(log), use_cgroup=use_cgroup))
+    members = pids_in(read_log(log, "ready"))
+    assert set(members) == {"kept", "orphan", *args}
+    reaper.watch(*members.values())
+    clock = FakeClock()
+    start = clock()
+    assert job.stop(grace=5.0, clock=clock, sleep=fake_sleep(clock)) == -signal.SIGKILL
+    assert clock() - start >= 5.0  # the leader ignored SIGTERM: the whole grace was given
+    assert [name for name, pid in members.items() if not gone(pid)] == []
+    job.close()
+    stats = {name: read_stat(pid) for name, pid in members.items()}
+    adopted = [name for name, stat in stats.items() if stat and stat.ppid == os.getpid()]
+    assert adopted == []  # the orphans that came to us (subreaper) were reaped by close()
+
+
+def test_stop_does_not_wait_for_a_tree_that_obeys_sigterm(tmp_path: Path, reaper: Reaper) -> None:
+    """A tree that exits on SIGTERM is not held for the grace period nor SIGKILLed."""
+    log = tmp_path / "job.log"
+    code = "import time; print('ready', flush=True); time.sleep(60)"
+    job = reaper.launch("obedient", LaunchSpec(python(code), str(log)))
+    read_log(log, "ready")
+    clock = FakeClock()
+    start = clock()
+    assert job.stop(grace=5.0, clock=clock, sleep=fake_sleep(clock)) == -signal.SIGTERM
+    assert clock() - start < 5.0
+
+
+SCHEDULER = textwrap.dedent(
+    """
+    import sys, time
+    from roomkeeper.lifeline import Lifeline
+    from roomkeeper.process import LaunchSpec, become_subreaper, launch
+
+    tmp, tree, with_cgroup = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    become_subreaper()
+    lifeline = Lifeline()
+    jobs = [
+        launch("a", LaunchSpec([sys.executable, "-c", tree, "escapee"] if with_cgroup
+               else [sys.executable, "-c", tree], f"{tmp}/a.log", use_cgroup=with_cgroup),
+               lifeline=lifeline),
+        launch("b", LaunchSpec([sys.executable, "-c", tree], f"{tmp}/b.log", use_cgroup=False),
+               lifeline=lifeline),
+    ]
+    print(lifeline.pid, *(job.pid for job in jobs), jobs[0].cgroup_dir or "-", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.kernel
+def test_lifeline_kills_every_tree_when_the_scheduler_is_sigkilled(
+    tmp_path: Path, reaper: Reaper, subreaper: None
+) -> None:
+    """SIGKILL of the scheduler leaves no member of any managed tree alive 2 s later.
+
+    We are a subreaper here only so that the dead trees come to us to be reaped.
+    """
+    with_cgroup = not isinstance(probe := create_job_cgroup("probe"), str)
+    if isinstance(probe, JobCgroup):
+        probe.remove()
+    scheduler = subprocess.Popen(
+        python(SCHEDULER, str(tmp_path), TREE, "1" if with_cgroup else "0"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    reaper.watch(scheduler.pid)
+    try:
+        assert scheduler.stdout is not None
+        lifeline_pid, pid_a, pid_b, cgroup_dir = scheduler.stdout.readline().split()
+        reaper.watch(int(lifeline_pid), int(pid_a), int(pid_b))
+        if cgroup_dir != "-":
+            reaper.cgroups.append(cgroup_dir)
+        members = {}
+        for name in ("a", "b"):
+            found = pids_in(read_log(tmp_path / f"{name}.log", "ready"))
+            members |= {f"{name}.{member}": pid for member, pid in found.items()}
+        assert len(members) == (5 if with_cgroup else 4)
+        reaper.watch(*members.values())
+        # The lifeline exits once all is killed and the cgroup removed: wait for it too.
+        members |= {"a": int(pid_a), "b": int(pid_b), "lifeline": int(lifeline_pid)}
+        scheduler.kill()
+        scheduler.wait()
+        deadline = time.monotonic() + 2.0
+        while (alive := [n for n, p in members.items() if not gone(p)]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.02)
+        assert alive == [], "survivors 2 s after the scheduler was SIGKILLed"
+        if cgroup_dir != "-":
+            assert not os.path.exists(cgroup_dir)  # the lifeline removed it too
+    finally:
+        if scheduler.poll() is None:
+            scheduler.kill()
+            scheduler.wait()
+        assert scheduler.stdout is not None
+        scheduler.stdout.close()
+
+
+@pytest.mark.kernel
+def test_lifeline_ignores_sigterm_and_sigint_and_exits_on_close() -> None:
+    """Ctrl-C or SIGTERM does not end the lifeline; closing its pipe does, cleanly."""
+    lifeline = Lifeline()
+    lifeline.start()  # returns once the helper has set its signals up
+    try:
+        pid = lifeline.pid
+        assert pid is not None
+        assert os.getsid(pid) == pid  # its own session: no terminal signal reaches it
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGINT)
+    finally:
+        # Both signals are pending before end-of-file is: a helper they could
+        # kill would report -SIGTERM or -SIGINT here instead of its clean exit.
+        assert lifeline.close() == 0
+    assert lifeline.pid is None
+    assert lifeline.statistics().registered == 0
+
+
+@pytest.mark.kernel
+def test_lifeline_is_replaced_when_it_dies(tmp_path: Path, reaper: Reaper) -> None:
+    """A killed helper is replaced on the next registration, which re-sends every job."""
+    lifeline = Lifeline()
+    try:
+        code = "import time; time.sleep(60)"
+        a = reaper.launch("a", LaunchSpec(python(code), str(tmp_path / "a.log")), lifeline=lifeline)
+        first = lifeline.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        while not gone(first):  # dead before the next registration, not merely dying
+            time.sleep(0.001)
+        b = reaper.launch("b", LaunchSpec(python(code), str(tmp_path / "b.log")), lifeline=lifeline)
+        assert lifeline.pid not in (None, first)
+        assert lifeline.statistics() == LifelineStatistics(lifeline.pid, registered=2, starts=2)
+        # Closed with both jobs still registered, the new helper kills both: it knows "a" too.
+        assert lifeline.close() == 0
+        assert (a.wait(5), b.wait(5)) == (-signal.SIGKILL, -signal.SIGKILL)
+    finally:
+        lifeline.close()
+
+
+@pytest.mark.kernel
+def test_lifeline_outlives_the_thread_that_started_it(tmp_path: Path, reaper: Reaper) -> None:
+    """PDEATHSIG fires when the starting *thread* exits; the lifeline must not kill then."""
+    lifeline = Lifeline()
+    started: list[ManagedProcess] = []
+    tids: list[int] = []
+
+    def worker() -> None:
+        tids.append(threading.get_native_id())
+        spec = LaunchSpec(["sleep", "60"], str(tmp_path / "job.log"))
+        started.append(reaper.launch("threaded", spec, lifeline=lifeline))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    job, helper = started[0], lifeline.pid
+    try:
+        assert helper is not None
+        while os.path.exists(f"/proc/self/task/{tids[0]}"):  # once gone, its signal is sent
+            time.sleep(0.001)
+        while pending_signals(helper):  # and once delivered, the handler has run
+            time.sleep(0.001)
+        # Had the helper taken the signal for the scheduler's death, it would
+        # have killed the job before reading this line.
+        lifeline.unregister(job.pid)
+        assert lifeline.close() == 0
+        assert job.poll() is None
+    finally:
+        job.close()
+        lifeline.close()
+
+
+def pending_signals(pid: int) -> int:
+    """The signals sent to a process and not yet delivered (thread and process masks)."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return sum(int(line.split()[1], 16) for line in status if line[:6] in ("SigPnd", "ShdPnd"))
+
+
+HOLD_100_MIB = "import time; block = b'x' * (100 << 20); print('ready', flush=True); time.sleep(60)"
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("use_cgroup", [True, False], ids=["cgroup", "psutil"])
+def test_footprint_of_a_job_holding_100_mib(
+    tmp_path: Path, reaper: Reaper, use_cgroup: bool, request: pytest.FixtureRequest
+) -> None:
+    """A job holding 100 MiB of anonymous memory measures 90-200 MiB, by cgroup or psutil."""
+    if use_cgroup:
+        request.getfixturevalue("cgroup_ok")
+    log = tmp_path / "job.log"
+    spec = LaunchSpec(python(HOLD_100_MIB), str(log), use_cgroup=use_cgroup)
+    job = reaper.launch("hold", spec)
+    assert (job.cgroup_dir is not None) == use_cgroup
+    read_log(log, "ready")
+    footprint = job.footprint_bytes()
+    assert 90 * MIB <= footprint <= 200 * MIB
+    assert job.peak_bytes() >= footprint
+
+
+def test_missing_executable_is_a_failed_launch(tmp_path: Path, reaper: Reaper) -> None:
+    """A program that is not on PATH raises LaunchError naming the job and the program."""
+    with pytest.raises(LaunchError, match=r"'no-such-program-rk' not found on PATH") as info:
+        reaper.launch("ghost", LaunchSpec(["no-such-program-rk", "x"], str(tmp_path / "g.log")))
+    assert info.value.job_id == "ghost"
+    with pytest.raises(LaunchError, match=r"'\./nope' does not exist or cannot be run"):
+        reaper.launch("ghost", LaunchSpec(["./nope"], str(tmp_path / "g.log"), cwd=str(tmp_path)))
+    assert not [name for name in _our_cgroups() if "ghost" in name]
+
+
+def test_bad_cwd_is_a_failed_launch(tmp_path: Path, reaper: Reaper) -> None:
+    """A working directory that does not exist raises LaunchError saying so."""
+    missing = str(tmp_path / "missing")
+    with pytest.raises(LaunchError, match=r"working directory '.*missing' does not exist") as info:
+        reaper.launch("lost", LaunchSpec(["true"], str(tmp_path / "l.log"), cwd=missing))
+    assert info.value.job_id == "lost"
+    assert not [name for name in _our_cgroups() if "lost" in name]
+
+
+@pytest.mark.kernel
+def test_cgroup_is_removed_after_close(tmp_path: Path, reaper: Reaper, cgroup_ok: None) -> None:
+    """The job's own cgroup sits under ours while it runs and is gone after close()."""
+    job = reaper.launch("cg", LaunchSpec(["sleep", "60"], str(tmp_path / "cg.log")))
+    own = own_memory_cgroup()
+    assert own is not None and job.cgroup_dir is not None
+    assert os.path.dirname(job.cgroup_dir) == own.directory
+    procs = Path(job.cgroup_dir, "cgroup.procs")
+    deadline = time.monotonic() + 10  # the trampoline joins the group as its first step
+    while str(job.pid) not in procs.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert str(job.pid) in procs.read_text().split()
+    job.close()
+    assert not os.path.exists(job.cgroup_dir)
+    job.close()  # idempotent
+
+
+def _our_cgroups() -> list[str]:
+    own = own_memory_cgroup()
+    if own is None:
+        return []
+    prefix = f"roomkeeper-{os.getpid()}-"
+    return [name for name in os.listdir(own.directory) if name.startswith(prefix)]
+
+
+@pytest.mark.parametrize(
+    ("host", "version", "directory", "used", "peak"),
+    [
+        ("cgroup-v2-host", 2, "sys/fs/cgroup/rkfix_413", 219389968, "memory.peak"),
+        ("cgroup-v1-host", 1, "sys/fs/cgroup/memory/rkfix_v1", 226320384, None),
+    ],
+)
+def test_cgroup_readings_on_captured_hosts(
+    host: str, version: int, directory: str, used: int, peak: str | None
+) -> None:
+    """The own group is found from /proc/self, and the footprint leaves the file cache out."""
+    root = FIXTURES / host
+    if not root.exists():
+        pytest.skip(f"fixtures not found at {root}")
+    found = own_memory_cgroup(str(root / "proc"), str(root / "sys/fs/cgroup"))
+    assert found == JobCgroup(str(root / directory), version)
+    assert found.footprint_bytes() == used
+    expected_peak = (root / directory / (peak or "memory.max_usage_in_bytes")).read_text()
+    assert found.peak_bytes() == int(expected_peak)
+
+
+@pytest.mark.parametrize(
+    ("host", "version", "own"),
+    [
+        ("cgroup-v2-host", 2, "sys/fs/cgroup/rkfix_413"),
+        ("cgroup-v1-host", 1, "sys/fs/cgroup/memory/rkfix_v1"),
+    ],
+)
+def test_job_cgroup_is_made_under_our_own(
+    tmp_path: Path, host: str, version: int, own: str
+) -> None:
+    """The job's group is a child of ours, named by pid and a path-safe job id (v2: memory on)."""
+    if not (FIXTURES / host).exists():
+        pytest.skip(f"fixtures not found at {FIXTURES / host}")
+    root = tmp_path / host
+    shutil.copytree(FIXTURES / host, root)
+    if version == 2:
+        (root / own / "cgroup.subtree_control").write_text("cpu io\n")
+    made = create_job_cgroup("a/b c", str(root / "proc"), str(root / "sys/fs/cgroup"))
+    assert made == JobCgroup(str(root / own / f"roomkeeper-{os.getpid()}-a_b_c"), version)
+    if version == 2:  # v2 charges a child only where the parent enables the controller
+        assert (root / own / "cgroup.subtree_control").read_text().endswith("+memory")
+    again = create_job_cgroup("a/b c", str(root / "proc"), str(root / "sys/fs/cgroup"))
+    assert isinstance(again, JobCgroup) and again.directory.endswith("a_b_c-1")
+
+
+def test_lifeline_refuses_registrations_that_would_reach_init() -> None:
+    """pid or session 0 or 1 would aim the end-of-file kill at init or our own group."""
+    lifeline = Lifeline()
+    with pytest.raises(ValueError, match=r"pid and sid must be > 1 \(got 1, 1\)"):
+        lifeline.register(1, 1, None)
+    assert lifeline.pid is None  # refused before any helper was started

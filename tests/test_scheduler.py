@@ -1,0 +1,349 @@
+"""The scheduler's rules on fakes: bounds, fairness, refusals, CPU, deadlines, cancellation."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from roomkeeper.admission import Decision, Guard, Reason
+from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
+from roomkeeper.jobs import JobSpec, JobState
+from roomkeeper.process import LaunchSpec
+from roomkeeper.scheduler import Limits, Scheduler
+from roomkeeper.testing import FakeClock
+
+
+class FakeHandle:
+    """A launched tree that ends when the test says so."""
+
+    def __init__(self, job_id: str, footprint: int = 0) -> None:
+        self.job_id = job_id
+        self.pid = os.getpid()  # a real pid, so the scheduler's pidfd_open works
+        self.code: int | None = None
+        self.footprint = footprint
+        self.stopped_with: float | None = None
+        self.closed = False
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def footprint_bytes(self) -> int:
+        return self.footprint
+
+    def peak_bytes(self) -> int:
+        return self.footprint
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        self.stopped_with = grace
+        self.code = -15
+        return self.code
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeLauncher:
+    """Records launches; can be told to fail a job's spawn."""
+
+    def __init__(self) -> None:
+        self.handles: dict[str, FakeHandle] = {}
+        self.order: list[str] = []
+        self.fail: set[str] = set()
+
+    def __call__(self, job_id: str, spec: LaunchSpec) -> FakeHandle:
+        if job_id in self.fail:
+            raise LaunchError(job_id, "executable 'nope' does not exist or cannot be run")
+        handle = FakeHandle(job_id)
+        self.handles[job_id] = handle
+        self.order.append(job_id)
+        return handle
+
+    def end(self, job_id: str, code: int = 0) -> None:
+        self.handles[job_id].code = code
+
+
+class ScriptedGuard(Guard):
+    """A guard whose answer the test sets: admit everything, or refuse with a reason."""
+
+    def __init__(self) -> None:
+        super().__init__(env={})
+        self.refuse: dict[str, Reason] = {}
+        self.asked: list[str] = []
+        self.released: list[str] = []
+        self.measured: dict[str, int] = {}
+        self.before_answer: threading.Event | None = None
+        self.judging = threading.Event()
+
+    def admit(
+        self, job_id: str, *, memory_bytes: int | None = None, disk_bytes: int | None = None
+    ) -> Decision:
+        self.asked.append(job_id)
+        if self.before_answer is not None:
+            self.judging.set()
+            self.before_answer.wait(10)
+        reason = self.refuse.get(job_id)
+        if reason is not None:
+            return Decision(job_id, False, reason, f"no room for {reason.value}")
+        return Decision(job_id, True, Reason.OK, "room")
+
+    def release(self, job_id: str) -> None:
+        self.released.append(job_id)
+
+    def report_measured(self, job_id: str, measured_bytes: int) -> None:
+        self.measured[job_id] = measured_bytes
+
+
+def limits(**over: int | float | None) -> Limits:
+    base = {
+        "max_waiting": 32,
+        "max_waiting_per_owner": 8,
+        "max_running": 4,
+        "max_running_per_owner": 2,
+        "cpu_pressure_percent": 80.0,
+        "worker_nice": 10,
+    }
+    base.update(over)
+    return Limits(**base)  # type: ignore[arg-type]
+
+
+class Rig:
+    """A scheduler on fakes, with knobs."""
+
+    def __init__(self, tmp_path: Path, **over: int | float | None) -> None:
+        self.clock = FakeClock()
+        self.guard = ScriptedGuard()
+        self.launcher = FakeLauncher()
+        self.cpu: float | None = None
+        self.limits = limits(**over)
+        self.events: list[tuple[str, JobState]] = []
+        self.scheduler = Scheduler(
+            logs_dir=tmp_path / "logs",
+            guard=self.guard,
+            limits=lambda: self.limits,
+            launcher=self.launcher,
+            cpu_percent=lambda: self.cpu,
+            clock=self.clock,
+            on_change=lambda v: self.events.append((v.id, v.state)),
+        )
+
+    def submit(self, job_id: str, owner: str = "a", **kw: object) -> None:
+        self.scheduler.submit(JobSpec(argv=["true"], owner=owner, **kw), job_id=job_id)  # type: ignore[arg-type]
+
+    def state(self, job_id: str) -> JobState:
+        return self.scheduler.get(job_id).state
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(tmp_path)
+    yield r
+    r.scheduler.close(grace=0)
+
+
+def test_waiting_bounds_refuse_at_once_with_a_reason(tmp_path: Path) -> None:
+    """Past 8 per owner: owner_queue_full; past 32 in all: queue_full; never queued silently."""
+    r = Rig(tmp_path)
+    for i in range(8):
+        r.submit(f"a{i}", owner="a")
+    with pytest.raises(
+        QueueFullError, match="ROOMKEEPER_MAX_WAITING_PER_OWNER allows \\(8\\)"
+    ) as err:
+        r.submit("a8", owner="a")
+    assert err.value.reason == "owner_queue_full" and err.value.owner == "a"
+    for owner in "bcd":
+        for i in range(8):
+            r.submit(f"{owner}{i}", owner=owner)
+    with pytest.raises(QueueFullError, match="ROOMKEEPER_MAX_WAITING allows \\(32\\)") as err:
+        r.submit("e0", owner="e")
+    assert err.value.reason == "queue_full"
+    assert len(r.scheduler.jobs()) == 32
+    with pytest.raises(UnknownJobError):
+        r.scheduler.get("a8")
+    r.scheduler.close(grace=0)
+
+
+def test_running_ceilings_global_and_per_owner(rig: Rig) -> None:
+    """At most 4 run in all and 2 per owner; the rest wait with the reason that holds them."""
+    for owner in "abc":
+        for i in range(3):
+            rig.submit(f"{owner}{i}", owner=owner)
+    rig.scheduler.tick()
+    stats = rig.scheduler.statistics()
+    assert stats.running == 4
+    assert all(running <= 2 for _, running in stats.by_owner.values())
+    assert rig.scheduler.get("c2").reason is Reason.SLOTS
+
+
+def test_owner_rotation_shares_slots(rig: Rig) -> None:
+    """With one slot, launches alternate between owners instead of serving one owner's backlog."""
+    rig.limits = limits(max_running=1)
+    for i in range(4):
+        rig.submit(f"a{i}", owner="a")
+    rig.submit("b0", owner="b")
+    rig.submit("c0", owner="c")
+    for _ in range(6):
+        rig.scheduler.tick()
+        running = [j.id for j in rig.scheduler.jobs() if j.state is JobState.RUNNING]
+        for job_id in running:
+            rig.launcher.end(job_id)
+    assert rig.launcher.order == ["a0", "b0", "c0", "a1", "a2", "a3"]
+
+
+def test_per_owner_cap_skips_to_the_next_owner(rig: Rig) -> None:
+    """An owner at its running cap does not block another owner's launch."""
+    for i in range(3):
+        rig.submit(f"a{i}", owner="a")
+    rig.submit("b0", owner="b")
+    rig.scheduler.tick()
+    assert set(rig.launcher.order) == {"a0", "a1", "b0"}
+    assert rig.scheduler.get("a2").reason is Reason.OWNER_SLOTS
+
+
+def test_a_refusal_ends_the_round_and_the_refused_job_keeps_its_place(rig: Rig) -> None:
+    """A refused big job is not overtaken by smaller ones; it launches first when room returns."""
+    rig.submit("big", owner="a", memory_bytes=10**10)
+    rig.submit("small", owner="b", memory_bytes=1)
+    rig.guard.refuse["big"] = Reason.MEMORY
+    for _ in range(5):
+        rig.scheduler.tick()
+    assert rig.launcher.order == []
+    assert rig.scheduler.get("big").reason is Reason.MEMORY
+    assert rig.scheduler.get("small").reason is Reason.MEMORY  # held behind the refusal
+    del rig.guard.refuse["big"]
+    rig.scheduler.tick()
+    assert rig.launcher.order == ["big", "small"]
+
+
+def test_refusals_are_counted_not_recorded_as_state_changes(rig: Rig) -> None:
+    """Refused rounds update counters and the waiting reason; history gets no row per round."""
+    rig.submit("big")
+    rig.guard.refuse["big"] = Reason.DISK
+    for _ in range(10):
+        rig.scheduler.tick()
+    view = rig.scheduler.get("big")
+    assert [t.state for t in view.history] == [JobState.WAITING]
+    assert view.reason is Reason.DISK
+    assert rig.scheduler.statistics().refusals == {"disk": 10}
+    assert rig.events == [("big", JobState.WAITING)]
+
+
+def test_cpu_pressure_holds_launches_but_never_below_one_running(rig: Rig) -> None:
+    """Above ROOMKEEPER_CPU_PRESSURE_PERCENT no new launch, unless nothing runs; reason cpu."""
+    rig.cpu = 95.0
+    rig.submit("a0", owner="a")
+    rig.submit("b0", owner="b")
+    rig.scheduler.tick()
+    assert rig.launcher.order == ["a0"]  # nothing ran: one may start
+    assert rig.scheduler.get("b0").reason is Reason.CPU
+    rig.cpu = 79.0
+    rig.scheduler.tick()
+    assert rig.launcher.order == ["a0", "b0"]
+
+
+def test_waiting_past_the_deadline_expires_without_starting(rig: Rig) -> None:
+    """Waiting time counts toward timeout_s: a job still waiting at its deadline is expired."""
+    rig.submit("w", timeout_s=30)
+    rig.guard.refuse["w"] = Reason.MEMORY
+    rig.scheduler.tick()
+    rig.clock.advance(29.9)
+    rig.scheduler.tick()
+    assert rig.state("w") is JobState.WAITING
+    rig.clock.advance(0.1)
+    rig.scheduler.tick()
+    assert rig.state("w") is JobState.EXPIRED
+    assert rig.launcher.order == []
+
+
+def test_running_past_the_deadline_is_stopped_and_timed_out(rig: Rig) -> None:
+    """A running job past its deadline has its tree stopped and ends as timed_out."""
+    rig.submit("r", timeout_s=10)
+    rig.clock.advance(4)  # waited 4 s first: 6 s of running are left
+    rig.scheduler.tick()
+    rig.clock.advance(5.9)
+    rig.scheduler.tick()
+    assert rig.state("r") is JobState.RUNNING
+    rig.clock.advance(0.1)
+    rig.scheduler.tick()
+    rig.scheduler.close(grace=0)
+    view = rig.scheduler.get("r")
+    assert view.state is JobState.TIMED_OUT
+    assert rig.launcher.handles["r"].stopped_with is not None
+
+
+def test_cancel_while_being_judged_removes_the_permission_to_launch(rig: Rig) -> None:
+    """A cancel that lands between the guard's yes and the spawn wins: the job never starts."""
+    rig.submit("j")
+    rig.guard.before_answer = threading.Event()
+    round_thread = threading.Thread(target=rig.scheduler.tick)
+    round_thread.start()
+    assert rig.guard.judging.wait(5)
+    view = rig.scheduler.cancel("j")
+    rig.guard.before_answer.set()
+    round_thread.join(5)
+    assert view.state is JobState.CANCELLED
+    assert rig.launcher.order == []
+    assert rig.state("j") is JobState.CANCELLED
+    assert rig.guard.released.count("j") >= 1
+
+
+def test_cancel_of_a_running_job_stops_its_tree(rig: Rig) -> None:
+    """Cancelling a running job stops the tree and ends it as stopped."""
+    rig.submit("j")
+    rig.scheduler.tick()
+    rig.scheduler.cancel("j")
+    rig.scheduler.close(grace=0)
+    assert rig.state("j") is JobState.STOPPED
+    assert rig.launcher.handles["j"].closed
+
+
+def test_reservations_are_released_whatever_the_outcome(rig: Rig) -> None:
+    """Exit, failed spawn, cancel and stop all release the job's young reservation."""
+    rig.launcher.fail.add("bad")
+    for job_id in ("ok", "bad", "stop"):
+        rig.submit(job_id, owner=job_id)
+    rig.scheduler.tick()
+    rig.launcher.end("ok", 3)
+    rig.scheduler.cancel("stop")
+    rig.scheduler.close(grace=0)
+    assert {"ok", "bad", "stop"} <= set(rig.guard.released)
+    bad = rig.scheduler.get("bad")
+    assert bad.state is JobState.FAILED and "does not exist" in (bad.error or "")
+    ok = rig.scheduler.get("ok")
+    assert (ok.state, ok.exit_code) == (JobState.EXITED, 3)
+
+
+def test_young_jobs_report_their_measured_footprint(rig: Rig) -> None:
+    """Before each judgement, running jobs' measured footprints go to the guard."""
+    rig.submit("first", owner="a")
+    rig.scheduler.tick()
+    rig.launcher.handles["first"].footprint = 123_456_789
+    rig.submit("second", owner="b")
+    rig.scheduler.tick()
+    assert rig.guard.measured["first"] == 123_456_789
+
+
+def test_every_state_change_has_a_timestamp(rig: Rig) -> None:
+    """waiting -> running -> exited, each with a time, and the exit code kept."""
+    rig.submit("j")
+    rig.scheduler.tick()
+    rig.launcher.end("j", 0)
+    rig.scheduler.tick()
+    view = rig.scheduler.get("j")
+    assert [t.state for t in view.history] == [JobState.WAITING, JobState.RUNNING, JobState.EXITED]
+    assert all(t.at > 0 for t in view.history)
+    assert view.history[0].at <= view.history[1].at <= view.history[2].at
+    assert rig.events == [("j", JobState.WAITING), ("j", JobState.RUNNING), ("j", JobState.EXITED)]
+
+
+def test_bad_specs_are_refused_with_a_reason(rig: Rig) -> None:
+    """An empty argv or a zero timeout is a usage error that says what was wrong."""
+    from roomkeeper.errors import UsageError
+
+    with pytest.raises(UsageError, match="non-empty list"):
+        rig.scheduler.submit(JobSpec(argv=[]))
+    with pytest.raises(UsageError, match="timeout_s must be > 0"):
+        rig.scheduler.submit(JobSpec(argv=["x"], timeout_s=0))

@@ -1,0 +1,153 @@
+"""The scheduler with real trees: a real SIGKILL of its process, real deadlines, real memory."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from roomkeeper.admission import Guard
+from roomkeeper.jobs import JobSpec, JobState
+from roomkeeper.scheduler import Limits, Scheduler
+
+pytestmark = pytest.mark.kernel
+
+MIB = 2**20
+NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
+
+# A scheduler in its own process: two jobs, each with a child and a grandchild
+# that called setsid (left the job's session and group).  It prints the pids
+# and then waits to be killed.
+SCHEDULER = """
+import json, os, sys, time
+from roomkeeper.admission import Guard
+from roomkeeper.jobs import JobSpec
+from roomkeeper.scheduler import Scheduler
+pids_dir = sys.argv[1]
+s = Scheduler(logs_dir=pids_dir + "/logs", guard=Guard(env={"ROOMKEEPER_JOB_DISK_MB": "0"}))
+s.start()
+line = ("sleep 60 & echo $! > {d}/$$.child; setsid sleep 60 & echo $! > {d}/$$.setsid; "
+        "echo $$ > {d}/$$.leader; wait")
+for owner in ("a", "b"):
+    s.submit(JobSpec(argv=[line.format(d=pids_dir)], owner=owner, memory_bytes=1, shell=True))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sigkill_of_the_scheduler_process_leaves_no_managed_tree(tmp_path: Path) -> None:
+    """Every managed tree is gone within 2 s of a real SIGKILL of the scheduler's process."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    started: list[int] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", SCHEDULER, str(pids)], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 20
+            while len(list(pids.glob("*.*"))) < 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            started = [int(p.read_text()) for p in pids.glob("*.*") if p.suffix != ".log"]
+            assert len(started) == 6, sorted(p.name for p in pids.iterdir())
+            assert all(_alive(p) for p in started)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            killed_at = time.monotonic()
+            while any(_alive(p) for p in started) and time.monotonic() - killed_at < 2.0:
+                time.sleep(0.02)
+            survivors = [p for p in started if _alive(p)]
+            assert survivors == [], f"alive {time.monotonic() - killed_at:.2f} s after SIGKILL"
+        finally:
+            for pid in started:  # ours: never leave them behind, even when the test fails
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
+
+
+def limits(max_running: int = 4) -> Limits:
+    return Limits(32, 8, max_running, 2, 100.0, 10)
+
+
+def test_real_deadline_stops_the_tree_and_reports_timed_out(tmp_path: Path) -> None:
+    """A real job past its deadline is stopped, grandchild included, and ends as timed_out."""
+    marker = tmp_path / "grandchild"
+    scheduler = Scheduler(
+        logs_dir=tmp_path / "logs", guard=Guard(env=NO_DISK), limits=limits, stop_grace=0.5
+    )
+    scheduler.start()
+    try:
+        view = scheduler.submit(
+            JobSpec(argv=[f"sleep 60 & echo $! > {marker}; wait"], shell=True, timeout_s=1.0)
+        )
+        final = scheduler.wait(view.id, timeout=20)
+    finally:
+        scheduler.close(grace=0.5)
+    assert final.state is JobState.TIMED_OUT
+    assert [t.state for t in final.history][-1] is JobState.TIMED_OUT
+    assert not _alive(int(marker.read_text()))
+
+
+def test_output_and_exit_code_of_a_real_job(tmp_path: Path) -> None:
+    """argv runs without a shell; its output is kept in the log after it ends."""
+    scheduler = Scheduler(logs_dir=tmp_path / "logs", guard=Guard(env=NO_DISK), limits=limits)
+    scheduler.start()
+    try:
+        view = scheduler.submit(
+            JobSpec(argv=[sys.executable, "-c", "import sys; print('out $HOME;'); sys.exit(4)"])
+        )
+        final = scheduler.wait(view.id, timeout=20)
+    finally:
+        scheduler.close()
+    assert (final.state, final.exit_code) == (JobState.EXITED, 4)
+    assert Path(final.log_path).read_text() == "out $HOME;\n"
+
+
+HOLD = "import time; b = bytearray({n}); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"
+
+
+def test_young_job_reserves_only_what_its_measured_footprint_does_not_show(tmp_path: Path) -> None:
+    """A running job holding 200 MiB with a 300 MiB estimate reserves about 100 MiB."""
+    guard = Guard(env=NO_DISK)
+    scheduler = Scheduler(logs_dir=tmp_path / "logs", guard=guard, limits=limits)
+    try:
+        holder = scheduler.submit(
+            JobSpec(argv=[sys.executable, "-c", HOLD.format(n=200 * MIB)], memory_bytes=300 * MIB)
+        )
+        scheduler.tick()
+        assert scheduler.get(holder.id).state is JobState.RUNNING
+        assert guard.statistics().reserved_bytes == 300 * MIB
+        time.sleep(1.5)  # let it touch its memory
+        # A second job too big to fit makes a launch round, which measures young jobs first.
+        scheduler.submit(JobSpec(argv=["true"], owner="b", memory_bytes=10**15))
+        scheduler.tick()
+        reserved = guard.statistics().reserved_bytes
+    finally:
+        scheduler.close(grace=0.5)
+    assert 60 * MIB <= reserved <= 100 * MIB, reserved / MIB
+
+
+def test_failed_spawn_is_failed_and_releases_its_reservation(tmp_path: Path) -> None:
+    """A missing executable ends the job as failed with the reason, and nothing stays reserved."""
+    guard = Guard(env=NO_DISK)
+    scheduler = Scheduler(logs_dir=tmp_path / "logs", guard=guard, limits=limits)
+    try:
+        view = scheduler.submit(JobSpec(argv=["/no/such/program"]))
+        scheduler.tick()
+        final = scheduler.get(view.id)
+    finally:
+        scheduler.close()
+    assert final.state is JobState.FAILED
+    assert final.error and "/no/such/program" in final.error
+    assert guard.statistics().young == 0
