@@ -241,6 +241,9 @@ def test_cpu_pressure_holds_launches_but_never_below_one_running(rig: Rig) -> No
     assert rig.scheduler.get("b0").reason is Reason.CPU
     rig.cpu = 79.0
     rig.scheduler.tick()
+    assert rig.launcher.order == ["a0"]  # read at most every 0.25 s: still the old reading
+    rig.clock.advance(0.25)
+    rig.scheduler.tick()
     assert rig.launcher.order == ["a0", "b0"]
 
 

@@ -160,6 +160,9 @@ class Guard:
         workspace: the volume to judge; ROOMKEEPER_WORKSPACE (default ROOMKEEPER_HOME).
         clock: monotonic seconds, for the warm-up window.
         platform: ``sys.platform``; anything but Linux passes.
+        reserve: bytes kept free on top of the headroom, asked on every
+            decision (the gateway keeps ROOMKEEPER_GATEWAY_RESERVE_MB for its
+            own growth; its current footprint is already in "used").
     """
 
     def __init__(
@@ -171,8 +174,10 @@ class Guard:
         workspace: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         platform: str = sys.platform,
+        reserve: Callable[[], int] | None = None,
     ) -> None:
         self._env = env
+        self._reserve = reserve
         self._proc_root = proc_root
         self._cgroup_root = cgroup_root
         self._workspace = workspace
@@ -228,6 +233,17 @@ class Guard:
             decision = self._judge("(check)", settings, memory_bytes, disk_bytes, resources)
             self._last = decision
         return decision
+
+    def hold(self, job_id: str, memory_bytes: int, *, age_s: float = 0.0) -> None:
+        """Reserve without judging: for work admitted before a restart (a lease still held).
+
+        Args:
+            job_id: the reservation's key.
+            memory_bytes: what it reserves.
+            age_s: how long ago it was admitted, so its warm-up window ends on time.
+        """
+        with self._lock:
+            self._young[job_id] = _Reservation(max(0, memory_bytes), self._clock() - age_s)
 
     def release(self, job_id: str) -> None:
         """End ``job_id``'s reservation, whatever its outcome; unknown ids are ignored."""
@@ -335,6 +351,8 @@ class Guard:
 
         used, limit = memory.used_bytes, memory.limit_bytes
         line = memory_line(limit, settings.memory_headroom_percent)
+        if self._reserve is not None:
+            line -= max(0, self._reserve())
         total = used + reserved + estimate
         figures = (
             f"used {_g(used)} + young {_g(reserved)} ({len(young)}) + job {_g(estimate)} "

@@ -133,9 +133,9 @@ def run_batch(
     try:
         scheduler.start()
         while len(results) < len(commands):
-            stats = scheduler.statistics()
+            waiting = scheduler.statistics().waiting
             # Feed as room frees: keep a few lines ready, never the whole file.
-            while next_line < len(commands) and stats.waiting < max(2, max_running):
+            while next_line < len(commands) and waiting < max(2, max_running):
                 scheduler.submit(
                     JobSpec(
                         argv=[commands[next_line]],
@@ -147,7 +147,7 @@ def run_batch(
                     job_id=str(next_line + 1),
                 )
                 next_line += 1
-                stats = scheduler.statistics()
+                waiting += 1
             with contextlib.suppress(queue.Empty):
                 view = events.get(timeout=0.2)
                 _drain(view, events, results, commands, quiet, progress)

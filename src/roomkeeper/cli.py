@@ -278,5 +278,10 @@ def batch(
         sys.exit(1)
 
 
+from roomkeeper import cli_gateway as _gateway_commands  # noqa: E402  (registers serve, run, ...)
+
+del _gateway_commands
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -62,6 +62,11 @@ class JobSpec:
                 f"a shell job takes one string of shell text (got {len(self.argv)} items)",
                 name="argv",
             )
+        texts = [*self.argv, self.cwd or "", *(self.env or {}), *(self.env or {}).values()]
+        if any("\x00" in t for t in texts):
+            raise UsageError("argv, cwd and env must not contain NUL characters", name="argv")
+        if any(not k or "=" in k for k in self.env or {}):
+            raise UsageError("env names must be non-empty and contain no '='", name="env")
         if not self.owner:
             raise UsageError("owner must be a non-empty name", name="owner")
         if self.timeout_s is not None and not self.timeout_s > 0:

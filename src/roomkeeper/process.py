@@ -30,6 +30,7 @@ and session id, cannot be reused while we might still signal it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -72,6 +73,11 @@ __all__ = [
 _TRAMPOLINE = 'echo $$ > "$0" && exec "$@"'
 _KILL_ROUNDS = 100
 _subreaper = False  # whether become_subreaper() made orphans ours to reap
+# Sessions of closed jobs: an adopted zombie in one of them is ours to reap.
+_job_sessions: collections.deque[int] = collections.deque(maxlen=4096)
+_ADOPTED_SCAN_EVERY_S = 1.0
+_last_adopted_scan = 0.0
+_adopted_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +149,27 @@ def _zombie_children() -> bool:
 @functools.cache
 def _nice_path() -> str:
     return shutil.which("nice") or "/usr/bin/nice"
+
+
+def _reap_adopted() -> None:
+    """Reap orphans of closed jobs that were reparented to us (subreaper) and died.
+
+    A zombie keeps its session id, which tells a job's orphan from any other
+    child of ours.  Scanning /proc costs about 0.5 ms, so it runs at most
+    once a second, not at every close: a zombie costs a pid slot, nothing else.
+    """
+    global _last_adopted_scan  # noqa: PLW0603 -- one scan clock per process
+    with _adopted_lock:
+        now = time.monotonic()
+        if now - _last_adopted_scan < _ADOPTED_SCAN_EVERY_S:
+            return
+        _last_adopted_scan = now
+        sessions = set(_job_sessions)
+    me = os.getpid()
+    for pid, stat in scan_proc().items():
+        if stat.ppid == me and stat.state == "Z" and stat.sid in sessions and pid not in sessions:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def become_subreaper(enable: bool = True) -> bool:
@@ -400,17 +427,15 @@ class ManagedProcess:
                 os.close(self._pidfd)
                 self._pidfd = None
             self._closed = True
-            if _subreaper and _zombie_children():
-                self._reap_adopted()
-
-    def _reap_adopted(self) -> None:
-        # Orphans reparented to us (subreaper) die as our zombies; a zombie keeps
-        # its session id, which tells the job's from those of any other child.
-        for pid, stat in scan_proc().items():
-            ours = stat.sid == self.pid or pid in self._members
-            if ours and stat.ppid == os.getpid() and stat.state == "Z" and pid != self.pid:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
+            _job_sessions.append(self.pid)
+            if _subreaper:
+                for pid, proc in self._members.items():  # orphans we saw: reaped now, cheaply
+                    # is_running() compares create times: never reap a reused pid.
+                    with contextlib.suppress(ChildProcessError, psutil.Error):
+                        if proc.is_running():
+                            os.waitpid(pid, os.WNOHANG)
+                if _zombie_children():
+                    _reap_adopted()  # orphans never seen: a rate-limited /proc scan
 
     def statistics(self) -> ProcessStatistics:
         """A snapshot of the job's state."""

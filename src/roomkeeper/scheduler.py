@@ -44,6 +44,7 @@ log = logging.getLogger("roomkeeper")
 
 RETRY_SECONDS = 0.5  # how soon a refused round is tried again without any job ending
 STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when roomkeeper stops a tree
+CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
 
 
 class Handle(Protocol):
@@ -144,6 +145,8 @@ class Scheduler:
         clock: monotonic seconds (deadlines).
         wall: wall-clock seconds (timestamps people read).
         on_change: called with a job's view after each state change, outside the lock.
+        on_end: called for each job that ended, outside the lock and before the
+            next launch round (a release hook runs before its slot is offered).
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
     """
 
@@ -158,6 +161,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         on_change: Callable[[JobView], None] | None = None,
+        on_end: Callable[[JobView], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
     ) -> None:
         self._logs_dir = Path(logs_dir)
@@ -172,9 +176,13 @@ class Scheduler:
             launcher = lambda job_id, spec: launch(job_id, spec, lifeline=lifeline)  # noqa: E731
         self._launcher = launcher
         self._cpu_percent = cpu_percent
+        self._cpu_value: float | None = None
+        self._cpu_read_at = float("-inf")
         self._clock = clock
         self._wall = wall
         self._on_change = on_change
+        self._on_end = on_end
+        self._just_ended: list[JobView] = []
         self._stop_grace = stop_grace
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -320,6 +328,13 @@ class Scheduler:
             with self._lock:
                 self._reap()
                 self._expire()
+                ended, self._just_ended = self._just_ended, []
+            if self._on_end is not None:
+                for view in ended:
+                    try:
+                        self._on_end(view)
+                    except Exception:  # a failing hook must not stop the scheduler
+                        log.exception("the end-of-job hook failed for job %s", view.id)
             self._launch_round()
             with self._lock:
                 due = self._next_due()
@@ -394,12 +409,23 @@ class Scheduler:
                 blocked = Reason.OWNER_SLOTS
                 continue
             if self._running:
-                cpu = self._cpu_percent()
+                cpu = self._cpu_now()
                 if cpu is not None and cpu > limits.cpu_pressure_percent:
                     self._refusals[Reason.CPU.value] += 1
                     return None, Reason.CPU
             return queue[0], blocked
         return None, blocked
+
+    def _cpu_now(self) -> float | None:
+        """CPU pressure, read at most every CPU_READ_SECONDS.
+
+        PSI's avg10 is itself a ten-second average: reading it again for
+        every launch of a fast batch costs more than it tells.
+        """
+        now = self._clock()
+        if now - self._cpu_read_at >= CPU_READ_SECONDS:
+            self._cpu_value, self._cpu_read_at = self._cpu_percent(), now
+        return self._cpu_value
 
     def _start(self, job: _Job, limits: Limits) -> None:
         """Spawn the job (lock held, so a cancel is either before or after this)."""
@@ -415,7 +441,7 @@ class Scheduler:
         try:
             Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
             handle = self._launcher(job.id, spec)
-        except (LaunchError, OSError) as err:
+        except (LaunchError, OSError, ValueError) as err:
             self._guard.release(job.id)
             job.error = str(err)
             self._finish(job, JobState.FAILED, None)
@@ -475,6 +501,7 @@ class Scheduler:
         job.ended = self._wall()
         self._ended[state.value] += 1
         self._record(job, state, reason)
+        self._just_ended.append(self._view(job))
 
     def _record(self, job: _Job, state: JobState, reason: Reason | None) -> None:
         job.state, job.reason = state, reason

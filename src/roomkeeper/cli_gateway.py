@@ -1,0 +1,269 @@
+"""The gateway's commands: ``serve``, and ``run``, ``status``, ``jobs``, ``output``, ``cancel``
+against a running gateway (found, with its token, from ROOMKEEPER_HOME)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import click
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from roomkeeper.cli import main, parse_size_option
+from roomkeeper.client import NoGatewayError, connect
+from roomkeeper.errors import UsageError
+from roomkeeper.units import format_gb, parse_duration
+
+DEFAULT_PORT = 8765
+EXIT_CODES = {"failed": 127, "timed_out": 124, "expired": 124, "cancelled": 130, "stopped": 143}
+
+
+def _port(value: int | None) -> int:
+    if value is not None:
+        return value
+    try:
+        return int(os.environ.get("ROOMKEEPER_PORT", DEFAULT_PORT))
+    except ValueError:
+        raise click.UsageError("ROOMKEEPER_PORT must be a port number") from None
+
+
+@main.command()
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Loopback port; default ROOMKEEPER_PORT (8765).",
+)
+@click.option(
+    "--socket",
+    "socket_path",
+    default=None,
+    help="Listen on this Unix socket instead (ROOMKEEPER_SOCKET).",
+)
+def serve(port: int | None, socket_path: str | None) -> None:
+    """Run the gateway: HTTP API on loopback, the Health page, /metrics."""
+    import uvicorn
+
+    from roomkeeper.api import create_app
+    from roomkeeper.gateway import Gateway
+
+    socket_path = socket_path or os.environ.get("ROOMKEEPER_SOCKET") or None
+    chosen = _port(port)
+    if socket_path is None:
+        probe = socket.socket()
+        try:
+            probe.bind(("127.0.0.1", chosen))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise click.UsageError(
+                    f"port {chosen} on 127.0.0.1 is in use (another gateway?); "
+                    "choose another with --port or ROOMKEEPER_PORT"
+                ) from None
+            raise
+        finally:
+            probe.close()
+    try:
+        gateway = Gateway()
+    except UsageError as err:
+        raise click.UsageError(str(err)) from None
+    app = create_app(gateway, port=None if socket_path else chosen, socket=socket_path)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=chosen,
+        uds=socket_path,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    gateway.server = server
+    where = socket_path or f"http://127.0.0.1:{chosen}"
+    click.echo(
+        f"roomkeeper gateway on {where} (Health page at /); journal in {gateway.home}", err=True
+    )
+    server.run()
+
+
+@contextlib.contextmanager
+def _client() -> Iterator[httpx.Client]:
+    try:
+        client = connect()
+    except NoGatewayError as err:
+        raise click.ClickException(str(err)) from None
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _check(response: httpx.Response) -> Any:
+    if response.is_success:
+        return response.json()
+    try:
+        body = response.json()
+        detail = body.get("detail") or body.get("summary") or body
+    except ValueError:
+        detail = response.text
+    raise click.ClickException(f"the gateway answered {response.status_code}: {detail}")
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--owner", default="cli", show_default=True, help="Who the job is for.")
+@click.option(
+    "--memory", callback=parse_size_option, metavar="SIZE", help="Memory estimate (600M, 1.5G)."
+)
+@click.option(
+    "--timeout", "timeout_text", metavar="DURATION", help="Deadline from submission (90s, 5m)."
+)
+@click.option("--detach", is_flag=True, help="Print the job id and return at once.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(
+    owner: str, memory: int | None, timeout_text: str | None, detach: bool, command: tuple[str, ...]
+) -> None:
+    """Submit COMMAND (after --) as a job, stream its output, exit with its exit code."""
+    timeout_s = None
+    if timeout_text is not None:
+        try:
+            timeout_s = parse_duration(timeout_text, name="--timeout")
+        except UsageError as err:
+            raise click.BadParameter(str(err), param_hint="--timeout") from None
+    body = {
+        "argv": list(command),
+        "owner": owner,
+        "cwd": os.getcwd(),
+        "memory_bytes": memory,
+        "timeout_s": timeout_s,
+    }
+    with _client() as client:
+        job = _check(client.post("/v1/jobs", json={k: v for k, v in body.items() if v is not None}))
+        job_id = job["id"]
+        if detach:
+            click.echo(job_id)
+            return
+        try:
+            final = _follow(client, job_id)
+        except KeyboardInterrupt:
+            with contextlib.suppress(httpx.HTTPError):
+                client.delete(f"/v1/jobs/{job_id}")
+            click.echo(f"roomkeeper: cancelled job {job_id}", err=True)
+            sys.exit(130)
+    state = final["state"]
+    if state != "exited":
+        click.echo(
+            f"roomkeeper: job {job_id} ended {state}"
+            + (f": {final['error']}" if final.get("error") else ""),
+            err=True,
+        )
+        sys.exit(EXIT_CODES.get(state, 1))
+    sys.exit(final["exit_code"] if 0 <= final["exit_code"] < 256 else 1)
+
+
+def _follow(client: httpx.Client, job_id: str) -> dict[str, Any]:
+    said = None
+    while True:
+        job = _check(client.get(f"/v1/jobs/{job_id}"))
+        if job["state"] != "waiting":
+            break
+        if job["reason"] != said:
+            said = job["reason"]
+            click.echo(f"roomkeeper: job {job_id} waits ({said})", err=True)
+        time.sleep(0.3)
+    with client.stream(
+        "GET", f"/v1/jobs/{job_id}/output", params={"follow": "true"}, timeout=None
+    ) as response:
+        for chunk in response.iter_bytes():
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+    return dict(_check(client.get(f"/v1/jobs/{job_id}")))
+
+
+@main.command()
+def status() -> None:
+    """The guard's reading, the queue per owner, and leases."""
+    with _client() as client:
+        s = _check(client.get("/v1/status"))
+    table = Table(title="roomkeeper status", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    mem = s["memory"]
+    if mem["used_bytes"] is not None:
+        used, limit = format_gb(mem["used_bytes"]), format_gb(mem["limit_bytes"])
+        table.add_row("memory", f"{used} used of {limit} ({mem['source']})")
+    guard = s["guard"]
+    table.add_row(
+        "guard",
+        f"{'admit' if guard['admit'] else 'refuse'} ({guard['reason']}): {guard['summary']}",
+    )
+    q = s["queue"]
+    table.add_row("jobs", f"{q['running']} running, {q['waiting']} waiting")
+    for owner, counts in q["by_owner"].items():
+        table.add_row(f"  {owner}", f"{counts['running']} running, {counts['waiting']} waiting")
+    table.add_row("leases", ", ".join(f"{k} {v}" for k, v in s["leases"].items()) or "none")
+    Console().print(table)
+
+
+@main.command()
+@click.option("--owner", default=None, help="Only this owner's jobs.")
+@click.option(
+    "--state", default=None, help="Only jobs in this state (waiting, running, exited...)."
+)
+def jobs(owner: str | None, state: str | None) -> None:
+    """List jobs, newest first."""
+    params = {k: v for k, v in {"owner": owner, "state": state}.items() if v}
+    with _client() as client:
+        rows = _check(client.get("/v1/jobs", params=params))
+    table = Table(title=f"roomkeeper jobs ({len(rows)})", title_justify="left")
+    for column in ("id", "owner", "state", "reason", "exit", "command"):
+        table.add_column(
+            column,
+            overflow="ellipsis",
+            no_wrap=column == "command",
+            max_width=50 if column == "command" else None,
+        )
+    for j in rows:
+        table.add_row(
+            j["id"],
+            j["owner"],
+            j["state"],
+            j["reason"] or "",
+            "" if j["exit_code"] is None else str(j["exit_code"]),
+            " ".join(j["argv"]),
+        )
+    Console().print(table)
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep streaming until the job ends.")
+def output(job_id: str, follow: bool) -> None:
+    """Print a job's kept output, unaltered."""
+    with (
+        _client() as client,
+        client.stream(
+            "GET", f"/v1/jobs/{job_id}/output", params={"follow": str(follow).lower()}, timeout=None
+        ) as response,
+    ):
+        if not response.is_success:
+            response.read()
+            _check(response)
+        for chunk in response.iter_bytes():
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+
+
+@main.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel a waiting job, or stop a running job's whole tree."""
+    with _client() as client:
+        job = _check(client.delete(f"/v1/jobs/{job_id}"))
+    click.echo(f"job {job['id']}: {job['state']}")

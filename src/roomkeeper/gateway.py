@@ -1,0 +1,367 @@
+"""The gateway service: the scheduler, the guard, leases and the journal behind one object.
+
+:mod:`roomkeeper.api` serves it over HTTP.  It keeps room for itself (seed
+002): ROOMKEEPER_GATEWAY_RESERVE_MB is taken off the guard's line so admitted
+work cannot squeeze the process that must stay responsive.  Managed jobs do
+not inherit ``ROOMKEEPER_*`` variables, and the token never lies under the
+workspace, so an agent's tool command does not find the keys by accident.
+
+One idempotent shutdown path serves SIGTERM, SIGINT and ``POST /v1/shutdown``:
+stop admission, stop timers, save state, stop managed trees, close services,
+within ROOMKEEPER_SHUTDOWN_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import secrets
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from roomkeeper.admission import Decision, Guard, Reason
+from roomkeeper.config import read_settings
+from roomkeeper.errors import UsageError
+from roomkeeper.hooks import ReleaseHook, run_hook, run_hook_async
+from roomkeeper.jobs import JobSpec, JobState, JobView
+from roomkeeper.journal import Journal
+from roomkeeper.leases import Leases, LeaseState, LeaseView, guard_key
+from roomkeeper.paths import home_dir, workspace_dir
+from roomkeeper.resources import read_disk, read_memory
+from roomkeeper.scheduler import Scheduler
+from roomkeeper.units import MIB
+
+log = logging.getLogger("roomkeeper")
+
+SAMPLE_EVERY_S = 2.0
+SAMPLES_KEPT = 300  # ten minutes at one sample every two seconds
+LEASE_CHECK_EVERY_S = 0.5
+LEASE_RETRY_S = 0.25
+
+HEADLINES = {
+    Reason.OK: "ok",
+    Reason.NO_CONTAINER: "ok",
+    Reason.MEMORY: "no room in the container: memory",
+    Reason.DISK: "no room in the container: disk",
+    Reason.CPU: "no room: cpu",
+    Reason.UNKNOWN: "measurements unavailable",
+    Reason.OFF: "guard off",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One point of the Health page's chart."""
+
+    at: float
+    used_bytes: int | None
+    limit_bytes: int | None
+    line_bytes: int | None
+    disk_free_bytes: int | None
+    disk_total_bytes: int | None
+    running: int
+    waiting: int
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        return max(0, int(env.get(name, default)))
+    except ValueError:
+        return default
+
+
+def load_token(home: Path) -> str:
+    """The gateway's bearer token, made on first start (mode 0600)."""
+    path = home / "token"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
+
+
+def job_environment(extra: Mapping[str, str] | None) -> dict[str, str]:
+    """The gateway's environment without ``ROOMKEEPER_*``, plus what the caller asked for."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    env.update(extra or {})
+    return env
+
+
+class Gateway:
+    """What ``roomkeeper serve`` runs.
+
+    Args:
+        home: ROOMKEEPER_HOME (journal, logs, token).
+        env: the variables to read; ``os.environ`` when omitted.
+    """
+
+    def __init__(self, *, home: Path | None = None, env: Mapping[str, str] | None = None) -> None:
+        self.env = os.environ if env is None else env
+        self.home = home or home_dir(self.env)
+        self.workspace = workspace_dir(self.env)
+        token_path = (self.home / "token").resolve()
+        if token_path.is_relative_to(self.workspace.resolve()):
+            raise UsageError(
+                f"ROOMKEEPER_WORKSPACE ({self.workspace}) contains the gateway's token "
+                f"({token_path}); choose a workspace outside ROOMKEEPER_HOME",
+                name="ROOMKEEPER_WORKSPACE",
+            )
+        self.token = load_token(self.home)
+        self.boot_id = uuid.uuid4().hex
+        self.started = time.monotonic()
+        self.guard = Guard(env=self.env, reserve=self._gateway_reserve)
+        self.journal = Journal(self.home / "journal.db")
+        self.leases = Leases(self.guard)
+        self.hooks: dict[str, ReleaseHook] = {}
+        self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
+        self.refusals: deque[tuple[float, str, str]] = deque(maxlen=20)
+        self.queue_waits: deque[float] = deque(maxlen=1000)
+        self._writes: dict[str, concurrent.futures.Future[None]] = {}
+        self.scheduler = Scheduler(
+            logs_dir=self.home / "logs",
+            guard=self.guard,
+            on_change=self._job_changed,
+            on_end=self._job_ended,
+        )
+        self.closing = False
+        self.server: Any = None  # the uvicorn server, to stop it on POST /v1/shutdown
+        self._tasks: list[asyncio.Task[None]] = []
+        self._shutdown_lock = asyncio.Lock()
+        self._shut = False
+        self._restore_leases()
+
+    # ---------------------------------------------------------------- setup
+
+    def _gateway_reserve(self) -> int:
+        return _env_int(self.env, "ROOMKEEPER_GATEWAY_RESERVE_MB", 256) * MIB
+
+    def _restore_leases(self) -> None:
+        """Leases granted before a restart and not yet past their ttl keep their reservation."""
+        now = time.time()
+        for row in self.journal.query("SELECT * FROM leases WHERE state = 'granted'"):
+            if row["expires_at"] <= now:
+                self.journal.execute(
+                    "UPDATE leases SET state='expired', ended_at=? WHERE id=?", (now, row["id"])
+                )
+                continue
+            release = json.loads(row["release"]) if row["release"] else None
+            hook = ReleaseHook(release["method"], release["url"]) if release else None
+            lease, _ = self.leases.restore(
+                row["id"],
+                row["owner"],
+                row["memory_bytes"],
+                row["disk_bytes"] or None,
+                row["ttl_s"],
+                row["granted_at"],
+                row["expires_at"],
+                hook,
+            )
+            self.guard.hold(
+                guard_key(lease.id), lease.memory_bytes or 0, age_s=now - lease.granted_at
+            )
+
+    async def start(self, *, port: int | None = None, socket: str | None = None) -> None:
+        """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""
+        self.scheduler.start()
+        self._tasks = [
+            asyncio.create_task(self._sample_loop()),
+            asyncio.create_task(self._lease_loop()),
+        ]
+        info = {"pid": os.getpid(), "boot_id": self.boot_id, "port": port, "socket": socket}
+        (self.home / "gateway.json").write_text(json.dumps(info))
+
+    # ----------------------------------------------------------------- jobs
+
+    def _job_changed(self, view: JobView) -> None:
+        self._writes[view.id] = self.journal.record_job(view)
+        if view.state is JobState.RUNNING and view.started_at is not None:
+            self.queue_waits.append(max(0.0, view.started_at - view.submitted_at))
+
+    def _job_ended(self, view: JobView) -> None:
+        """Runs on the scheduler thread before the slot is offered to waiting work."""
+        hook = self.hooks.pop(view.id, None)
+        if hook is not None:
+            outcome = run_hook(hook)
+            if not outcome.startswith("ok"):
+                log.warning("release hook of job %s %s", view.id, outcome)
+
+    async def submit_job(self, spec: JobSpec, release: ReleaseHook | None) -> JobView:
+        """Queue a job; returns once its record is durable."""
+        if self.closing:
+            raise UsageError("the gateway is shutting down", name="shutdown")
+        view = self.scheduler.submit(spec)
+        if release is not None:
+            self.hooks[view.id] = release
+        write = self._writes.get(view.id)
+        if write is not None:
+            await asyncio.wrap_future(write)
+        return view
+
+    # --------------------------------------------------------------- leases
+
+    def _record_lease(self, lease: LeaseView) -> concurrent.futures.Future[None]:
+        release = json.dumps(lease.release.to_json()) if lease.release else None
+        return self.journal.execute(
+            "INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+            "state=excluded.state, ttl_s=excluded.ttl_s, expires_at=excluded.expires_at, "
+            "ended_at=excluded.ended_at, hook_outcome=excluded.hook_outcome",
+            (
+                lease.id,
+                lease.owner,
+                lease.state.value,
+                lease.memory_bytes or 0,
+                lease.disk_bytes or 0,
+                lease.ttl_s,
+                lease.granted_at,
+                lease.expires_at,
+                lease.ended_at,
+                release,
+                lease.hook_outcome,
+            ),
+        )
+
+    async def grant_lease(
+        self,
+        lease_id: str | None,
+        *,
+        owner: str,
+        memory_bytes: int | None,
+        disk_bytes: int | None,
+        ttl_s: float,
+        wait_s: float,
+        release: ReleaseHook | None,
+    ) -> tuple[LeaseView | None, Decision | None, bool]:
+        """Grant a lease, waiting up to ``wait_s`` for room; (lease, decision, created)."""
+        if self.closing:
+            raise UsageError("the gateway is shutting down", name="shutdown")
+        lease_id = lease_id or uuid.uuid4().hex[:16]
+        deadline = time.monotonic() + wait_s
+        while True:
+            lease, decision = self.leases.grant(
+                lease_id,
+                owner=owner,
+                memory_bytes=memory_bytes,
+                disk_bytes=disk_bytes,
+                ttl_s=ttl_s,
+                release=release,
+            )
+            if lease is not None:
+                if decision is not None:  # a new grant, not a retried request
+                    await asyncio.wrap_future(self._record_lease(lease))
+                return lease, decision, decision is not None
+            assert decision is not None
+            self.refusals.append((time.time(), decision.reason.value, decision.summary))
+            if time.monotonic() + LEASE_RETRY_S > deadline or self.closing:
+                return None, decision, False
+            await asyncio.sleep(LEASE_RETRY_S)
+
+    async def end_lease(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView:
+        """End a lease: run its hook, then give its memory back, and record both."""
+        lease = self.leases.end(lease_id, state)
+        if lease is None:  # it had ended already: releasing twice is not an error
+            return self.leases.get(lease_id)
+        outcome = await run_hook_async(lease.release) if lease.release else None
+        lease = self.leases.complete(lease_id, outcome)
+        await asyncio.wrap_future(self._record_lease(lease))
+        return lease
+
+    async def heartbeat(self, lease_id: str, ttl_s: float | None) -> LeaseView:
+        """Extend a lease's ttl from now."""
+        lease = self.leases.heartbeat(lease_id, ttl_s)
+        await asyncio.wrap_future(self._record_lease(lease))
+        return lease
+
+    # --------------------------------------------------------------- timers
+
+    async def _sample_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                self.samples.append(await asyncio.to_thread(self.sample))
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+    def sample(self) -> Sample:
+        """One reading for the chart (memory, its line, disk, queue)."""
+        settings = read_settings(self.env)
+        memory = read_memory(settings=settings)
+        disk = read_disk(settings.workspace or self.workspace)
+        line = None
+        if memory.limit_bytes is not None:
+            from roomkeeper.admission import memory_line
+
+            line = memory_line(memory.limit_bytes, settings.memory_headroom_percent)
+            line -= self._gateway_reserve()
+        stats = self.scheduler.statistics()
+        return Sample(
+            time.time(),
+            memory.used_bytes,
+            memory.limit_bytes,
+            line,
+            disk.free_bytes,
+            disk.total_bytes,
+            stats.running,
+            stats.waiting,
+        )
+
+    async def _lease_loop(self) -> None:
+        while True:
+            for lease_id in self.leases.due():
+                with contextlib.suppress(Exception):
+                    await self.end_lease(lease_id, LeaseState.EXPIRED)
+            await asyncio.sleep(LEASE_CHECK_EVERY_S)
+
+    # ------------------------------------------------------------- answers
+
+    def check(self) -> Decision:
+        """The guard's answer for one more job of the default size, now."""
+        return self.guard.check()
+
+    def needs_you(self) -> dict[str, str]:
+        """A headline from a closed vocabulary and the guard's summary: no path, no command."""
+        decision = self.check()
+        return {"headline": HEADLINES.get(decision.reason, "ok"), "body": decision.summary}
+
+    def uptime(self) -> float:
+        """Seconds since this gateway process started."""
+        return time.monotonic() - self.started
+
+    # ------------------------------------------------------------- shutdown
+
+    async def shutdown(self) -> None:
+        """The one shutdown path; safe to call more than once."""
+        async with self._shutdown_lock:
+            if self._shut:
+                return
+            self._shut = True
+            deadline = _env_int(self.env, "ROOMKEEPER_SHUTDOWN_S", 10)
+            try:
+                await asyncio.wait_for(self._shutdown_steps(deadline), timeout=deadline)
+            except TimeoutError:
+                log.error("shutdown took longer than ROOMKEEPER_SHUTDOWN_S=%s s", deadline)
+            with contextlib.suppress(OSError):
+                (self.home / "gateway.json").unlink()
+            log.info("roomkeeper gateway stopped")
+
+    async def _shutdown_steps(self, deadline: float) -> None:
+        self.closing = True  # 1. stop admission
+        for task in self._tasks:  # 2. stop timers
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        pending = [asyncio.wrap_future(f) for f in self._writes.values() if not f.done()]
+        if pending:  # 3. save state
+            await asyncio.gather(*pending, return_exceptions=True)
+        grace = max(0.5, min(5.0, deadline / 2))  # 4. stop managed trees
+        await asyncio.to_thread(self.scheduler.close, grace=grace)
+        await asyncio.to_thread(self.journal.close)  # 5. close services

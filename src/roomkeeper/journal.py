@@ -1,0 +1,318 @@
+"""The journal: SQLite in WAL mode, ``synchronous=FULL``, at ROOMKEEPER_HOME/journal.db.
+
+Jobs, leases and every state change survive a restart of the gateway.  All
+writes go through one writer thread that commits whatever has queued up in
+one transaction (group commit): each caller gets a future that resolves
+once its write is durable, so nothing on the event loop ever waits on
+``fsync``.  Reads use their own connections (WAL lets them run beside the
+writer) on a small thread pool.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from roomkeeper.jobs import JobView
+
+log = logging.getLogger("roomkeeper")
+
+_T = TypeVar("_T")
+_GROUP_MAX = 512  # writes per transaction at most
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    exit_code INTEGER,
+    spec TEXT NOT NULL,
+    log_path TEXT NOT NULL,
+    submitted_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    peak_bytes INTEGER,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_owner_state ON jobs (owner, state);
+CREATE TABLE IF NOT EXISTS job_events (
+    job_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_events_job ON job_events (job_id);
+CREATE TABLE IF NOT EXISTS leases (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    state TEXT NOT NULL,
+    memory_bytes INTEGER NOT NULL,
+    disk_bytes INTEGER NOT NULL,
+    ttl_s REAL NOT NULL,
+    granted_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    ended_at REAL,
+    release TEXT,
+    hook_outcome TEXT
+);
+CREATE TABLE IF NOT EXISTS lease_events (
+    lease_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """A job as the journal keeps it (the API's view of a job from any run)."""
+
+    id: str
+    owner: str
+    state: str
+    reason: str | None
+    exit_code: int | None
+    spec: dict[str, Any]
+    log_path: str
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    peak_bytes: int | None
+    error: str | None
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")  # durable at every commit (seed 002: save first)
+    conn.execute("PRAGMA busy_timeout=30000")
+    return conn
+
+
+def spec_json(view: JobView) -> str:
+    """The parts of a job's spec worth keeping (the environment is never stored)."""
+    spec = view.spec
+    return json.dumps(
+        {
+            "argv": list(spec.argv),
+            "cwd": spec.cwd,
+            "memory_bytes": spec.memory_bytes,
+            "disk_bytes": spec.disk_bytes,
+            "timeout_s": spec.timeout_s,
+            "shell": spec.shell,
+        }
+    )
+
+
+class Journal:
+    """Durable records, written off the caller's thread with group commit.
+
+    Args:
+        path: the database file; its folder is created.
+        synchronous: ``FULL`` (default) or ``NORMAL``, for benchmarks that
+            measure what durability costs.
+    """
+
+    def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
+        self.path = str(path)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._writer = _connect(self.path)
+        self._writer.execute(f"PRAGMA synchronous={synchronous}")
+        self._writer.executescript(SCHEMA)
+        self._queue: queue.Queue[
+            tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | None
+        ] = queue.Queue()
+        self._local = threading.local()
+        self._readers = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="journal-read")
+        self._commits = 0
+        self._thread = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------- writing
+
+    def submit(self, write: Callable[[sqlite3.Connection], _T]) -> concurrent.futures.Future[_T]:
+        """Queue a write; the future resolves once it is committed durably (or fails)."""
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        self._queue.put((write, future))
+        return future
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < _GROUP_MAX:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)  # finish this batch, then stop
+                    break
+                batch.append(more)
+            self._commit(batch)
+
+    def _commit(
+        self,
+        batch: list[tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]]],
+    ) -> None:
+        results: list[tuple[concurrent.futures.Future[Any], Any, BaseException | None]] = []
+        conn = self._writer
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for write, future in batch:
+                conn.execute("SAVEPOINT one")
+                try:
+                    results.append((future, write(conn), None))
+                    conn.execute("RELEASE one")
+                except Exception as err:  # one bad write must not sink the others
+                    conn.execute("ROLLBACK TO one")
+                    conn.execute("RELEASE one")
+                    results.append((future, None, err))
+            conn.execute("COMMIT")
+            self._commits += 1
+        except sqlite3.Error as err:  # the commit itself failed (disk full, I/O error)
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            log.error("journal write failed: %s", err)
+            for _, future in batch:
+                future.set_exception(err)
+            return
+        for future, value, error in results:
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+    def record_job(self, view: JobView) -> concurrent.futures.Future[None]:
+        """Upsert the job's row and append its latest state change."""
+        row = (
+            view.id,
+            view.owner,
+            view.state.value,
+            view.reason.value if view.reason else None,
+            view.exit_code,
+            spec_json(view),
+            view.log_path,
+            view.submitted_at,
+            view.started_at,
+            view.ended_at,
+            view.peak_bytes,
+            view.error,
+        )
+        last = view.history[-1] if view.history else None
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+                "state=excluded.state, reason=excluded.reason, exit_code=excluded.exit_code, "
+                "started_at=excluded.started_at, ended_at=excluded.ended_at, "
+                "peak_bytes=excluded.peak_bytes, error=excluded.error",
+                row,
+            )
+            if last is not None:
+                conn.execute(
+                    "INSERT INTO job_events VALUES (?,?,?,?)",
+                    (
+                        view.id,
+                        last.state.value,
+                        last.reason.value if last.reason else None,
+                        last.at,
+                    ),
+                )
+
+        return self.submit(write)
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> concurrent.futures.Future[None]:
+        """Queue one statement (leases and later tables use this)."""
+        args = tuple(params)
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(sql, args)
+
+        return self.submit(write)
+
+    # ------------------------------------------------------------- reading
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path)
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+        return conn
+
+    def read(self, query: Callable[[sqlite3.Connection], _T]) -> concurrent.futures.Future[_T]:
+        """Run a read on the reader pool; the future holds its result."""
+        return self._readers.submit(lambda: query(self._reader()))
+
+    def query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        """Run a read now on the calling thread (not for the event loop)."""
+        return list(self._reader().execute(sql, tuple(params)).fetchall())
+
+    def jobs(
+        self, *, owner: str | None = None, state: str | None = None, limit: int = 500
+    ) -> list[JobRow]:
+        """Jobs from every run, newest first, filtered by owner and state."""
+        sql, args = "SELECT * FROM jobs WHERE 1=1", list[Any]()
+        if owner is not None:
+            sql += " AND owner = ?"
+            args.append(owner)
+        if state is not None:
+            sql += " AND state = ?"
+            args.append(state)
+        sql += " ORDER BY submitted_at DESC LIMIT ?"
+        args.append(limit)
+        return [_job_row(r) for r in self.query(sql, args)]
+
+    def job(self, job_id: str) -> JobRow | None:
+        """One job by id, from any run."""
+        rows = self.query("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return _job_row(rows[0]) if rows else None
+
+    def job_events(self, job_id: str) -> list[tuple[str, str | None, float]]:
+        """A job's state changes, oldest first."""
+        rows = self.query(
+            "SELECT state, reason, at FROM job_events WHERE job_id = ? ORDER BY rowid", (job_id,)
+        )
+        return [(r["state"], r["reason"], r["at"]) for r in rows]
+
+    @property
+    def commits(self) -> int:
+        """Transactions committed so far (group commit makes this less than writes)."""
+        return self._commits
+
+    def close(self) -> None:
+        """Finish queued writes, then close every connection."""
+        self._queue.put(None)
+        self._thread.join()
+        self._writer.close()
+        self._readers.shutdown(wait=True)
+
+
+def _job_row(r: sqlite3.Row) -> JobRow:
+    return JobRow(
+        id=r["id"],
+        owner=r["owner"],
+        state=r["state"],
+        reason=r["reason"],
+        exit_code=r["exit_code"],
+        spec=json.loads(r["spec"]),
+        log_path=r["log_path"],
+        submitted_at=r["submitted_at"],
+        started_at=r["started_at"],
+        ended_at=r["ended_at"],
+        peak_bytes=r["peak_bytes"],
+        error=r["error"],
+    )
