@@ -102,8 +102,8 @@ def test_home_follows_xdg_then_home_and_is_created_private(tmp_path: Path) -> No
     assert explicit == tmp_path / "rk" and not explicit.exists()
 
 
-def test_workspace_defaults_to_home(tmp_path: Path) -> None:
-    """ROOMKEEPER_WORKSPACE defaults to ROOMKEEPER_HOME and is not created by asking."""
-    assert workspace_dir({"ROOMKEEPER_HOME": str(tmp_path / "rk")}) == tmp_path / "rk"
+def test_workspace_defaults_to_a_folder_in_home(tmp_path: Path) -> None:
+    """ROOMKEEPER_WORKSPACE defaults to ROOMKEEPER_HOME/workspace and is not created by asking."""
+    assert workspace_dir({"ROOMKEEPER_HOME": str(tmp_path / "rk")}) == tmp_path / "rk/workspace"
     assert workspace_dir({"ROOMKEEPER_WORKSPACE": str(tmp_path / "w")}) == tmp_path / "w"
     assert not (tmp_path / "rk").exists()

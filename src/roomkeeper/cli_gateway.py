@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -84,13 +86,40 @@ def serve(port: int | None, socket_path: str | None) -> None:
         access_log=False,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = _server_class()(config)
     gateway.server = server
     where = socket_path or f"http://127.0.0.1:{chosen}"
     click.echo(
         f"roomkeeper gateway on {where} (Health page at /); journal in {gateway.home}", err=True
     )
     server.run()
+
+
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but SIGTERM and SIGINT end in exit status 0.
+
+        uvicorn re-raises a captured signal after its graceful shutdown; for us
+        the signal *is* the request to stop, and our one shutdown path has run,
+        so the process ends normally (a supervisor must not see a crash).
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return Server
 
 
 @contextlib.contextmanager

@@ -28,12 +28,16 @@ def home_dir(env: Mapping[str, str] | None = None, *, create: bool = True) -> Pa
 
 
 def workspace_dir(env: Mapping[str, str] | None = None) -> Path:
-    """ROOMKEEPER_WORKSPACE (default ROOMKEEPER_HOME): the volume whose free space is judged.
+    """ROOMKEEPER_WORKSPACE, else ``ROOMKEEPER_HOME/workspace``: the volume the guard judges.
 
-    The workspace is not created here: a directory that does not exist yet is
-    judged at its nearest existing parent (see :func:`roomkeeper.resources.read_disk`).
+    DESIGN.md's default is ROOMKEEPER_HOME itself; we use a folder inside it
+    (the same volume, so the guard judges the same disk) because the
+    gateway's token lies in ROOMKEEPER_HOME and must never lie under the
+    workspace, where an agent's tool command could find it.  The workspace
+    is not created here: a directory that does not exist yet is judged at
+    its nearest existing parent (see :func:`roomkeeper.resources.read_disk`).
     """
     env = os.environ if env is None else env
     if env.get("ROOMKEEPER_WORKSPACE"):
         return Path(env["ROOMKEEPER_WORKSPACE"]).expanduser()
-    return home_dir(env, create=False)
+    return home_dir(env, create=False) / "workspace"

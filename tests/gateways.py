@@ -1,0 +1,95 @@
+"""A real gateway process for tests: started on a free loopback port, always stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningGateway:
+    """A gateway subprocess and a client that carries its token."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    home: Path
+    client: httpx.Client
+    anonymous: httpx.Client
+
+    @property
+    def token(self) -> str:
+        return (self.home / "token").read_text().strip()
+
+
+def gateway_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    env.update(
+        ROOMKEEPER_HOME=str(tmp / "home"),
+        ROOMKEEPER_WORKSPACE=str(tmp / "ws"),
+        ROOMKEEPER_JOB_DISK_MB="0",
+        ROOMKEEPER_DISK_HEADROOM_PERCENT="0",
+    )
+    env.update(extra)
+    return env
+
+
+@contextlib.contextmanager
+def running_gateway(
+    tmp: Path, *, port: int | None = None, **extra: str
+) -> Iterator[RunningGateway]:
+    """Start ``roomkeeper serve``; stop it with SIGTERM (then SIGKILL) whatever happens."""
+    port = port or free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = gateway_env(tmp, **extra)
+    log = (tmp / f"gateway-{port}.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "roomkeeper", "serve", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((tmp / f"gateway-{port}.log").read_text())
+            time.sleep(0.05)
+        token = (tmp / "home" / "token").read_text().strip()
+        with (
+            httpx.Client(
+                base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+            ) as client,
+            httpx.Client(base_url=url, timeout=30) as anonymous,
+        ):
+            yield RunningGateway(proc, url, tmp / "home", client, anonymous)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()

@@ -1,0 +1,365 @@
+"""The gateway over real HTTP: auth, jobs, leases and hooks, status words, restart, shutdown."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.gateways import RunningGateway, gateway_env, running_gateway
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> Iterator[RunningGateway]:
+    with running_gateway(tmp_path) as g:
+        yield g
+
+
+class HookServer:
+    """A loopback server that records the release hooks it receives."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        calls = self.calls
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                calls.append((self.command, self.path))
+                self.send_response(204)
+                self.end_headers()
+
+            do_DELETE = do_POST = do_GET = _answer  # noqa: N815
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hooks() -> Iterator[HookServer]:
+    server = HookServer()
+    yield server
+    server.close()
+
+
+def wait_state(gw: RunningGateway, job_id: str, *states: str, timeout: float = 20) -> dict:  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout
+    while True:
+        job = gw.client.get(f"/v1/jobs/{job_id}").json()
+        if job["state"] in states or time.monotonic() > deadline:
+            return job  # type: ignore[no-any-return]
+        time.sleep(0.05)
+
+
+def test_calls_need_the_token_and_a_wrong_one_changes_nothing(gw: RunningGateway) -> None:
+    """Without or with a wrong token: 401 and nothing queued; open endpoints need none."""
+    assert gw.anonymous.post("/v1/jobs", json={"argv": ["true"]}).status_code == 401
+    bad = gw.anonymous.post(
+        "/v1/jobs", json={"argv": ["true"]}, headers={"Authorization": "Bearer nope"}
+    )
+    assert bad.status_code == 401
+    assert gw.client.get("/v1/jobs").json() == []
+    for path in ("/health", "/metrics", "/", "/v1/feed"):
+        assert gw.anonymous.get(path).status_code == 200, path
+    assert stat.S_IMODE((gw.home / "token").stat().st_mode) == 0o600
+
+
+def test_job_runs_and_its_output_is_kept(gw: RunningGateway) -> None:
+    """POST /v1/jobs runs argv without a shell; state, exit code and output are served."""
+    created = gw.client.post(
+        "/v1/jobs", json={"argv": ["sh", "-c", "echo out; exit 5"], "owner": "alice"}
+    )
+    assert created.status_code == 201
+    job_id = created.json()["id"]
+    job = wait_state(gw, job_id, "exited")
+    assert (job["state"], job["exit_code"], job["owner"]) == ("exited", 5, "alice")
+    assert job["submitted_at"] <= job["started_at"] <= job["ended_at"]
+    assert gw.client.get(f"/v1/jobs/{job_id}/output").text == "out\n"
+    streamed = gw.client.get(f"/v1/jobs/{job_id}/output", params={"follow": "true"})
+    assert streamed.text == "out\n"
+    assert [j["id"] for j in gw.client.get("/v1/jobs", params={"owner": "alice"}).json()] == [
+        job_id
+    ]
+    assert gw.client.get("/v1/jobs", params={"owner": "bob"}).json() == []
+
+
+def test_jobs_do_not_inherit_roomkeeper_variables(tmp_path: Path) -> None:
+    """A managed job sees no ROOMKEEPER_* variable, so it cannot find the gateway's keys."""
+    with running_gateway(tmp_path, ROOMKEEPER_SECRET_HINT="x") as gw:
+        job_id = gw.client.post("/v1/jobs", json={"argv": ["env"]}).json()["id"]
+        wait_state(gw, job_id, "exited")
+        output = gw.client.get(f"/v1/jobs/{job_id}/output").text
+    assert "ROOMKEEPER_" not in output
+    assert "PATH=" in output
+
+
+def test_cancel_waiting_and_stop_running(gw: RunningGateway) -> None:
+    """DELETE cancels a waiting job and stops a running job's tree."""
+    running = gw.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
+    assert wait_state(gw, running, "running")["state"] == "running"
+    gw.client.delete(f"/v1/jobs/{running}")
+    assert wait_state(gw, running, "stopped")["state"] == "stopped"
+    assert gw.client.delete("/v1/jobs/nope").status_code == 404
+
+
+def test_queue_bound_answers_429_with_the_reason(tmp_path: Path) -> None:
+    """Past ROOMKEEPER_MAX_WAITING_PER_OWNER the API refuses at once with owner_queue_full."""
+    with running_gateway(
+        tmp_path, ROOMKEEPER_MAX_RUNNING="1", ROOMKEEPER_MAX_WAITING_PER_OWNER="1"
+    ) as gw:
+        gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]})
+        first = gw.client.post("/v1/jobs", json={"argv": ["true"]})
+        assert first.status_code == 201
+        wait_state(gw, first.json()["id"], "waiting")
+        second = gw.client.post("/v1/jobs", json={"argv": ["true"]})
+        assert second.status_code == 429
+        assert second.json()["reason"] == "owner_queue_full"
+
+
+def test_lease_grant_retry_refuse_and_release_runs_the_hook(
+    gw: RunningGateway, hooks: HookServer
+) -> None:
+    """201 granted, 200 on retry, 409 with reason when no room, DELETE runs the hook."""
+    body = {
+        "id": "turn-1",
+        "owner": "queen",
+        "memory_bytes": 10**6,
+        "release": {"method": "DELETE", "url": hooks.url("/chat/turn-1")},
+    }
+    granted = gw.client.post("/v1/leases", json=body)
+    assert granted.status_code == 201 and granted.json()["state"] == "granted"
+    assert gw.client.post("/v1/leases", json=body).status_code == 200
+    refused = gw.client.post("/v1/leases", json={"memory_bytes": 10**15})
+    assert refused.status_code == 409
+    assert refused.json()["reason"] == "memory" and "no room" in refused.json()["summary"]
+    released = gw.client.delete("/v1/leases/turn-1").json()
+    assert released["state"] == "released" and released["hook_outcome"] == "ok 204"
+    assert hooks.calls == [("DELETE", "/chat/turn-1")]
+
+
+def test_lease_without_heartbeat_expires_and_runs_its_hook(
+    gw: RunningGateway, hooks: HookServer
+) -> None:
+    """A lease whose holder stops heartbeating expires, releases its memory and runs its hook."""
+    gw.client.post(
+        "/v1/leases",
+        json={
+            "id": "l",
+            "memory_bytes": 10**6,
+            "ttl_s": 1.0,
+            "release": {"url": hooks.url("/chat/l")},
+        },
+    )
+    hb = gw.client.post("/v1/leases/l/heartbeat", json={"ttl_s": 1.0})
+    assert hb.status_code == 200
+    deadline = time.monotonic() + 10
+    while not hooks.calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hooks.calls == [("DELETE", "/chat/l")]
+    leases = {lease["id"]: lease for lease in gw.client.get("/v1/leases").json()}
+    assert leases["l"]["state"] == "expired"
+    assert gw.client.get("/v1/status").json()["guard"]["young"] == 0
+
+
+def test_lease_wait_s_waits_for_room_then_refuses(gw: RunningGateway) -> None:
+    """With wait_s the gateway retries for that long before answering 409."""
+    start = time.monotonic()
+    refused = gw.client.post("/v1/leases", json={"memory_bytes": 10**15, "wait_s": 1.0})
+    assert refused.status_code == 409
+    assert time.monotonic() - start >= 0.75
+
+
+def test_release_hooks_must_be_loopback(gw: RunningGateway) -> None:
+    """A hook to any other address is refused with 422, for leases and jobs."""
+    for path, body in (
+        ("/v1/leases", {"release": {"url": "http://10.0.0.1/chat/x"}}),
+        ("/v1/jobs", {"argv": ["true"], "release": {"url": "http://example.com/"}}),
+    ):
+        answer = gw.client.post(path, json=body)
+        assert answer.status_code == 422
+        assert "loopback" in answer.text
+
+
+def test_job_release_hook_runs_when_the_job_ends(gw: RunningGateway, hooks: HookServer) -> None:
+    """A job's release hook runs once it ends, whatever the outcome."""
+    job_id = gw.client.post(
+        "/v1/jobs", json={"argv": ["false"], "release": {"url": hooks.url("/chat/job")}}
+    ).json()["id"]
+    wait_state(gw, job_id, "exited")
+    deadline = time.monotonic() + 5
+    while not hooks.calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hooks.calls == [("DELETE", "/chat/job")]
+
+
+def test_needs_you_headlines_come_from_the_vocabulary(tmp_path: Path) -> None:
+    """needs-you says 'no room in the container: memory' or 'guard off', and no path."""
+    with running_gateway(tmp_path / "a", ROOMKEEPER_JOB_MEMORY_MB="100000000") as gw:
+        answer = gw.client.get("/v1/needs-you").json()
+        assert answer["headline"] == "no room in the container: memory"
+        assert "/" not in answer["body"]
+    with running_gateway(tmp_path / "b", ROOMKEEPER_GUARD="off") as gw:
+        assert gw.client.get("/v1/needs-you").json()["headline"] == "guard off"
+
+
+def test_gateway_keeps_its_reserve_off_the_line(tmp_path: Path) -> None:
+    """ROOMKEEPER_GATEWAY_RESERVE_MB is taken off the guard's line."""
+    with running_gateway(tmp_path / "a", ROOMKEEPER_GATEWAY_RESERVE_MB="0") as gw:
+        line0 = gw.anonymous.get("/v1/feed").json()["memory"]["line_bytes"]
+    with running_gateway(tmp_path / "b", ROOMKEEPER_GATEWAY_RESERVE_MB="1024") as gw:
+        line1 = gw.anonymous.get("/v1/feed").json()["memory"]["line_bytes"]
+    assert line0 - line1 == 1024 * 2**20
+
+
+def test_metrics_follow_prometheus_naming_without_owner_labels(gw: RunningGateway) -> None:
+    """/metrics exposes memory, disk, jobs by state, decisions, queue wait and leases."""
+    gw.client.post("/v1/jobs", json={"argv": ["true"], "owner": "secret-owner"})
+    text = gw.anonymous.get("/metrics").text
+    for name in (
+        "roomkeeper_memory_used_bytes",
+        "roomkeeper_memory_limit_bytes",
+        "roomkeeper_disk_free_bytes",
+        'roomkeeper_jobs{state="running"}',
+        'roomkeeper_refusals_total{reason="memory"}',
+        "roomkeeper_queue_wait_seconds_bucket",
+        "roomkeeper_leases",
+    ):
+        assert name in text, name
+    assert "secret-owner" not in text and "owner=" not in text
+
+
+def test_feed_carries_no_command_path_or_output(gw: RunningGateway) -> None:
+    """The open feed shows ids, owners, states and numbers, never argv, paths or output."""
+    job_id = gw.client.post(
+        "/v1/jobs", json={"argv": ["sh", "-c", "echo TOPSECRET"], "owner": "alice"}
+    ).json()["id"]
+    wait_state(gw, job_id, "exited")
+    feed = gw.anonymous.get("/v1/feed").text
+    assert job_id in feed and "alice" in feed
+    assert "TOPSECRET" not in feed and "echo" not in feed and str(gw.home) not in feed
+
+
+def test_jobs_and_leases_survive_a_restart_with_a_new_boot_id(tmp_path: Path) -> None:
+    """After a restart the journal still lists old jobs; a held lease keeps its reservation."""
+    with running_gateway(tmp_path) as gw:
+        boot1 = gw.anonymous.get("/health").json()["boot_id"]
+        job_id = gw.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
+        wait_state(gw, job_id, "exited")
+        gw.client.post("/v1/leases", json={"id": "kept", "memory_bytes": 5 * 10**8, "ttl_s": 600})
+    with running_gateway(tmp_path) as gw:
+        assert gw.anonymous.get("/health").json()["boot_id"] != boot1
+        job = gw.client.get(f"/v1/jobs/{job_id}").json()
+        assert job["state"] == "exited"
+        status = gw.client.get("/v1/status").json()
+        assert status["guard"]["reserved_bytes"] == 5 * 10**8
+        assert gw.client.delete("/v1/leases/kept").json()["state"] == "released"
+
+
+def test_shutdown_stops_managed_trees_and_the_process(tmp_path: Path) -> None:
+    """POST /v1/shutdown runs the shutdown path: trees stopped, process exits, no restart."""
+    with running_gateway(tmp_path) as gw:
+        job_id = gw.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
+        wait_state(gw, job_id, "running")
+        pids = [p.pid for p in psutil.Process(gw.proc.pid).children(recursive=True)]
+        assert gw.client.post("/v1/shutdown").json() == {"state": "stopping"}
+        assert gw.proc.wait(timeout=15) == 0
+        time.sleep(0.2)
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        assert alive == []
+    with running_gateway(tmp_path) as gw:
+        assert gw.client.get(f"/v1/jobs/{job_id}").json()["state"] == "stopped"
+
+
+def test_sigterm_takes_the_same_path(tmp_path: Path) -> None:
+    """SIGTERM stops the gateway cleanly (exit 0), and says so in its log."""
+    with running_gateway(tmp_path) as gw:
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(timeout=15) == 0
+    assert "gateway stopped" in "".join(p.read_text() for p in tmp_path.glob("gateway-*.log"))
+
+
+def test_workspace_holding_the_token_is_refused(tmp_path: Path) -> None:
+    """A workspace that contains ROOMKEEPER_HOME's token is a usage error, not a start."""
+    env = gateway_env(tmp_path, ROOMKEEPER_WORKSPACE=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-m", "roomkeeper", "serve", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "contains the gateway's token" in result.stderr
+
+
+def test_cli_without_a_gateway_says_how_to_start_one(tmp_path: Path) -> None:
+    """roomkeeper jobs with no gateway running says so and how to start one."""
+    env = {**os.environ, "ROOMKEEPER_HOME": str(tmp_path / "none")}
+    result = subprocess.run(
+        [sys.executable, "-m", "roomkeeper", "jobs"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "roomkeeper serve" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_run_streams_output_and_exits_with_the_job_code(gw: RunningGateway) -> None:
+    """roomkeeper run -- CMD prints the job's output and exits with its exit code."""
+    env = {**os.environ, "ROOMKEEPER_HOME": str(gw.home)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "roomkeeper",
+            "run",
+            "--owner",
+            "me",
+            "--",
+            "sh",
+            "-c",
+            "echo hello; exit 3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (3, "hello\n")
+    listed = subprocess.run(
+        [sys.executable, "-m", "roomkeeper", "jobs", "--owner", "me"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert listed.returncode == 0 and "exited" in listed.stdout
