@@ -38,6 +38,7 @@ from roomkeeper.resources import (
     CGROUP_ROOT,
     PROC_ROOT,
     DiskReading,
+    LimitOrigin,
     MemoryReading,
     Resources,
     read_disk,
@@ -354,9 +355,10 @@ class Guard:
         if self._reserve is not None:
             line -= max(0, self._reserve())
         total = used + reserved + estimate
+        stated = " stated" if memory.limit_origin is LimitOrigin.STATED else ""
         figures = (
             f"used {_g(used)} + young {_g(reserved)} ({len(young)}) + job {_g(estimate)} "
-            f"= {_g(total)} %s line {_g(line)} (limit {_g(limit)}, {memory.source.value})"
+            f"= {_g(total)} %s line {_g(line)} (limit {_g(limit)}{stated}, {memory.source.value})"
         )
         if total > line:
             summary = f"no room for memory (GB): {figures % '>'}"

@@ -282,7 +282,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
             ],
             "refusals": [
                 {"at": at, "reason": reason, "summary": summary}
-                for at, reason, summary in reversed(gateway.refusals)
+                for at, reason, summary, _ in reversed(gateway.refusals)
             ],
             "recoveries": [],
             "leases": gateway.leases.counts(),

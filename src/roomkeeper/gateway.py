@@ -125,7 +125,7 @@ class Gateway:
         self.leases = Leases(self.guard)
         self.hooks: dict[str, ReleaseHook] = {}
         self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
-        self.refusals: deque[tuple[float, str, str]] = deque(maxlen=20)
+        self.refusals: deque[tuple[float, str, str, str]] = deque(maxlen=20)
         self.queue_waits: deque[float] = deque(maxlen=1000)
         self._writes: dict[str, concurrent.futures.Future[None]] = {}
         self.scheduler = Scheduler(
@@ -133,6 +133,7 @@ class Gateway:
             guard=self.guard,
             on_change=self._job_changed,
             on_end=self._job_ended,
+            on_refusal=self._job_refused,
         )
         self.closing = False
         self.server: Any = None  # the uvicorn server, to stop it on POST /v1/shutdown
@@ -187,6 +188,12 @@ class Gateway:
         self._writes[view.id] = self.journal.record_job(view)
         if view.state is JobState.RUNNING and view.started_at is not None:
             self.queue_waits.append(max(0.0, view.started_at - view.submitted_at))
+
+    def _job_refused(self, job_id: str, decision: Decision) -> None:
+        """Keep a refusal for the Health page once, not once per retried round."""
+        last = self.refusals[-1] if self.refusals else None
+        if last is None or (last[1], last[3]) != (decision.reason.value, job_id):
+            self.refusals.append((time.time(), decision.reason.value, decision.summary, job_id))
 
     def _job_ended(self, view: JobView) -> None:
         """Runs on the scheduler thread before the slot is offered to waiting work."""
@@ -261,7 +268,7 @@ class Gateway:
                     await asyncio.wrap_future(self._record_lease(lease))
                 return lease, decision, decision is not None
             assert decision is not None
-            self.refusals.append((time.time(), decision.reason.value, decision.summary))
+            self.refusals.append((time.time(), decision.reason.value, decision.summary, lease_id))
             if time.monotonic() + LEASE_RETRY_S > deadline or self.closing:
                 return None, decision, False
             await asyncio.sleep(LEASE_RETRY_S)

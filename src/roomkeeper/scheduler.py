@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from roomkeeper.admission import Guard, Reason
+from roomkeeper.admission import Decision, Guard, Reason
 from roomkeeper.config import QueueSettings, read_queue_settings
 from roomkeeper.errors import QueueFullError, UnknownJobError
 from roomkeeper.jobs import JobSpec, JobState, JobView, Transition
@@ -147,6 +147,7 @@ class Scheduler:
         on_change: called with a job's view after each state change, outside the lock.
         on_end: called for each job that ended, outside the lock and before the
             next launch round (a release hook runs before its slot is offered).
+        on_refusal: called with the job id and the guard's refusal (every refused round).
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
     """
 
@@ -162,6 +163,7 @@ class Scheduler:
         wall: Callable[[], float] = time.time,
         on_change: Callable[[JobView], None] | None = None,
         on_end: Callable[[JobView], None] | None = None,
+        on_refusal: Callable[[str, Decision], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
     ) -> None:
         self._logs_dir = Path(logs_dir)
@@ -182,6 +184,7 @@ class Scheduler:
         self._wall = wall
         self._on_change = on_change
         self._on_end = on_end
+        self._on_refusal = on_refusal
         self._just_ended: list[JobView] = []
         self._stop_grace = stop_grace
         self._lock = threading.Lock()
@@ -392,8 +395,12 @@ class Scheduler:
                     self._refusals[decision.reason.value] += 1
                     self._last_refusal = decision.summary
                     self._explain(decision.reason)
-                    return
+                    break
                 self._start(job, limits)
+                continue
+            if self._on_refusal is not None:
+                self._on_refusal(job.id, decision)
+            return
 
     def _next_candidate(self, limits: Limits) -> tuple[_Job | None, Reason]:
         """The head of the next owner in turn that may launch, or why none may."""

@@ -1,0 +1,186 @@
+"""The Health page, in a real browser, against a real gateway.
+
+Debian's chromium (``/usr/bin/chromium``) is driven by Playwright for Python; no
+browser is downloaded.  The gateway is ``python -m roomkeeper serve`` in a child
+process with its own home and workspace, stopped with SIGTERM whatever happens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+START_TIMEOUT_S = 30.0
+PAGE_TIMEOUT_MS = 20_000
+
+# The chart has drawn at least one sample, with a path for memory used.
+CHART_DRAWN = """() => {
+    const chart = document.querySelector('#chart');
+    const used = chart && chart.querySelector('path.used');
+    return !!chart && Number(chart.dataset.points) >= 1 && !!used && !!used.getAttribute('d');
+}"""
+
+# The jobs table has a row for this job, owned by this owner.
+JOB_ROW = """([id, owner]) => [...document.querySelectorAll('#jobs tr[data-job-id]')].some(
+    (row) => row.dataset.jobId === id && row.querySelector('td.owner').textContent === owner)"""
+
+
+@dataclass
+class Gateway:
+    """A running ``roomkeeper serve`` child and how to reach it."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    token: str
+    log: Path
+
+    def stop(self) -> None:
+        """SIGTERM, then wait; SIGKILL only if the gateway's own shutdown overran."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_healthy(gw: Gateway) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if gw.proc.poll() is not None:
+            pytest.fail(f"the gateway exited with {gw.proc.returncode}:\n{gw.log.read_text()}")
+        try:
+            if httpx.get(f"{gw.url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"the gateway did not answer /health in {START_TIMEOUT_S} s:\n{gw.log.read_text()}")
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Debian chromium, or a skip that names what is missing."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("playwright is not importable (pip install 'playwright>=1.40')")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
+    """A real gateway on a free loopback port, always stopped with SIGTERM."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    # No job disk estimate, so a small test volume does not refuse the job.
+    env |= {
+        "ROOMKEEPER_HOME": str(home),
+        "ROOMKEEPER_WORKSPACE": str(workspace),
+        "ROOMKEEPER_JOB_DISK_MB": "0",
+    }
+    port = _free_port()
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "roomkeeper", "serve", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    gw = Gateway(proc, f"http://127.0.0.1:{port}", "", log)
+    try:
+        _wait_healthy(gw)
+        gw.token = (home / "token").read_text().strip()
+        yield gw
+    finally:
+        gw.stop()
+
+
+def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
+    page = browser.new_page(viewport={"width": 1360, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(url)
+    return page, errors
+
+
+def test_health_page_shows_chart_guard_and_a_submitted_job(
+    browser: Any, gateway: Gateway, tmp_path: Path
+) -> None:
+    """The page draws the chart, the guard's headline and a submitted job's row with its owner."""
+    answer = httpx.post(
+        f"{gateway.url}/v1/jobs",
+        headers={"Authorization": f"Bearer {gateway.token}"},
+        json={"argv": ["sleep", "30"], "owner": "alice"},
+        timeout=10.0,
+    )
+    assert answer.status_code == 201, answer.text
+    job_id = answer.json()["id"]
+
+    page, errors = _open(browser, f"{gateway.url}/")
+    page.wait_for_function(CHART_DRAWN, timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_function(JOB_ROW, arg=[job_id, "alice"], timeout=PAGE_TIMEOUT_MS)
+
+    row = page.locator("#jobs tr[data-job-id]").filter(has_text="alice").first
+    assert row.get_attribute("data-job-id") == job_id
+    assert row.locator("td.state").inner_text().strip() in {"running", "waiting"}
+    assert row.locator("td.reason").inner_text().strip()
+    assert page.locator("#owners [data-owner='alice']").count() == 1
+    headline = page.locator("#headline").inner_text().strip()
+    assert headline and headline != "…"
+    assert page.locator("#summary").inner_text().strip()
+    assert page.locator("#banner").is_hidden()
+    page.screenshot(path=str(tmp_path / "health.png"), full_page=True)
+    assert errors == []
+
+
+def test_health_page_says_when_the_gateway_is_unreachable(browser: Any, gateway: Gateway) -> None:
+    """Once the gateway stops answering, the page shows the "gateway unreachable" banner."""
+    page, errors = _open(browser, f"{gateway.url}/")
+    page.wait_for_function(
+        "() => document.querySelector('#headline').textContent !== '…'", timeout=PAGE_TIMEOUT_MS
+    )
+    assert page.locator("#banner").is_hidden()
+    gateway.stop()
+    page.wait_for_selector("#banner", state="visible", timeout=PAGE_TIMEOUT_MS)
+    assert "unreachable" in page.locator("#banner").inner_text()
+    assert errors == []
