@@ -226,12 +226,16 @@ def test_needs_you_headlines_come_from_the_vocabulary(tmp_path: Path) -> None:
 
 
 def test_gateway_keeps_its_reserve_off_the_line(tmp_path: Path) -> None:
-    """ROOMKEEPER_GATEWAY_RESERVE_MB is taken off the guard's line."""
+    """ROOMKEEPER_GATEWAY_RESERVE_MB comes off the guard's line: a fitting lease is refused."""
     with running_gateway(tmp_path / "a", ROOMKEEPER_GATEWAY_RESERVE_MB="0") as gw:
-        line0 = gw.anonymous.get("/v1/feed").json()["memory"]["line_bytes"]
-    with running_gateway(tmp_path / "b", ROOMKEEPER_GATEWAY_RESERVE_MB="1024") as gw:
-        line1 = gw.anonymous.get("/v1/feed").json()["memory"]["line_bytes"]
-    assert line0 - line1 == 1024 * 2**20
+        line0 = gw.client.get("/v1/status").json()
+        decision0 = gw.client.post("/v1/leases", json={"id": "probe", "memory_bytes": 0})
+        assert decision0.status_code == 201, line0
+    huge = str(10**9)  # MiB: far more than any machine has
+    with running_gateway(tmp_path / "b", ROOMKEEPER_GATEWAY_RESERVE_MB=huge) as gw:
+        refused = gw.client.post("/v1/leases", json={"id": "probe", "memory_bytes": 0})
+        assert refused.status_code == 409
+        assert refused.json()["reason"] == "memory"
 
 
 def test_metrics_follow_prometheus_naming_without_owner_labels(gw: RunningGateway) -> None:
@@ -363,3 +367,72 @@ def test_cli_run_streams_output_and_exits_with_the_job_code(gw: RunningGateway) 
         check=False,
     )
     assert listed.returncode == 0 and "exited" in listed.stdout
+
+
+def test_a_chunked_body_over_the_limit_is_refused(gw: RunningGateway) -> None:
+    """A body sent without Content-Length is counted as it arrives: over 1 MiB is 413."""
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(40):
+            yield b"x" * 65536
+
+    answer = gw.client.post(
+        "/v1/jobs", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 413
+    assert gw.client.get("/health").status_code == 200
+
+
+def test_jobs_in_flight_at_a_crash_are_uncertain_after_restart(tmp_path: Path) -> None:
+    """A job running when the gateway was SIGKILLed is uncertain afterwards, and its output ends."""
+    with running_gateway(tmp_path) as gw:
+        job_id = gw.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
+        wait_state(gw, job_id, "running")
+        gw.proc.send_signal(signal.SIGKILL)
+        gw.proc.wait()
+    with running_gateway(tmp_path) as gw:
+        job = gw.client.get(f"/v1/jobs/{job_id}").json()
+        assert job["state"] == "uncertain"
+        streamed = gw.client.get(f"/v1/jobs/{job_id}/output", params={"follow": "true"}, timeout=10)
+        assert streamed.status_code == 200
+        listed = gw.client.get("/v1/jobs", params={"state": "uncertain"}).json()
+        assert [j["id"] for j in listed] == [job_id]
+
+
+def test_shutdown_does_not_wait_for_an_open_output_stream(tmp_path: Path) -> None:
+    """SIGTERM while `roomkeeper run` streams a long job: the gateway stops in its deadline."""
+    with running_gateway(tmp_path, ROOMKEEPER_SHUTDOWN_S="6") as gw:
+        env = {**os.environ, "ROOMKEEPER_HOME": str(gw.home)}
+        with subprocess.Popen(
+            [sys.executable, "-m", "roomkeeper", "run", "--", "sleep", "120"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ) as client:
+            try:
+                deadline = time.monotonic() + 20
+                while not any(j["state"] == "running" for j in gw.client.get("/v1/jobs").json()):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+                time.sleep(0.5)  # the client is now following the output
+                start = time.monotonic()
+                gw.proc.send_signal(signal.SIGTERM)
+                assert gw.proc.wait(timeout=20) == 0
+                assert time.monotonic() - start < 6 + 2
+                assert client.wait(timeout=20) != 0
+            finally:
+                if client.poll() is None:
+                    client.kill()
+
+
+def test_an_empty_token_file_is_replaced_not_trusted(tmp_path: Path) -> None:
+    """A token file left empty by a crash is replaced: an empty token never opens the API."""
+    home = tmp_path / "home"
+    home.mkdir(parents=True)
+    (home / "token").write_text("")
+    with running_gateway(tmp_path) as gw:
+        assert len(gw.token) >= 32
+        assert gw.anonymous.get("/v1/jobs").status_code == 401
+        assert (
+            gw.anonymous.get("/v1/jobs", headers={"Authorization": "Bearer x"}).status_code == 401
+        )

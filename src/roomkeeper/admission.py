@@ -106,7 +106,7 @@ class GuardStatistics:
     Attributes:
         young: jobs holding a reservation now.
         reserved_bytes: memory those reservations hold now.
-        last_decision: the most recent decision of admit or check, if any.
+        last_decision: the most recent decision of :meth:`Guard.admit`, if any.
         decisions: how many admit calls ended with each reason, by its value.
     """
 
@@ -158,7 +158,7 @@ class Guard:
         env: the variables to read on every call; ``os.environ`` when omitted.
         proc_root: where ``/proc`` is (tests point it at a fixture tree).
         cgroup_root: where ``/sys/fs/cgroup`` is.
-        workspace: the volume to judge; ROOMKEEPER_WORKSPACE (default ROOMKEEPER_HOME).
+        workspace: the volume to judge; ROOMKEEPER_WORKSPACE (default ROOMKEEPER_HOME/workspace).
         clock: monotonic seconds, for the warm-up window.
         platform: ``sys.platform``; anything but Linux passes.
         reserve: bytes kept free on top of the headroom, asked on every
@@ -231,9 +231,7 @@ class Guard:
         """
         with self._lock:
             settings = read_settings(self._env)
-            decision = self._judge("(check)", settings, memory_bytes, disk_bytes, resources)
-            self._last = decision
-        return decision
+            return self._judge("(check)", settings, memory_bytes, disk_bytes, resources)
 
     def hold(self, job_id: str, memory_bytes: int, *, age_s: float = 0.0) -> None:
         """Reserve without judging: for work admitted before a restart (a lease still held).

@@ -40,6 +40,19 @@ from roomkeeper.leases import DEFAULT_TTL_S, LeaseView
 from roomkeeper.metrics import render_metrics
 
 MAX_BODY_BYTES = 1024 * 1024
+JOB_FIELDS = (
+    "id",
+    "owner",
+    "state",
+    "reason",
+    "exit_code",
+    "argv",
+    "submitted_at",
+    "started_at",
+    "ended_at",
+    "peak_bytes",
+    "error",
+)
 RUNNING_STATES = frozenset({JobState.WAITING.value, JobState.RUNNING.value})
 NAME = r"^[A-Za-z0-9._:@-]+$"
 Text = Annotated[str, Field(max_length=65536)]
@@ -108,7 +121,7 @@ class HeartbeatIn(BaseModel):
 
 
 def job_json(view: JobView) -> dict[str, Any]:
-    """A live job as the API shows it."""
+    """A live job as the API shows it (the same fields as a journal row)."""
     return {
         "id": view.id,
         "owner": view.owner,
@@ -126,19 +139,8 @@ def job_json(view: JobView) -> dict[str, Any]:
 
 def row_json(row: JobRow) -> dict[str, Any]:
     """A job of an earlier run, from the journal."""
-    return {
-        "id": row.id,
-        "owner": row.owner,
-        "state": row.state,
-        "reason": row.reason,
-        "exit_code": row.exit_code,
-        "argv": row.spec.get("argv", []),
-        "submitted_at": row.submitted_at,
-        "started_at": row.started_at,
-        "ended_at": row.ended_at,
-        "peak_bytes": row.peak_bytes,
-        "error": row.error,
-    }
+    fields = {k: getattr(row, k) for k in JOB_FIELDS if k != "argv"}
+    return {**fields, "argv": row.spec.get("argv", [])}
 
 
 def lease_json(lease: LeaseView) -> dict[str, Any]:
@@ -189,14 +191,6 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
             )
 
     auth = [Depends(authorized)]
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return JSONResponse({"detail": f"bodies are limited to {MAX_BODY_BYTES} bytes"}, 413)
-        response: Response = await call_next(request)
-        return response
 
     @app.exception_handler(UsageError)
     async def usage_error(request: Request, err: UsageError) -> JSONResponse:
@@ -343,7 +337,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     async def job_output(job_id: Id, follow: bool = False) -> Response:
         """The job's kept output; ``follow=true`` streams it until the job ends."""
         job = await asyncio.to_thread(_find, job_id)
-        row = gateway.journal.job(job_id)
+        row = await asyncio.to_thread(gateway.journal.job, job_id)
         path = Path(row.log_path if row else gateway.home / "logs" / f"{job_id}.log")
         if not follow:
             data = await asyncio.to_thread(lambda: path.read_bytes() if path.exists() else b"")
@@ -357,7 +351,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
                 if data:
                     yield data
                 state = (await asyncio.to_thread(_find, job_id))["state"]
-                if state not in RUNNING_STATES:
+                if state not in RUNNING_STATES or gateway.closing:
                     tail = await asyncio.to_thread(_read_from, path, offset)
                     if tail:
                         yield tail
@@ -415,6 +409,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
         memory, disk = decision.memory, decision.disk
         stats = gateway.scheduler.statistics()
         guard_stats = gateway.guard.statistics()
+        last = guard_stats.last_decision
         return {
             "boot_id": gateway.boot_id,
             "uptime_s": gateway.uptime(),
@@ -424,6 +419,9 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
                 "summary": decision.summary,
                 "young": guard_stats.young,
                 "reserved_bytes": guard_stats.reserved_bytes,
+                "last_decision": None
+                if last is None
+                else {"admit": last.admit, "reason": last.reason.value, "summary": last.summary},
             },
             "memory": {
                 "used_bytes": memory.used_bytes if memory else None,
@@ -454,13 +452,70 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     @app.post("/v1/shutdown", dependencies=auth)
     async def shutdown() -> dict[str, str]:
         """Stop the service (not a restart): the same path as SIGTERM."""
+        gateway.closing = True  # stop admitting now, before connections drain
         if gateway.server is not None:
             gateway.server.should_exit = True
         else:
             asyncio.get_running_loop().create_task(gateway.shutdown())
         return {"state": "stopping"}
 
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     return app
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413, chunked ones included.
+
+    Content-Length is checked first; a body without one is counted as it arrives.
+    """
+
+    def __init__(self, app: Any, *, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await _too_large(send, self.limit)
+            return
+        if length is not None:
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length (a chunked body): read it here, up to the limit, then replay it.
+        messages, seen = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                await _too_large(send, self.limit)
+                return
+            if not message.get("more_body", False):
+                break
+        replay = iter(messages)
+
+        async def replayed() -> Any:
+            return next(replay, None) or await receive()
+
+        await self.app(scope, replayed, send)
+
+
+async def _too_large(send: Any, limit: int) -> None:
+    body = f'{{"detail": "bodies are limited to {limit} bytes"}}'.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _read_from(path: Path, offset: int) -> bytes:

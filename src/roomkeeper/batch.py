@@ -87,10 +87,12 @@ class BatchProgress:
         """Print one job's output, unaltered, above the bar."""
         if not data:
             return
-        if self._bar is not None and self._console.file is sys.stdout:
-            self._console.print(
-                data.decode(errors="replace"), markup=False, highlight=False, emoji=False, end=""
-            )
+        if self._bar is not None:
+            # Take the bar down, write the bytes as they are, put the bar back below.
+            self._bar.stop()
+            self._out.write(data)
+            self._out.flush()
+            self._bar.start()
         else:
             self._out.write(data)
             self._out.flush()

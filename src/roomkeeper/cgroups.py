@@ -15,11 +15,7 @@ from dataclasses import dataclass
 from roomkeeper import parsers
 from roomkeeper.errors import KernelFileError
 from roomkeeper.resources import CGROUP_ROOT, PROC_ROOT, group_used_bytes, own_memory_group
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as file:
-        return file.read()
+from roomkeeper.resources import read_file as _read
 
 
 @dataclass(frozen=True, slots=True)

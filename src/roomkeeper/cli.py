@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from roomkeeper import __version__
-from roomkeeper.admission import Decision, Guard, memory_line
+from roomkeeper.admission import Decision, Guard
 from roomkeeper.batch import (
     BatchProgress,
     default_logs_dir,
@@ -127,8 +127,8 @@ def _probe_table(resources: Resources, decision: Decision, headroom_percent: flo
     table = Table(title="roomkeeper probe", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("reading")
-    if memory.used_bytes is not None and memory.limit_bytes is not None:
-        line = memory_line(memory.limit_bytes, headroom_percent)
+    line = decision.memory_line_bytes
+    if memory.used_bytes is not None and memory.limit_bytes is not None and line is not None:
         table.add_row("memory source", memory.source.value)
         if memory.group:
             table.add_row("cgroup", memory.group)
@@ -252,7 +252,7 @@ def batch(
     interrupted = False
     with BatchProgress(
         len(commands),
-        console=Console(file=sys.stdout) if sys.stdout.isatty() and on_terminal else err_console,
+        console=err_console,
         on_terminal=on_terminal,
         out=sys.stdout.buffer,
     ) as progress:

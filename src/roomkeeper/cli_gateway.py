@@ -21,20 +21,15 @@ from rich.table import Table
 
 from roomkeeper.cli import main, parse_size_option
 from roomkeeper.client import NoGatewayError, connect
+from roomkeeper.config import read_gateway_settings
 from roomkeeper.errors import UsageError
 from roomkeeper.units import format_gb, parse_duration
 
-DEFAULT_PORT = 8765
 EXIT_CODES = {"failed": 127, "timed_out": 124, "expired": 124, "cancelled": 130, "stopped": 143}
 
 
 def _port(value: int | None) -> int:
-    if value is not None:
-        return value
-    try:
-        return int(os.environ.get("ROOMKEEPER_PORT", DEFAULT_PORT))
-    except ValueError:
-        raise click.UsageError("ROOMKEEPER_PORT must be a port number") from None
+    return value if value is not None else read_gateway_settings().port
 
 
 @main.command()
@@ -77,6 +72,7 @@ def serve(port: int | None, socket_path: str | None) -> None:
     except UsageError as err:
         raise click.UsageError(str(err)) from None
     app = create_app(gateway, port=None if socket_path else chosen, socket=socket_path)
+    shutdown_s = read_gateway_settings().shutdown_s
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -85,8 +81,11 @@ def serve(port: int | None, socket_path: str | None) -> None:
         log_level="warning",
         access_log=False,
         lifespan="on",
+        # Open streams may hold the door for a third of the deadline, no more.
+        timeout_graceful_shutdown=max(1, int(shutdown_s / 3)),
     )
     server = _server_class()(config)
+    server.gateway = gateway
     gateway.server = server
     where = socket_path or f"http://127.0.0.1:{chosen}"
     click.echo(
@@ -105,6 +104,13 @@ def _server_class() -> type[Any]:
         the signal *is* the request to stop, and our one shutdown path has run,
         so the process ends normally (a supervisor must not see a crash).
         """
+
+        gateway: Any = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.gateway is not None:
+                self.gateway.closing = True  # stop admitting at once
+            super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,8 +51,3 @@ def connect(env: Mapping[str, str] | None = None, *, timeout: float = 30.0) -> h
             f"the roomkeeper gateway recorded in {home / 'gateway.json'} does not answer; {how}"
         ) from None
     return client
-
-
-def home_of(env: Mapping[str, str] | None = None) -> Path:
-    """ROOMKEEPER_HOME, not created."""
-    return home_dir(os.environ if env is None else env, create=False)

@@ -220,3 +220,31 @@ def read_queue_settings(env: Mapping[str, str] | None = None) -> QueueSettings:
             env, "ROOMKEEPER_WORKER_NICE", d.worker_nice, _integer(0, 19), "an integer 0 to 19"
         ),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """The gateway's own variables."""
+
+    port: int = 8765
+    gateway_reserve_bytes: int = 256 * MIB
+    shutdown_s: float = 10.0
+
+
+def read_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettings:
+    """Read ROOMKEEPER_PORT, ROOMKEEPER_GATEWAY_RESERVE_MB and ROOMKEEPER_SHUTDOWN_S now."""
+    env = os.environ if env is None else env
+    d = GatewaySettings()
+    return GatewaySettings(
+        port=_variable(env, "ROOMKEEPER_PORT", d.port, _integer(1, 65535), "a port 1 to 65535"),
+        gateway_reserve_bytes=_variable(
+            env,
+            "ROOMKEEPER_GATEWAY_RESERVE_MB",
+            d.gateway_reserve_bytes,
+            _MIB_AT_LEAST_0,
+            "a number of MiB >= 0",
+        ),
+        shutdown_s=_variable(
+            env, "ROOMKEEPER_SHUTDOWN_S", d.shutdown_s, _number(1, 3600), "seconds, 1 to 3600"
+        ),
+    )

@@ -29,16 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from roomkeeper.admission import Decision, Guard, Reason
-from roomkeeper.config import read_settings
+from roomkeeper.config import read_gateway_settings, read_queue_settings
 from roomkeeper.errors import UsageError
-from roomkeeper.hooks import ReleaseHook, run_hook, run_hook_async
+from roomkeeper.hooks import ReleaseHook, run_hook
 from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import Journal
 from roomkeeper.leases import Leases, LeaseState, LeaseView, guard_key
 from roomkeeper.paths import home_dir, workspace_dir
-from roomkeeper.resources import read_disk, read_memory
-from roomkeeper.scheduler import Scheduler
-from roomkeeper.units import MIB
+from roomkeeper.scheduler import Scheduler, cpu_pressure_percent
 
 log = logging.getLogger("roomkeeper")
 
@@ -46,6 +44,8 @@ SAMPLE_EVERY_S = 2.0
 SAMPLES_KEPT = 300  # ten minutes at one sample every two seconds
 LEASE_CHECK_EVERY_S = 0.5
 LEASE_RETRY_S = 0.25
+MIN_TOKEN_CHARS = 32
+WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 
 HEADLINES = {
     Reason.OK: "ok",
@@ -72,22 +72,26 @@ class Sample:
     waiting: int
 
 
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    try:
-        return max(0, int(env.get(name, default)))
-    except ValueError:
-        return default
-
-
 def load_token(home: Path) -> str:
-    """The gateway's bearer token, made on first start (mode 0600)."""
+    """The gateway's bearer token, made on first start (mode 0600).
+
+    Written to a temporary file and renamed, so a crash never leaves an empty
+    token behind; a token file that is empty or too short is replaced, since
+    an empty token would let anyone in.
+    """
     path = home / "token"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
+    with contextlib.suppress(FileNotFoundError):
+        token = path.read_text().strip()
+        if len(token) >= MIN_TOKEN_CHARS:
+            return token
+        log.warning("the token file was empty or too short; a new token was made")
+    temporary = home / f".token-{os.getpid()}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_urlsafe(32) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
     return path.read_text().strip()
 
 
@@ -126,7 +130,10 @@ class Gateway:
         self.hooks: dict[str, ReleaseHook] = {}
         self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
         self.refusals: deque[tuple[float, str, str, str]] = deque(maxlen=20)
-        self.queue_waits: deque[float] = deque(maxlen=1000)
+        # Cumulative, as Prometheus histograms must be: counts per bucket, sum, count.
+        self.wait_buckets = [0] * len(WAIT_BUCKETS)
+        self.wait_sum = 0.0
+        self.wait_count = 0
         self._writes: dict[str, concurrent.futures.Future[None]] = {}
         self.scheduler = Scheduler(
             logs_dir=self.home / "logs",
@@ -141,11 +148,12 @@ class Gateway:
         self._shutdown_lock = asyncio.Lock()
         self._shut = False
         self._restore_leases()
+        self._mark_interrupted_jobs()
 
     # ---------------------------------------------------------------- setup
 
     def _gateway_reserve(self) -> int:
-        return _env_int(self.env, "ROOMKEEPER_GATEWAY_RESERVE_MB", 256) * MIB
+        return read_gateway_settings(self.env).gateway_reserve_bytes
 
     def _restore_leases(self) -> None:
         """Leases granted before a restart and not yet past their ttl keep their reservation."""
@@ -172,6 +180,23 @@ class Gateway:
                 guard_key(lease.id), lease.memory_bytes or 0, age_s=now - lease.granted_at
             )
 
+    def _mark_interrupted_jobs(self) -> None:
+        """Jobs an earlier run left waiting or running died with it: uncertain, never re-run."""
+        rows = self.journal.query("SELECT id FROM jobs WHERE state IN ('waiting', 'running')")
+        now = time.time()
+        for row in rows:
+            self.journal.execute(
+                "UPDATE jobs SET state='uncertain', reason=NULL, ended_at=? WHERE id=?",
+                (now, row["id"]),
+            )
+            self.journal.execute(
+                "INSERT INTO job_events VALUES (?,?,?,?)", (row["id"], "uncertain", None, now)
+            )
+        if rows:
+            log.warning(
+                "%d job(s) were in flight when the gateway last stopped: uncertain", len(rows)
+            )
+
     async def start(self, *, port: int | None = None, socket: str | None = None) -> None:
         """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""
         self.scheduler.start()
@@ -185,9 +210,22 @@ class Gateway:
     # ----------------------------------------------------------------- jobs
 
     def _job_changed(self, view: JobView) -> None:
-        self._writes[view.id] = self.journal.record_job(view)
+        write = self.journal.record_job(view)
+        self._writes[view.id] = write
+        job_id = view.id
+
+        def forget(done: concurrent.futures.Future[None]) -> None:
+            if self._writes.get(job_id) is done:
+                self._writes.pop(job_id, None)
+
+        write.add_done_callback(forget)
         if view.state is JobState.RUNNING and view.started_at is not None:
-            self.queue_waits.append(max(0.0, view.started_at - view.submitted_at))
+            wait = max(0.0, view.started_at - view.submitted_at)
+            self.wait_sum += wait
+            self.wait_count += 1
+            for i, bound in enumerate(WAIT_BUCKETS):
+                if wait <= bound:
+                    self.wait_buckets[i] += 1
 
     def _job_refused(self, job_id: str, decision: Decision) -> None:
         """Keep a refusal for the Health page once, not once per retried round."""
@@ -204,13 +242,18 @@ class Gateway:
                 log.warning("release hook of job %s %s", view.id, outcome)
 
     async def submit_job(self, spec: JobSpec, release: ReleaseHook | None) -> JobView:
-        """Queue a job; returns once its record is durable."""
+        """Queue a job; returns once its record is durable.  Never blocks the event loop."""
         if self.closing:
             raise UsageError("the gateway is shutting down", name="shutdown")
-        view = self.scheduler.submit(spec)
+        job_id = uuid.uuid4().hex[:12]
         if release is not None:
-            self.hooks[view.id] = release
-        write = self._writes.get(view.id)
+            self.hooks[job_id] = release  # before the job exists: it may end at once
+        try:
+            view = await asyncio.to_thread(self.scheduler.submit, spec, job_id=job_id)
+        except BaseException:
+            self.hooks.pop(job_id, None)
+            raise
+        write = self._writes.get(job_id)
         if write is not None:
             await asyncio.wrap_future(write)
         return view
@@ -219,6 +262,9 @@ class Gateway:
 
     def _record_lease(self, lease: LeaseView) -> concurrent.futures.Future[None]:
         release = json.dumps(lease.release.to_json()) if lease.release else None
+        self.journal.execute(
+            "INSERT INTO lease_events VALUES (?,?,?)", (lease.id, lease.state.value, time.time())
+        )
         return self.journal.execute(
             "INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
             "state=excluded.state, ttl_s=excluded.ttl_s, expires_at=excluded.expires_at, "
@@ -278,7 +324,7 @@ class Gateway:
         lease = self.leases.end(lease_id, state)
         if lease is None:  # it had ended already: releasing twice is not an error
             return self.leases.get(lease_id)
-        outcome = await run_hook_async(lease.release) if lease.release else None
+        outcome = await asyncio.to_thread(run_hook, lease.release) if lease.release else None
         lease = self.leases.complete(lease_id, outcome)
         await asyncio.wrap_future(self._record_lease(lease))
         return lease
@@ -298,24 +344,17 @@ class Gateway:
             await asyncio.sleep(SAMPLE_EVERY_S)
 
     def sample(self) -> Sample:
-        """One reading for the chart (memory, its line, disk, queue)."""
-        settings = read_settings(self.env)
-        memory = read_memory(settings=settings)
-        disk = read_disk(settings.workspace or self.workspace)
-        line = None
-        if memory.limit_bytes is not None:
-            from roomkeeper.admission import memory_line
-
-            line = memory_line(memory.limit_bytes, settings.memory_headroom_percent)
-            line -= self._gateway_reserve()
+        """One reading for the chart: the guard's own numbers, so the line is the guard's."""
+        decision = self.guard.check()
+        memory, disk = decision.memory, decision.disk
         stats = self.scheduler.statistics()
         return Sample(
             time.time(),
-            memory.used_bytes,
-            memory.limit_bytes,
-            line,
-            disk.free_bytes,
-            disk.total_bytes,
+            memory.used_bytes if memory else None,
+            memory.limit_bytes if memory else None,
+            decision.memory_line_bytes,
+            disk.free_bytes if disk else None,
+            disk.total_bytes if disk else None,
             stats.running,
             stats.waiting,
         )
@@ -336,6 +375,15 @@ class Gateway:
     def needs_you(self) -> dict[str, str]:
         """A headline from a closed vocabulary and the guard's summary: no path, no command."""
         decision = self.check()
+        if decision.admit and self.scheduler.statistics().running:
+            cpu = cpu_pressure_percent()
+            threshold = read_queue_settings(self.env).cpu_pressure_percent
+            if cpu is not None and cpu > threshold:
+                return {
+                    "headline": HEADLINES[Reason.CPU],
+                    "body": f"CPU pressure {cpu:.0f} % is above {threshold:.0f} %: "
+                    "no new job starts until it falls",
+                }
         return {"headline": HEADLINES.get(decision.reason, "ok"), "body": decision.summary}
 
     def uptime(self) -> float:
@@ -350,7 +398,7 @@ class Gateway:
             if self._shut:
                 return
             self._shut = True
-            deadline = _env_int(self.env, "ROOMKEEPER_SHUTDOWN_S", 10)
+            deadline = read_gateway_settings(self.env).shutdown_s
             try:
                 await asyncio.wait_for(self._shutdown_steps(deadline), timeout=deadline)
             except TimeoutError:
@@ -366,7 +414,7 @@ class Gateway:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        pending = [asyncio.wrap_future(f) for f in self._writes.values() if not f.done()]
+        pending = [asyncio.wrap_future(f) for f in list(self._writes.values()) if not f.done()]
         if pending:  # 3. save state
             await asyncio.gather(*pending, return_exceptions=True)
         grace = max(0.5, min(5.0, deadline / 2))  # 4. stop managed trees

@@ -77,15 +77,3 @@ def run_hook(hook: ReleaseHook, *, timeout: float = HOOK_TIMEOUT_S) -> str:
     if response.is_success:
         return f"ok {response.status_code}"
     return f"failed: HTTP {response.status_code}"
-
-
-async def run_hook_async(hook: ReleaseHook, *, timeout: float = HOOK_TIMEOUT_S) -> str:
-    """:func:`run_hook` for the event loop."""
-    try:
-        async with httpx.AsyncClient(timeout=timeout) as client:
-            response = await client.request(hook.method, hook.url)
-    except httpx.HTTPError as err:
-        return f"failed: {type(err).__name__}"
-    if response.is_success:
-        return f"ok {response.status_code}"
-    return f"failed: HTTP {response.status_code}"

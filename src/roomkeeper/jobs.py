@@ -21,6 +21,7 @@ class JobState(enum.Enum):
     EXPIRED = "expired"  # its deadline passed while it waited
     TIMED_OUT = "timed_out"  # its deadline passed while it ran: its tree was stopped
     STOPPED = "stopped"  # stopped by roomkeeper or a person while running
+    UNCERTAIN = "uncertain"  # in flight when the gateway died: never re-run blindly
 
     @property
     def final(self) -> bool:

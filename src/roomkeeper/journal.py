@@ -4,8 +4,8 @@ Jobs, leases and every state change survive a restart of the gateway.  All
 writes go through one writer thread that commits whatever has queued up in
 one transaction (group commit): each caller gets a future that resolves
 once its write is durable, so nothing on the event loop ever waits on
-``fsync``.  Reads use their own connections (WAL lets them run beside the
-writer) on a small thread pool.
+``fsync``.  Reads use one connection per reading thread (WAL lets them run beside
+the writer); the gateway makes them off its event loop.
 """
 
 from __future__ import annotations
@@ -133,7 +133,6 @@ class Journal:
             tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | None
         ] = queue.Queue()
         self._local = threading.local()
-        self._readers = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="journal-read")
         self._commits = 0
         self._thread = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
         self._thread.start()
@@ -253,10 +252,6 @@ class Journal:
             self._local.conn = conn
         return conn
 
-    def read(self, query: Callable[[sqlite3.Connection], _T]) -> concurrent.futures.Future[_T]:
-        """Run a read on the reader pool; the future holds its result."""
-        return self._readers.submit(lambda: query(self._reader()))
-
     def query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         """Run a read now on the calling thread (not for the event loop)."""
         return list(self._reader().execute(sql, tuple(params)).fetchall())
@@ -298,7 +293,6 @@ class Journal:
         self._queue.put(None)
         self._thread.join()
         self._writer.close()
-        self._readers.shutdown(wait=True)
 
 
 def _job_row(r: sqlite3.Row) -> JobRow:

@@ -15,12 +15,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from roomkeeper.admission import Reason
+from roomkeeper.gateway import WAIT_BUCKETS
 from roomkeeper.jobs import JobState
 
 if TYPE_CHECKING:
     from roomkeeper.gateway import Gateway
-
-WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
 
 
 class GatewayCollector(Collector):
@@ -64,14 +63,12 @@ class GatewayCollector(Collector):
         refused.add_metric([Reason.CPU.value], stats.refusals.get(Reason.CPU.value, 0))
         yield admitted
         yield refused
-        waits = sorted(g.queue_waits)
-        buckets = [(str(b), sum(1 for w in waits if w <= b)) for b in WAIT_BUCKETS]
-        buckets.append(("+Inf", len(waits)))
+        cumulative = list(zip((str(b) for b in WAIT_BUCKETS), g.wait_buckets, strict=True))
         yield HistogramMetricFamily(
             "roomkeeper_queue_wait_seconds",
-            "Time from submission to start (the last 1000 starts).",
-            buckets=buckets,
-            sum_value=sum(waits),
+            "Time from submission to start.",
+            buckets=[*cumulative, ("+Inf", g.wait_count)],
+            sum_value=g.wait_sum,
         )
         leases = GaugeMetricFamily(
             "roomkeeper_leases", "Leases by state in this run.", labels=["state"]

@@ -133,11 +133,6 @@ class ProcessStatistics:
     closed: bool
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as file:
-        return file.read()
-
-
 def _zombie_children() -> bool:
     """Whether any child of ours waits to be reaped (a peek that reaps nothing, ~2 us)."""
     try:

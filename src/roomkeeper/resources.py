@@ -161,6 +161,11 @@ class _Hierarchy:
     mount_dir: str
 
 
+def read_file(path: str) -> bytes:
+    """A kernel file's bytes (the one reader every module uses)."""
+    return _read(path)
+
+
 def _read(path: str) -> bytes:
     # os.open/os.read: the guard reads about six kernel files per decision,
     # and the buffered io layer costs more than the syscalls on small files.
@@ -515,7 +520,7 @@ def read_resources(
         cgroup_root: where ``/sys/fs/cgroup`` is.
         settings: the variables to use; read from the environment when omitted.
         workspace: the volume to measure; ROOMKEEPER_WORKSPACE (default
-            ROOMKEEPER_HOME) when omitted.
+            ROOMKEEPER_HOME/workspace) when omitted.
         platform: ``sys.platform``; anything but Linux gets psutil's portable reading.
     """
     settings = read_settings() if settings is None else settings

@@ -45,6 +45,7 @@ log = logging.getLogger("roomkeeper")
 RETRY_SECONDS = 0.5  # how soon a refused round is tried again without any job ending
 STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when roomkeeper stops a tree
 CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
+KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one
 
 
 class Handle(Protocol):
@@ -202,6 +203,7 @@ class Scheduler:
         self._stoppers: list[threading.Thread] = []
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._closed = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     # ----------------------------------------------------------------- calls
@@ -329,9 +331,11 @@ class Scheduler:
         """
         with self._round:
             with self._lock:
-                self._reap()
+                handles = self._reap()
                 self._expire()
                 ended, self._just_ended = self._just_ended, []
+                self._prune()
+            self._close_handles(handles)
             if self._on_end is not None:
                 for view in ended:
                     try:
@@ -344,7 +348,9 @@ class Scheduler:
         self._flush_events()
         return due
 
-    def _reap(self) -> None:
+    def _reap(self) -> list[Handle]:
+        """Record jobs whose leader exited; return their handles, to close outside the lock."""
+        ended: list[Handle] = []
         for job in list(self._running.values()):
             assert job.handle is not None
             code = job.handle.poll()
@@ -354,12 +360,21 @@ class Scheduler:
             job.exit_code = code
             with contextlib.suppress(Exception):
                 job.peak_bytes = job.handle.peak_bytes()
-            job.handle.close()
+            ended.append(job.handle)
             if job.pidfd >= 0:
                 os.close(job.pidfd)
                 job.pidfd = -1
             self._guard.release(job.id)
             self._finish(job, job.stop_cause or JobState.EXITED, None)
+        return ended
+
+    def _close_handles(self, handles: list[Handle]) -> None:
+        # Closing waits for a stopping tree and removes its cgroup: never under the lock.
+        for handle in handles:
+            try:
+                handle.close()
+            except Exception:
+                log.exception("closing a finished job's process tree failed")
 
     def _expire(self) -> None:
         now = self._clock()
@@ -472,9 +487,23 @@ class Scheduler:
             for job in queue:
                 job.reason = blocked
 
+    def _prune(self) -> None:
+        """Forget the oldest finished jobs beyond KEEP_FINISHED (the journal keeps them all)."""
+        excess = len(self._jobs) - KEEP_FINISHED - len(self._running)
+        if excess <= 0:
+            return
+        for job_id in [i for i, j in self._jobs.items() if j.state.final][:excess]:
+            del self._jobs[job_id]
+        for owner in [o for o, q in self._queues.items() if not q]:
+            if not any(j.spec.owner == owner for j in self._running.values()):
+                del self._queues[owner]
+                self._turn.remove(owner)
+        self._stoppers = [t for t in self._stoppers if t.is_alive()]
+
     def _next_due(self) -> float | None:
         now = self._clock()
-        dues = [j.deadline - now for j in self._jobs.values() if j.deadline and not j.state.final]
+        live = [*self._running.values(), *(j for q in self._queues.values() for j in q)]
+        dues = [j.deadline - now for j in live if j.deadline is not None]
         if any(self._queues.values()):
             dues.append(RETRY_SECONDS)
         return max(0.0, min(dues)) if dues else None
@@ -543,6 +572,8 @@ class Scheduler:
 
     def start(self) -> None:
         """Run rounds on a thread until :meth:`close`."""
+        if self._lifeline is not None:
+            self._lifeline.start()  # now, so the first launch does not wait for it
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._loop, name="roomkeeper-scheduler", daemon=True
@@ -555,7 +586,11 @@ class Scheduler:
 
     def _loop(self) -> None:
         while not self._closing:
-            due = self.tick()
+            try:
+                due = self.tick()
+            except Exception:  # the loop must outlive any one bad round
+                log.exception("a scheduling round failed; trying again shortly")
+                due = RETRY_SECONDS
             with self._lock:
                 fds = [j.pidfd for j in self._running.values()]
                 polling = any(fd < 0 for fd in fds)
@@ -573,8 +608,11 @@ class Scheduler:
     def close(self, *, grace: float | None = None) -> None:
         """Stop admitting, cancel waiting jobs, stop every running tree, and wait for them."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             self._closing = True
-            self._reap()  # a job that already ended is not "stopped"
+            handles = self._reap()  # a job that already ended is not "stopped"
             for queue in self._queues.values():
                 for job in list(queue):
                     queue.remove(job)
@@ -588,12 +626,14 @@ class Scheduler:
             self._thread.join()
         for stopper in stoppers:
             stopper.join()
+        self._close_handles(handles)
         while True:
             with self._lock:
                 if not self._running:
                     break
             self.tick()
             time.sleep(0.01)
+        self.tick()  # end-of-job hooks of jobs cancelled above
         if self._lifeline is not None:
             self._lifeline.close()
         self._flush_events()
