@@ -37,8 +37,8 @@ from roomkeeper.process import (
     own_memory_cgroup,
 )
 from roomkeeper.testing import FakeClock
+from tests.trees import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 MIB = 1 << 20
 
 # A job that builds a tree and prints "<name> <pid>" for each member:
@@ -541,8 +541,6 @@ def test_cgroup_readings_on_captured_hosts(
 ) -> None:
     """The own group is found from /proc/self, and the footprint leaves the file cache out."""
     root = FIXTURES / host
-    if not root.exists():
-        pytest.skip(f"fixtures not found at {root}")
     found = own_memory_cgroup(str(root / "proc"), str(root / "sys/fs/cgroup"))
     assert found == JobCgroup(str(root / directory), version)
     assert found.footprint_bytes() == used
@@ -561,8 +559,6 @@ def test_job_cgroup_is_made_under_our_own(
     tmp_path: Path, host: str, version: int, own: str
 ) -> None:
     """The job's group is a child of ours, named by pid and a path-safe job id (v2: memory on)."""
-    if not (FIXTURES / host).exists():
-        pytest.skip(f"fixtures not found at {FIXTURES / host}")
     root = tmp_path / host
     shutil.copytree(FIXTURES / host, root)
     if version == 2:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from importlib import resources as package_files
@@ -31,7 +32,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from roomkeeper import __version__
-from roomkeeper.errors import QueueFullError, UnknownJobError, UsageError
+from roomkeeper.calls import CallStateError
+from roomkeeper.errors import PersistenceError, QueueFullError, UnknownJobError, UsageError
 from roomkeeper.gateway import HEADLINES, Gateway, job_environment
 from roomkeeper.hooks import ReleaseHook, parse_hook
 from roomkeeper.jobs import JobSpec, JobState, JobView
@@ -97,7 +99,41 @@ class JobIn(BaseModel):
     memory_bytes: Bytes | None = None
     disk_bytes: Bytes | None = None
     timeout_s: Annotated[float, Field(gt=0, le=10**7)] | None = None
+    resumable: bool = False
     release: ReleaseIn | None = None
+
+
+class CallIn(BaseModel):
+    """A client's side-effecting call, registered before it is dispatched."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)]
+    owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
+    resumable: bool = False
+
+
+class OutcomeIn(BaseModel):
+    """How a registered call ended."""
+
+    model_config = ConfigDict(extra="forbid")
+    outcome: Literal["succeeded", "failed"]
+    numbers: (
+        Annotated[
+            dict[
+                Annotated[str, Field(max_length=100)], Annotated[float, Field(allow_inf_nan=False)]
+            ],
+            Field(max_length=50),
+        ]
+        | None
+    ) = None
+    error: Annotated[str, Field(max_length=4096)] | None = None
+
+
+class ResolveIn(BaseModel):
+    """How a person or the client settles uncertain work."""
+
+    model_config = ConfigDict(extra="forbid")
+    resolution: Literal["succeeded", "failed", "rerun"]
 
 
 class LeaseIn(BaseModel):
@@ -140,7 +176,7 @@ def job_json(view: JobView) -> dict[str, Any]:
 def row_json(row: JobRow) -> dict[str, Any]:
     """A job of an earlier run, from the journal."""
     fields = {k: getattr(row, k) for k in JOB_FIELDS if k != "argv"}
-    return {**fields, "argv": row.spec.get("argv", [])}
+    return {**fields, "argv": row.spec.get("argv", []), "resolution": row.resolution}
 
 
 def lease_json(lease: LeaseView) -> dict[str, Any]:
@@ -200,6 +236,14 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     @app.exception_handler(UnknownJobError)
     async def unknown(request: Request, err: UnknownJobError) -> JSONResponse:
         return JSONResponse({"detail": str(err)}, 404)
+
+    @app.exception_handler(PersistenceError)
+    async def not_saved(request: Request, err: PersistenceError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, 507)
+
+    @app.exception_handler(CallStateError)
+    async def call_state(request: Request, err: CallStateError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, 409)
 
     @app.exception_handler(QueueFullError)
     async def queue_full(request: Request, err: QueueFullError) -> JSONResponse:
@@ -278,7 +322,9 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
                 {"at": at, "reason": reason, "summary": summary}
                 for at, reason, summary, _ in reversed(gateway.refusals)
             ],
-            "recoveries": [],
+            "recoveries": [
+                {"at": e.at, "reason": e.code.value} for e in gateway.journal.history(limit=20)
+            ],
             "leases": gateway.leases.counts(),
         }
 
@@ -295,6 +341,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
             memory_bytes=body.memory_bytes,
             disk_bytes=body.disk_bytes,
             timeout_s=body.timeout_s,
+            resumable=body.resumable,
         )
         if body.cwd is None:
             gateway.workspace.mkdir(parents=True, exist_ok=True)
@@ -365,6 +412,72 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     def cancel_job(job_id: Id) -> dict[str, Any]:
         """Cancel a waiting job or stop a running one's whole tree."""
         return job_json(gateway.scheduler.cancel(job_id))
+
+    @app.post("/v1/jobs/{job_id}/resolve", dependencies=auth)
+    def resolve_job(job_id: Id, body: ResolveIn) -> dict[str, Any]:
+        """Settle an uncertain job: succeeded, failed, or run it again."""
+        _guard_saving()
+        gateway.resolve_job(job_id, body.resolution)
+        return _find(job_id)
+
+    # ------------------------------------------------------------ calls
+
+    def _guard_saving() -> None:
+        if gateway.persistence_error is not None:
+            raise PersistenceError(f"the journal cannot save: {gateway.persistence_error}")
+
+    @app.post("/v1/calls", status_code=201, dependencies=auth)
+    def register_call(body: CallIn) -> dict[str, Any]:
+        """Register a side-effecting call; answered once its pending marker is durable."""
+        if gateway.closing:
+            raise UsageError("the gateway is shutting down", name="shutdown")
+        try:
+            return gateway.calls.register(body.kind, body.owner, resumable=body.resumable).to_json()
+        except sqlite3.Error as err:
+            raise PersistenceError(f"the call was not registered: {err}") from err
+
+    @app.get("/v1/calls", dependencies=auth)
+    def list_calls(
+        state: Annotated[str | None, Query(max_length=40)] = None,
+    ) -> list[dict[str, Any]]:
+        """Registered calls, newest first."""
+        return [c.to_json() for c in gateway.calls.list(state=state)]
+
+    @app.get("/v1/calls/{call_id}", dependencies=auth)
+    def get_call(call_id: Id) -> dict[str, Any]:
+        """One registered call."""
+        return gateway.calls.get(call_id).to_json()
+
+    @app.post("/v1/calls/{call_id}/outcome", dependencies=auth)
+    def call_outcome(call_id: Id, body: OutcomeIn) -> dict[str, Any]:
+        """Save a call's outcome; only then is its pending marker cleared."""
+        try:
+            return gateway.calls.outcome(
+                call_id,
+                succeeded=body.outcome == "succeeded",
+                numbers=body.numbers,
+                error=body.error,
+            ).to_json()
+        except sqlite3.Error as err:
+            raise PersistenceError(f"the outcome was not saved: {err}") from err
+
+    @app.delete("/v1/calls/{call_id}", dependencies=auth)
+    def cancel_call(call_id: Id) -> dict[str, Any]:
+        """Cancel a pending call; a result arriving later cannot retire its marker."""
+        return gateway.calls.cancel(call_id).to_json()
+
+    @app.post("/v1/calls/{call_id}/resolve", dependencies=auth)
+    def resolve_call(call_id: Id, body: ResolveIn) -> dict[str, Any]:
+        """Settle an uncertain call: succeeded, failed, or pending again (rerun)."""
+        return gateway.calls.resolve(call_id, body.resolution).to_json()
+
+    @app.get("/v1/history", dependencies=auth)
+    def history() -> list[dict[str, Any]]:
+        """Recovery events, newest first: timestamps, reason codes and numbers only."""
+        return [
+            {"at": e.at, "code": e.code.value, "numbers": dict(e.numbers)}
+            for e in gateway.journal.history()
+        ]
 
     # ----------------------------------------------------------- leases
 

@@ -302,3 +302,35 @@ def cancel(job_id: str) -> None:
     with _client() as client:
         job = _check(client.delete(f"/v1/jobs/{job_id}"))
     click.echo(f"job {job['id']}: {job['state']}")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--succeeded", "resolution", flag_value="succeeded", help="It did what it should.")
+@click.option("--failed", "resolution", flag_value="failed", help="It did not.")
+@click.option("--rerun", "resolution", flag_value="rerun", help="Run it again now.")
+def resolve(job_id: str, resolution: str | None) -> None:
+    """Settle an uncertain job (in flight at a crash): --succeeded, --failed or --rerun."""
+    if resolution is None:
+        raise click.UsageError("say how it ended: --succeeded, --failed or --rerun")
+    with _client() as client:
+        job = _check(client.post(f"/v1/jobs/{job_id}/resolve", json={"resolution": resolution}))
+    click.echo(
+        f"job {job['id']}: {job['state']}"
+        + (f" ({job.get('resolution')})" if job.get("resolution") else "")
+    )
+
+
+@main.command()
+def history() -> None:
+    """Recovery history: when, what (a reason code), and numbers; nothing else."""
+    with _client() as client:
+        events = _check(client.get("/v1/history"))
+    table = Table(title=f"roomkeeper history ({len(events)})", title_justify="left")
+    for column in ("when", "what", "numbers"):
+        table.add_column(column)
+    for e in events:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
+        numbers = ", ".join(f"{k} {v:g}" for k, v in e["numbers"].items())
+        table.add_row(when, e["code"], numbers)
+    Console().print(table)

@@ -8,7 +8,8 @@
     ├── KernelFileError             a kernel file did not have the shape we expect
     ├── LaunchError                 a managed process could not be started (``job_id``)
     ├── QueueFullError              a submission met a waiting bound (refused, not queued)
-    └── UnknownJobError             no job has the id asked for (``job_id``)
+    ├── UnknownJobError             no job has the id asked for (``job_id``)
+    └── PersistenceError            the journal could not save (disk full, I/O error)
 
 Readers never let ``KernelFileError`` or ``OSError`` escape to the caller:
 they translate both, at one boundary in :mod:`roomkeeper.resources`, into a
@@ -96,3 +97,7 @@ class UnknownJobError(RoomkeeperError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class PersistenceError(RoomkeeperError):
+    """The journal could not save something; it is reported, never presented as saved."""

@@ -28,14 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from roomkeeper.admission import Decision, Guard, Reason
+from roomkeeper.calls import Calls
 from roomkeeper.config import read_gateway_settings, read_queue_settings
-from roomkeeper.errors import UsageError
+from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
+from roomkeeper.history import HistoryEvent, RecoveryCode
 from roomkeeper.hooks import ReleaseHook, run_hook
 from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import Journal
 from roomkeeper.leases import Leases, LeaseState, LeaseView, guard_key
 from roomkeeper.paths import home_dir, workspace_dir
+from roomkeeper.recovery import recover
 from roomkeeper.scheduler import Scheduler, cpu_pressure_percent
 
 log = logging.getLogger("roomkeeper")
@@ -44,6 +49,7 @@ SAMPLE_EVERY_S = 2.0
 SAMPLES_KEPT = 300  # ten minutes at one sample every two seconds
 LEASE_CHECK_EVERY_S = 0.5
 LEASE_RETRY_S = 0.25
+RESUME_CHECK_S = 0.5
 MIN_TOKEN_CHARS = 32
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 
@@ -95,6 +101,15 @@ def load_token(home: Path) -> str:
     return path.read_text().strip()
 
 
+def _fsync_file(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def job_environment(extra: Mapping[str, str] | None) -> dict[str, str]:
     """The gateway's environment without ``ROOMKEEPER_*``, plus what the caller asked for."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
@@ -125,7 +140,11 @@ class Gateway:
         self.boot_id = uuid.uuid4().hex
         self.started = time.monotonic()
         self.guard = Guard(env=self.env, reserve=self._gateway_reserve)
+        # A gateway.json left behind means the previous run did not stop cleanly.
+        crashed = (self.home / "gateway.json").exists()
         self.journal = Journal(self.home / "journal.db")
+        self.calls = Calls(self.journal)
+        self.persistence_error: str | None = None
         self.leases = Leases(self.guard)
         self.hooks: dict[str, ReleaseHook] = {}
         self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
@@ -141,14 +160,17 @@ class Gateway:
             on_change=self._job_changed,
             on_end=self._job_ended,
             on_refusal=self._job_refused,
+            before_launch=self._mark_launch,
         )
         self.closing = False
         self.server: Any = None  # the uvicorn server, to stop it on POST /v1/shutdown
         self._tasks: list[asyncio.Task[None]] = []
         self._shutdown_lock = asyncio.Lock()
         self._shut = False
+        self._resuming: str | None = None  # the deferred job resumed now (one at a time)
         self._restore_leases()
-        self._mark_interrupted_jobs()
+        # Orphans stopped and interrupted work settled before anything new launches.
+        self.recovery = recover(self.journal, crashed=crashed)
 
     # ---------------------------------------------------------------- setup
 
@@ -180,37 +202,48 @@ class Gateway:
                 guard_key(lease.id), lease.memory_bytes or 0, age_s=now - lease.granted_at
             )
 
-    def _mark_interrupted_jobs(self) -> None:
-        """Jobs an earlier run left waiting or running died with it: uncertain, never re-run."""
-        rows = self.journal.query("SELECT id FROM jobs WHERE state IN ('waiting', 'running')")
-        now = time.time()
-        for row in rows:
-            self.journal.execute(
-                "UPDATE jobs SET state='uncertain', reason=NULL, ended_at=? WHERE id=?",
-                (now, row["id"]),
-            )
-            self.journal.execute(
-                "INSERT INTO job_events VALUES (?,?,?,?)", (row["id"], "uncertain", None, now)
-            )
-        if rows:
-            log.warning(
-                "%d job(s) were in flight when the gateway last stopped: uncertain", len(rows)
-            )
-
     async def start(self, *, port: int | None = None, socket: str | None = None) -> None:
         """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""
         self.scheduler.start()
         self._tasks = [
             asyncio.create_task(self._sample_loop()),
             asyncio.create_task(self._lease_loop()),
+            asyncio.create_task(self._resume_loop()),
         ]
         info = {"pid": os.getpid(), "boot_id": self.boot_id, "port": port, "socket": socket}
         (self.home / "gateway.json").write_text(json.dumps(info))
 
     # ----------------------------------------------------------------- jobs
 
+    def _watch(self, write: concurrent.futures.Future[None]) -> None:
+        """Remember whether the journal can save: a failed write is reported, never hidden."""
+
+        def done(future: concurrent.futures.Future[None]) -> None:
+            error = future.exception()
+            if error is None:
+                self.persistence_error = None
+            else:
+                if self.persistence_error is None:
+                    log.error("the journal could not save: %s", error)
+                self.persistence_error = str(error)
+
+        write.add_done_callback(done)
+
+    def _mark_launch(self, job_id: str) -> None:
+        """The durable pending marker, written before the spawn (scheduler thread)."""
+        write = self.journal.mark_pending("job", job_id, time.time())
+        self._watch(write)
+        write.result()
+
     def _job_changed(self, view: JobView) -> None:
-        write = self.journal.record_job(view)
+        pid_started = None
+        if view.state is JobState.RUNNING and view.pid is not None:
+            with contextlib.suppress(psutil.Error):
+                pid_started = psutil.Process(view.pid).create_time()
+        if view.state.final:
+            _fsync_file(view.log_path)  # logs before the index
+        write = self.journal.record_job(view, pid_started=pid_started)
+        self._watch(write)
         self._writes[view.id] = write
         job_id = view.id
 
@@ -255,7 +288,11 @@ class Gateway:
             raise
         write = self._writes.get(job_id)
         if write is not None:
-            await asyncio.wrap_future(write)
+            try:
+                await asyncio.wrap_future(write)
+            except Exception as err:  # not saved: it must not run, and must not look saved
+                await asyncio.to_thread(self.scheduler.cancel, job_id)
+                raise PersistenceError(f"the job was not saved, so it will not run: {err}") from err
         return view
 
     # --------------------------------------------------------------- leases
@@ -359,6 +396,74 @@ class Gateway:
             stats.waiting,
         )
 
+    def spec_from_row(self, spec: dict[str, Any], owner: str, resumable: bool) -> JobSpec:
+        """The job as it was asked for, to run it again (its deadline counts from now)."""
+        return JobSpec(
+            argv=spec["argv"],
+            owner=owner,
+            cwd=spec.get("cwd"),
+            env=spec.get("env") or job_environment(None),
+            memory_bytes=spec.get("memory_bytes"),
+            disk_bytes=spec.get("disk_bytes"),
+            timeout_s=spec.get("timeout_s"),
+            shell=bool(spec.get("shell")),
+            resumable=resumable,
+        )
+
+    def resume_next(self) -> str | None:
+        """Resume the oldest deferred job if none is resuming now (one at a time)."""
+        if self.closing or self.persistence_error is not None:
+            return None
+        if self._resuming is not None:
+            with contextlib.suppress(UnknownJobError):
+                if not self.scheduler.get(self._resuming).state.final:
+                    return None
+        self._resuming = None
+        rows = self.journal.query(
+            "SELECT id FROM jobs WHERE state='deferred' ORDER BY submitted_at LIMIT 1"
+        )
+        if not rows:
+            return None
+        row = self.journal.job(rows[0]["id"])
+        assert row is not None
+        self.scheduler.submit(self.spec_from_row(row.spec, row.owner, row.resumable), job_id=row.id)
+        self._resuming = row.id
+        self._watch(
+            self.journal.record_history(
+                HistoryEvent(time.time(), RecoveryCode.RESUMED, {"jobs": 1})
+            )
+        )
+        return row.id
+
+    def resolve_job(self, job_id: str, resolution: str) -> str:
+        """Settle an uncertain job: succeeded or failed, or run it again now."""
+        row = self.journal.job(job_id)
+        if row is None:
+            raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)
+        if row.state != JobState.UNCERTAIN.value:
+            raise UsageError(f"job {job_id!r} is {row.state}, not uncertain", name="state")
+        now = time.time()
+        if resolution == "rerun":
+            self.scheduler.submit(
+                self.spec_from_row(row.spec, row.owner, row.resumable), job_id=job_id
+            )
+        else:
+            self.journal.execute(
+                "UPDATE jobs SET state='resolved', resolution=?, ended_at=? WHERE id=?",
+                (resolution, now, job_id),
+            ).result()
+            self.journal.execute(
+                "INSERT INTO job_events VALUES (?,?,?,?)", (job_id, "resolved", None, now)
+            ).result()
+        self.journal.record_history(HistoryEvent(now, RecoveryCode.RESOLVED, {"jobs": 1})).result()
+        return resolution
+
+    async def _resume_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.resume_next)
+            await asyncio.sleep(RESUME_CHECK_S)
+
     async def _lease_loop(self) -> None:
         while True:
             for lease_id in self.leases.due():
@@ -374,6 +479,11 @@ class Gateway:
 
     def needs_you(self) -> dict[str, str]:
         """A headline from a closed vocabulary and the guard's summary: no path, no command."""
+        if self.persistence_error is not None:
+            return {
+                "headline": "persistence failed",
+                "body": "the journal cannot save (the disk may be full); new work is refused",
+            }
         decision = self.check()
         if decision.admit and self.scheduler.statistics().running:
             cpu = cpu_pressure_percent()

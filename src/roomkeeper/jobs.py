@@ -22,6 +22,8 @@ class JobState(enum.Enum):
     TIMED_OUT = "timed_out"  # its deadline passed while it ran: its tree was stopped
     STOPPED = "stopped"  # stopped by roomkeeper or a person while running
     UNCERTAIN = "uncertain"  # in flight when the gateway died: never re-run blindly
+    DEFERRED = "deferred"  # resumable work a crash interrupted: resumed one at a time
+    RESOLVED = "resolved"  # uncertain work a person or client settled (succeeded or failed)
 
     @property
     def final(self) -> bool:
@@ -43,6 +45,8 @@ class JobSpec:
         disk_bytes: disk estimate; ROOMKEEPER_JOB_DISK_MB when None.
         timeout_s: deadline counted from submission, waiting time included.
         shell: run ``argv[0]`` as shell text.
+        resumable: safe to run again if a crash interrupts it (then it is
+            deferred and resumed, instead of shown as uncertain).
     """
 
     argv: Sequence[str]
@@ -53,6 +57,7 @@ class JobSpec:
     disk_bytes: int | None = None
     timeout_s: float | None = None
     shell: bool = False
+    resumable: bool = False
 
     def check(self) -> None:
         """Raise :class:`UsageError` saying what is wrong with this spec, if anything."""
@@ -111,6 +116,7 @@ class JobView:
     peak_bytes: int | None
     error: str | None
     history: tuple[Transition, ...]
+    pid: int | None = None
 
     @property
     def owner(self) -> str:

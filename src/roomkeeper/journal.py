@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from roomkeeper.history import MAX_BYTES, MAX_EVENTS, HistoryEvent
 from roomkeeper.jobs import JobView
 
 log = logging.getLogger("roomkeeper")
@@ -42,7 +43,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     started_at REAL,
     ended_at REAL,
     peak_bytes INTEGER,
-    error TEXT
+    error TEXT,
+    resumable INTEGER NOT NULL DEFAULT 0,
+    pid INTEGER,
+    pid_started REAL,
+    resolution TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_owner_state ON jobs (owner, state);
 CREATE TABLE IF NOT EXISTS job_events (
@@ -64,6 +69,27 @@ CREATE TABLE IF NOT EXISTS leases (
     ended_at REAL,
     release TEXT,
     hook_outcome TEXT
+);
+CREATE TABLE IF NOT EXISTS markers (
+    kind TEXT NOT NULL,
+    id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (kind, id)
+);
+CREATE TABLE IF NOT EXISTS calls (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    resumable INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ended_at REAL,
+    numbers TEXT,
+    error TEXT
+);
+CREATE TABLE IF NOT EXISTS history (
+    at REAL NOT NULL,
+    event TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS lease_events (
     lease_id TEXT NOT NULL,
@@ -89,6 +115,10 @@ class JobRow:
     ended_at: float | None
     peak_bytes: int | None
     error: str | None
+    resumable: bool = False
+    pid: int | None = None
+    pid_started: float | None = None
+    resolution: str | None = None
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -100,12 +130,17 @@ def _connect(path: str) -> sqlite3.Connection:
 
 
 def spec_json(view: JobView) -> str:
-    """The parts of a job's spec worth keeping (the environment is never stored)."""
+    """The job's spec, so work deferred by a crash can run again as it was asked for.
+
+    The environment is kept too (the journal is private to ROOMKEEPER_HOME,
+    mode 0600); it is never shown by the API, the feed or the history.
+    """
     spec = view.spec
     return json.dumps(
         {
             "argv": list(spec.argv),
             "cwd": spec.cwd,
+            "env": dict(spec.env) if spec.env is not None else None,
             "memory_bytes": spec.memory_bytes,
             "disk_bytes": spec.disk_bytes,
             "timeout_s": spec.timeout_s,
@@ -126,6 +161,7 @@ class Journal:
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = str(path)
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.path).touch(mode=0o600, exist_ok=True)
         self._writer = _connect(self.path)
         self._writer.execute(f"PRAGMA synchronous={synchronous}")
         self._writer.executescript(SCHEMA)
@@ -194,8 +230,14 @@ class Journal:
             else:
                 future.set_exception(error)
 
-    def record_job(self, view: JobView) -> concurrent.futures.Future[None]:
-        """Upsert the job's row and append its latest state change."""
+    def record_job(
+        self, view: JobView, *, pid_started: float | None = None
+    ) -> concurrent.futures.Future[None]:
+        """Upsert the job's row and append its latest state change.
+
+        A final state clears the job's pending marker in the same transaction:
+        only a persisted outcome retires it (seed 002: save first).
+        """
         row = (
             view.id,
             view.owner,
@@ -209,15 +251,23 @@ class Journal:
             view.ended_at,
             view.peak_bytes,
             view.error,
+            int(view.spec.resumable),
+            view.pid,
+            pid_started,
+            None,
         )
         last = view.history[-1] if view.history else None
+        final = view.state.final
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
-                "state=excluded.state, reason=excluded.reason, exit_code=excluded.exit_code, "
+                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) "
+                "DO UPDATE SET state=excluded.state, reason=excluded.reason, "
+                "exit_code=excluded.exit_code, "
                 "started_at=excluded.started_at, ended_at=excluded.ended_at, "
-                "peak_bytes=excluded.peak_bytes, error=excluded.error",
+                "peak_bytes=excluded.peak_bytes, error=excluded.error, "
+                "pid=coalesce(excluded.pid, pid), pid_started=coalesce(excluded.pid_started, "
+                "pid_started), resolution=NULL",
                 row,
             )
             if last is not None:
@@ -230,8 +280,43 @@ class Journal:
                         last.at,
                     ),
                 )
+            if final:
+                conn.execute("DELETE FROM markers WHERE kind='job' AND id=?", (view.id,))
 
         return self.submit(write)
+
+    def mark_pending(self, kind: str, item_id: str, at: float) -> concurrent.futures.Future[None]:
+        """Write the pending marker of a side-effecting call before it is dispatched."""
+        return self.execute("INSERT OR REPLACE INTO markers VALUES (?,?,?)", (kind, item_id, at))
+
+    def record_history(self, event: HistoryEvent) -> concurrent.futures.Future[None]:
+        """Append a recovery event, then trim the history to its caps (count and bytes)."""
+        text = event.to_json()
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO history VALUES (?,?)", (event.at, text))
+            conn.execute(
+                "DELETE FROM history WHERE rowid NOT IN "
+                "(SELECT rowid FROM history ORDER BY rowid DESC LIMIT ?)",
+                (MAX_EVENTS,),
+            )
+            total = conn.execute("SELECT coalesce(sum(length(event)), 0) FROM history").fetchone()
+            excess = int(total[0]) - MAX_BYTES
+            while excess > 0:
+                oldest = conn.execute(
+                    "SELECT rowid, length(event) FROM history ORDER BY rowid LIMIT 1"
+                ).fetchone()
+                if oldest is None:
+                    break
+                conn.execute("DELETE FROM history WHERE rowid=?", (oldest[0],))
+                excess -= int(oldest[1])
+
+        return self.submit(write)
+
+    def history(self, limit: int = MAX_EVENTS) -> list[HistoryEvent]:
+        """Recovery events, newest first."""
+        rows = self.query("SELECT event FROM history ORDER BY rowid DESC LIMIT ?", (limit,))
+        return [HistoryEvent.from_json(r["event"]) for r in rows]
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> concurrent.futures.Future[None]:
         """Queue one statement (leases and later tables use this)."""
@@ -309,4 +394,8 @@ def _job_row(r: sqlite3.Row) -> JobRow:
         ended_at=r["ended_at"],
         peak_bytes=r["peak_bytes"],
         error=r["error"],
+        resumable=bool(r["resumable"]),
+        pid=r["pid"],
+        pid_started=r["pid_started"],
+        resolution=r["resolution"],
     )

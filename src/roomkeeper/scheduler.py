@@ -149,6 +149,9 @@ class Scheduler:
         on_end: called for each job that ended, outside the lock and before the
             next launch round (a release hook runs before its slot is offered).
         on_refusal: called with the job id and the guard's refusal (every refused round).
+        before_launch: called with the job id just before its spawn, lock held; it
+            writes the durable pending marker (seed 002: save first).  If it
+            raises, the job is not started and ends as failed.
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
     """
 
@@ -165,6 +168,7 @@ class Scheduler:
         on_change: Callable[[JobView], None] | None = None,
         on_end: Callable[[JobView], None] | None = None,
         on_refusal: Callable[[str, Decision], None] | None = None,
+        before_launch: Callable[[str], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
     ) -> None:
         self._logs_dir = Path(logs_dir)
@@ -186,6 +190,7 @@ class Scheduler:
         self._on_change = on_change
         self._on_end = on_end
         self._on_refusal = on_refusal
+        self._before_launch = before_launch
         self._just_ended: list[JobView] = []
         self._stop_grace = stop_grace
         self._lock = threading.Lock()
@@ -461,6 +466,13 @@ class Scheduler:
             shell=job.spec.shell,
         )
         try:
+            if self._before_launch is not None:
+                try:
+                    self._before_launch(job.id)
+                except Exception as err:
+                    raise LaunchError(
+                        job.id, f"not started: its pending marker could not be saved ({err})"
+                    ) from err
             Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
             handle = self._launcher(job.id, spec)
         except (LaunchError, OSError, ValueError) as err:
@@ -566,6 +578,7 @@ class Scheduler:
             peak_bytes=job.peak_bytes,
             error=job.error,
             history=tuple(job.history),
+            pid=job.handle.pid if job.handle is not None else None,
         )
 
     # -------------------------------------------------------------- the loop
