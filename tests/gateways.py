@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 
 def free_port() -> int:
@@ -76,14 +77,15 @@ def running_gateway(
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError((tmp / f"gateway-{port}.log").read_text())
             time.sleep(0.05)
-        token = (tmp / "home" / "token").read_text().strip()
+        home = Path(env["ROOMKEEPER_HOME"])
+        token = (home / "token").read_text().strip()
         with (
             httpx.Client(
                 base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30
             ) as client,
             httpx.Client(base_url=url, timeout=30) as anonymous,
         ):
-            yield RunningGateway(proc, url, tmp / "home", client, anonymous)
+            yield RunningGateway(proc, url, home, client, anonymous)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -93,3 +95,18 @@ def running_gateway(
                 proc.kill()
                 proc.wait()
         log.close()
+
+
+def kill_whole_tree(gw: RunningGateway) -> list[int]:
+    """SIGKILL the gateway and every descendant at once, as when a container is killed."""
+    procs = [psutil.Process(gw.proc.pid)]
+    with contextlib.suppress(psutil.Error):
+        procs += procs[0].children(recursive=True)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGSTOP)  # freeze first: nothing reacts to the others dying
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGKILL)
+    gw.proc.wait()
+    return [p.pid for p in procs]

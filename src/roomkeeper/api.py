@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -42,6 +43,7 @@ from roomkeeper.leases import DEFAULT_TTL_S, LeaseView
 from roomkeeper.metrics import render_metrics
 
 MAX_BODY_BYTES = 1024 * 1024
+LAST_OUTPUT_BYTES = 500
 JOB_FIELDS = (
     "id",
     "owner",
@@ -176,7 +178,20 @@ def job_json(view: JobView) -> dict[str, Any]:
 def row_json(row: JobRow) -> dict[str, Any]:
     """A job of an earlier run, from the journal."""
     fields = {k: getattr(row, k) for k in JOB_FIELDS if k != "argv"}
-    return {**fields, "argv": row.spec.get("argv", []), "resolution": row.resolution}
+    answer = {**fields, "argv": row.spec.get("argv", []), "resolution": row.resolution}
+    if row.state == JobState.UNCERTAIN.value:
+        answer["last_output"] = _tail(row.log_path)  # what is known of work in doubt
+    return answer
+
+
+def _tail(path: str, size: int = LAST_OUTPUT_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def lease_json(lease: LeaseView) -> dict[str, Any]:

@@ -128,6 +128,11 @@ def _server_class() -> type[Any]:
     return Server
 
 
+def _console() -> Console:
+    # Piped output is for grep and scripts: do not squeeze tables into 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 @contextlib.contextmanager
 def _client() -> Iterator[httpx.Client]:
     try:
@@ -243,7 +248,7 @@ def status() -> None:
     for owner, counts in q["by_owner"].items():
         table.add_row(f"  {owner}", f"{counts['running']} running, {counts['waiting']} waiting")
     table.add_row("leases", ", ".join(f"{k} {v}" for k, v in s["leases"].items()) or "none")
-    Console().print(table)
+    _console().print(table)
 
 
 @main.command()
@@ -257,23 +262,22 @@ def jobs(owner: str | None, state: str | None) -> None:
     with _client() as client:
         rows = _check(client.get("/v1/jobs", params=params))
     table = Table(title=f"roomkeeper jobs ({len(rows)})", title_justify="left")
-    for column in ("id", "owner", "state", "reason", "exit", "command"):
-        table.add_column(
-            column,
-            overflow="ellipsis",
-            no_wrap=column == "command",
-            max_width=50 if column == "command" else None,
-        )
+    table.add_column("id", no_wrap=True)
+    table.add_column("owner", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("reason / exit", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("command", overflow="ellipsis", no_wrap=True, max_width=40)
     for j in rows:
-        table.add_row(
-            j["id"],
-            j["owner"],
-            j["state"],
-            j["reason"] or "",
-            "" if j["exit_code"] is None else str(j["exit_code"]),
-            " ".join(j["argv"]),
+        detail = j["reason"] or ("" if j["exit_code"] is None else f"exit {j['exit_code']}")
+        if j["state"] == "uncertain":
+            last = (j.get("last_output") or "").strip().splitlines()
+            detail = f"last output: {last[-1][:40]}" if last else "no output"
+        started = (
+            time.strftime("%H:%M:%S", time.localtime(j["started_at"])) if j["started_at"] else ""
         )
-    Console().print(table)
+        table.add_row(j["id"], j["owner"], j["state"], detail, started, " ".join(j["argv"]))
+    _console().print(table)
 
 
 @main.command()
@@ -333,4 +337,4 @@ def history() -> None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
         numbers = ", ".join(f"{k} {v:g}" for k, v in e["numbers"].items())
         table.add_row(when, e["code"], numbers)
-    Console().print(table)
+    _console().print(table)

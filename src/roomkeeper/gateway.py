@@ -32,7 +32,7 @@ import psutil
 
 from roomkeeper.admission import Decision, Guard, Reason
 from roomkeeper.calls import Calls
-from roomkeeper.config import read_gateway_settings, read_queue_settings
+from roomkeeper.config import read_gateway_settings, read_queue_settings, warn_once
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.history import HistoryEvent, RecoveryCode
 from roomkeeper.hooks import ReleaseHook, run_hook
@@ -101,6 +101,20 @@ def load_token(home: Path) -> str:
     return path.read_text().strip()
 
 
+def _journal_sync(env: Mapping[str, str]) -> str:
+    """ROOMKEEPER_JOURNAL_SYNCHRONOUS: FULL (default) or, to measure what it costs, NORMAL/OFF."""
+    value = env.get("ROOMKEEPER_JOURNAL_SYNCHRONOUS", "FULL").upper()
+    if value not in ("FULL", "NORMAL", "OFF"):
+        warn_once(
+            "ROOMKEEPER_JOURNAL_SYNCHRONOUS",
+            value,
+            f"ROOMKEEPER_JOURNAL_SYNCHRONOUS={value!r} is not usable: FULL, NORMAL or OFF; "
+            "using the default FULL",
+        )
+        return "FULL"
+    return value
+
+
 def _fsync_file(path: str) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
@@ -142,7 +156,7 @@ class Gateway:
         self.guard = Guard(env=self.env, reserve=self._gateway_reserve)
         # A gateway.json left behind means the previous run did not stop cleanly.
         crashed = (self.home / "gateway.json").exists()
-        self.journal = Journal(self.home / "journal.db")
+        self.journal = Journal(self.home / "journal.db", synchronous=_journal_sync(self.env))
         self.calls = Calls(self.journal)
         self.persistence_error: str | None = None
         self.leases = Leases(self.guard)
@@ -229,9 +243,9 @@ class Gateway:
 
         write.add_done_callback(done)
 
-    def _mark_launch(self, job_id: str) -> None:
-        """The durable pending marker, written before the spawn (scheduler thread)."""
-        write = self.journal.mark_pending("job", job_id, time.time())
+    def _mark_launch(self, view: JobView) -> None:
+        """The job's row and its pending marker, durable before the spawn (scheduler thread)."""
+        write = self.journal.record_job(view, mark_pending=True)
         self._watch(write)
         write.result()
 

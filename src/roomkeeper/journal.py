@@ -17,6 +17,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,12 +232,13 @@ class Journal:
                 future.set_exception(error)
 
     def record_job(
-        self, view: JobView, *, pid_started: float | None = None
+        self, view: JobView, *, pid_started: float | None = None, mark_pending: bool = False
     ) -> concurrent.futures.Future[None]:
         """Upsert the job's row and append its latest state change.
 
         A final state clears the job's pending marker in the same transaction:
-        only a persisted outcome retires it (seed 002: save first).
+        only a persisted outcome retires it (seed 002: save first).  With
+        ``mark_pending`` the marker is written with the row, before a launch.
         """
         row = (
             view.id,
@@ -270,7 +272,7 @@ class Journal:
                 "pid_started), resolution=NULL",
                 row,
             )
-            if last is not None:
+            if last is not None and not mark_pending:  # the launch marker adds no state change
                 conn.execute(
                     "INSERT INTO job_events VALUES (?,?,?,?)",
                     (
@@ -282,6 +284,10 @@ class Journal:
                 )
             if final:
                 conn.execute("DELETE FROM markers WHERE kind='job' AND id=?", (view.id,))
+            if mark_pending:
+                conn.execute(
+                    "INSERT OR REPLACE INTO markers VALUES ('job', ?, ?)", (view.id, time.time())
+                )
 
         return self.submit(write)
 

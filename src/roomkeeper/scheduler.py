@@ -149,7 +149,7 @@ class Scheduler:
         on_end: called for each job that ended, outside the lock and before the
             next launch round (a release hook runs before its slot is offered).
         on_refusal: called with the job id and the guard's refusal (every refused round).
-        before_launch: called with the job id just before its spawn, lock held; it
+        before_launch: called with the job's view just before its spawn, lock held; it
             writes the durable pending marker (seed 002: save first).  If it
             raises, the job is not started and ends as failed.
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
@@ -168,7 +168,7 @@ class Scheduler:
         on_change: Callable[[JobView], None] | None = None,
         on_end: Callable[[JobView], None] | None = None,
         on_refusal: Callable[[str, Decision], None] | None = None,
-        before_launch: Callable[[str], None] | None = None,
+        before_launch: Callable[[JobView], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
     ) -> None:
         self._logs_dir = Path(logs_dir)
@@ -196,6 +196,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._round = threading.Lock()  # one round at a time
+        self._flush_lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self._queues: dict[str, deque[_Job]] = {}  # owner -> waiting jobs, oldest first
         self._turn: deque[str] = deque()  # owner rotation: the next owner to serve is first
@@ -468,7 +469,7 @@ class Scheduler:
         try:
             if self._before_launch is not None:
                 try:
-                    self._before_launch(job.id)
+                    self._before_launch(self._view(job))
                 except Exception as err:
                     raise LaunchError(
                         job.id, f"not started: its pending marker could not be saved ({err})"
@@ -558,11 +559,13 @@ class Scheduler:
         self._changed.notify_all()
 
     def _flush_events(self) -> None:
-        with self._lock:
-            events, self._pending_events = self._pending_events, []
-        if self._on_change is not None:
-            for view in events:
-                self._on_change(view)
+        # One flusher at a time, so every job's changes reach on_change in order.
+        with self._flush_lock:
+            with self._lock:
+                events, self._pending_events = self._pending_events, []
+            if self._on_change is not None:
+                for view in events:
+                    self._on_change(view)
 
     def _view(self, job: _Job) -> JobView:
         return JobView(
