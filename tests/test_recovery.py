@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import sqlite3
 import subprocess
 import time
@@ -82,7 +81,7 @@ def test_work_in_flight_at_a_crash_is_uncertain_and_never_rerun_blindly(tmp_path
 
 
 def test_resolve_succeeded_settles_an_uncertain_job(tmp_path: Path) -> None:
-    """An uncertain job shows when it started and its last output; resolve --succeeded settles it."""
+    """An uncertain job shows its start and last output; resolve --succeeded settles it."""
     import os
     import sys
 
@@ -311,7 +310,7 @@ def tiny_disk(tmp_path: Path) -> Path:
 
 
 def test_a_full_disk_is_reported_never_presented_as_saved(tmp_path: Path, tiny_disk: Path) -> None:
-    """With the journal's disk full: 507, a log line, 'persistence failed', and /health still answers."""
+    """Journal's disk full: 507, a log line, 'persistence failed'; /health still answers."""
     home = tiny_disk / "home"
     with running_gateway(tmp_path, ROOMKEEPER_HOME=str(home)) as gw:
         ok = gw.client.post("/v1/jobs", json={"argv": ["true"]})
