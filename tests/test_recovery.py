@@ -69,6 +69,12 @@ def test_work_in_flight_at_a_crash_is_uncertain_and_never_rerun_blindly(tmp_path
         assert out.read_text().count("sh") == 1  # not re-run
         codes = [e["code"] for e in gw.client.get("/v1/history").json()]
         assert "crash_detected" in codes and "marked_uncertain" in codes
+        assert gw.client.get("/v1/needs-you").json()["headline"] == "uncertain work needs you"
+        feed = gw.anonymous.get("/v1/feed").json()
+        assert {"id": job_id, "state": "uncertain"}.items() <= next(
+            j for j in feed["jobs"] if j["id"] == job_id
+        ).items()
+        assert any(r["reason"] == "marked_uncertain" for r in feed["recoveries"])
         rerun = gw.client.post(f"/v1/jobs/{job_id}/resolve", json={"resolution": "rerun"})
         assert rerun.status_code == 200
         wait_state(gw, job_id, "running")
@@ -335,3 +341,11 @@ def test_a_full_disk_is_reported_never_presented_as_saved(tmp_path: Path, tiny_d
         assert gw.client.get("/v1/needs-you").json()["headline"] != "persistence failed"
     log_text = "".join(p.read_text() for p in tmp_path.glob("gateway-*.log"))
     assert "the journal could not save" in log_text
+
+
+def test_history_cap_follows_its_variable(tmp_path: Path) -> None:
+    """ROOMKEEPER_HISTORY_MAX_EVENTS sets how many recovery events a gateway keeps."""
+    for _ in range(3):
+        with running_gateway(tmp_path, ROOMKEEPER_HISTORY_MAX_EVENTS="2") as gw:
+            events = gw.client.get("/v1/history").json()
+    assert len(events) == 2

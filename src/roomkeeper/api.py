@@ -289,6 +289,14 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
         latest = gateway.samples[-1] if gateway.samples else gateway.sample()
         stats = gateway.scheduler.statistics()
         jobs = sorted(gateway.scheduler.jobs(), key=lambda v: v.submitted_at, reverse=True)[:50]
+        live = {v.id for v in jobs}
+        # Work in doubt from an earlier run lives only in the journal: show it too.
+        in_doubt = [
+            r
+            for state in (JobState.UNCERTAIN.value, JobState.DEFERRED.value)
+            for r in gateway.journal.jobs(state=state, limit=25)
+            if r.id not in live
+        ]
         return {
             "boot_id": gateway.boot_id,
             "uptime_s": gateway.uptime(),
@@ -332,6 +340,19 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
                     "ended_at": v.ended_at,
                 }
                 for v in jobs
+            ]
+            + [
+                {
+                    "id": r.id,
+                    "owner": r.owner,
+                    "state": r.state,
+                    "reason": None,
+                    "exit_code": r.exit_code,
+                    "submitted_at": r.submitted_at,
+                    "started_at": r.started_at,
+                    "ended_at": r.ended_at,
+                }
+                for r in in_doubt
             ],
             "refusals": [
                 {"at": at, "reason": reason, "summary": summary}

@@ -229,10 +229,11 @@ class GatewaySettings:
     port: int = 8765
     gateway_reserve_bytes: int = 256 * MIB
     shutdown_s: float = 10.0
+    history_max_events: int = 500
 
 
 def read_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettings:
-    """Read ROOMKEEPER_PORT, ROOMKEEPER_GATEWAY_RESERVE_MB and ROOMKEEPER_SHUTDOWN_S now."""
+    """Read ROOMKEEPER_PORT, _GATEWAY_RESERVE_MB, _SHUTDOWN_S and _HISTORY_MAX_EVENTS now."""
     env = os.environ if env is None else env
     d = GatewaySettings()
     return GatewaySettings(
@@ -246,5 +247,12 @@ def read_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettin
         ),
         shutdown_s=_variable(
             env, "ROOMKEEPER_SHUTDOWN_S", d.shutdown_s, _number(1, 3600), "seconds, 1 to 3600"
+        ),
+        history_max_events=_variable(
+            env,
+            "ROOMKEEPER_HISTORY_MAX_EVENTS",
+            d.history_max_events,
+            _integer(1, 100_000),
+            "an integer 1 to 100000",
         ),
     )

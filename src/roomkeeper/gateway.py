@@ -156,7 +156,11 @@ class Gateway:
         self.guard = Guard(env=self.env, reserve=self._gateway_reserve)
         # A gateway.json left behind means the previous run did not stop cleanly.
         crashed = (self.home / "gateway.json").exists()
-        self.journal = Journal(self.home / "journal.db", synchronous=_journal_sync(self.env))
+        self.journal = Journal(
+            self.home / "journal.db",
+            synchronous=_journal_sync(self.env),
+            history_max_events=read_gateway_settings(self.env).history_max_events,
+        )
         self.calls = Calls(self.journal)
         self.persistence_error: str | None = None
         self.leases = Leases(self.guard)
@@ -497,6 +501,16 @@ class Gateway:
             return {
                 "headline": "persistence failed",
                 "body": "the journal cannot save (the disk may be full); new work is refused",
+            }
+        doubt = self.journal.query(
+            "SELECT (SELECT count(*) FROM jobs WHERE state='uncertain') + "
+            "(SELECT count(*) FROM calls WHERE state='uncertain')"
+        )[0][0]
+        if doubt:
+            return {
+                "headline": "uncertain work needs you",
+                "body": f"{doubt} job(s) or call(s) were in flight when the gateway stopped; "
+                "resolve each as succeeded, failed or rerun",
             }
         decision = self.check()
         if decision.admit and self.scheduler.statistics().running:

@@ -155,12 +155,16 @@ class Journal:
 
     Args:
         path: the database file; its folder is created.
-        synchronous: ``FULL`` (default) or ``NORMAL``, for benchmarks that
-            measure what durability costs.
+        synchronous: ``FULL`` (default) or ``NORMAL``/``OFF``, for benchmarks
+            that measure what durability costs.
+        history_max_events: how many recovery events are kept (and 256 KiB).
     """
 
-    def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
+    def __init__(
+        self, path: str | Path, *, synchronous: str = "FULL", history_max_events: int = MAX_EVENTS
+    ) -> None:
         self.path = str(path)
+        self.history_max_events = history_max_events
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         Path(self.path).touch(mode=0o600, exist_ok=True)
         self._writer = _connect(self.path)
@@ -304,7 +308,7 @@ class Journal:
             conn.execute(
                 "DELETE FROM history WHERE rowid NOT IN "
                 "(SELECT rowid FROM history ORDER BY rowid DESC LIMIT ?)",
-                (MAX_EVENTS,),
+                (self.history_max_events,),
             )
             total = conn.execute("SELECT coalesce(sum(length(event)), 0) FROM history").fetchone()
             excess = int(total[0]) - MAX_BYTES
