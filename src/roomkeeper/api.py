@@ -590,7 +590,15 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
                 "refusals": stats.refusals,
             },
             "leases": gateway.leases.counts(),
-            "holds": ["shutting down"] if gateway.closing else [],
+            "holds": [
+                word
+                for word, on in (
+                    ("shutting down", gateway.closing),
+                    ("recovery mode", gateway.recovery_mode),
+                    ("relief", time.monotonic() < gateway.relief_until),
+                )
+                if on
+            ],
         }
 
     @app.get("/v1/needs-you", dependencies=auth)
@@ -600,8 +608,9 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
 
     @app.post("/v1/shutdown", dependencies=auth)
     async def shutdown() -> dict[str, str]:
-        """Stop the service (not a restart): the same path as SIGTERM."""
+        """Stop the service (not a restart): the same path as SIGTERM, through both layers."""
         gateway.closing = True  # stop admitting now, before connections drain
+        gateway.tell_supervisor("stop")  # an explicit stop is never taken for a crash
         if gateway.server is not None:
             gateway.server.should_exit = True
         else:
@@ -609,6 +618,25 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
         return {"state": "stopping"}
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+
+    @app.post("/v1/restart", dependencies=auth)
+    async def restart() -> JSONResponse:
+        """A fast restart by the supervisor (409 when the gateway runs alone)."""
+        if not gateway.tell_supervisor("restart"):
+            return JSONResponse(
+                {"detail": "no supervisor: restarts need `roomkeeper serve`"},
+                409,
+            )
+        gateway.closing = True
+        if gateway.server is not None:
+            gateway.server.should_exit = True
+        return JSONResponse({"state": "restarting"})
+
+    @app.post("/v1/repair", dependencies=auth)
+    async def repair() -> dict[str, Any]:
+        """Check responsiveness and headroom, then release held work gradually."""
+        return await gateway.repair()
+
     return app
 
 

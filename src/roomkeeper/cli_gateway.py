@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -47,85 +45,57 @@ def _port(value: int | None) -> int:
 )
 def serve(port: int | None, socket_path: str | None) -> None:
     """Run the gateway: HTTP API on loopback, the Health page, /metrics."""
-    import uvicorn
-
-    from roomkeeper.api import create_app
-    from roomkeeper.gateway import Gateway
-
     socket_path = socket_path or os.environ.get("ROOMKEEPER_SOCKET") or None
     chosen = _port(port)
-    if socket_path is None:
-        probe = socket.socket()
-        try:
-            probe.bind(("127.0.0.1", chosen))
-        except OSError as err:
-            if err.errno == errno.EADDRINUSE:
-                raise click.UsageError(
-                    f"port {chosen} on 127.0.0.1 is in use (another gateway?); "
-                    "choose another with --port or ROOMKEEPER_PORT"
-                ) from None
-            raise
-        finally:
-            probe.close()
+    _check_port_free(chosen, socket_path)
+    from roomkeeper.gateway_main import run_gateway
+
+    _run(lambda: run_gateway(chosen, socket_path))
+
+
+@main.command()
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=None, help="Loopback port; default 8765."
+)
+@click.option("--socket", "socket_path", default=None, help="Listen on this Unix socket instead.")
+def gateway(port: int | None, socket_path: str | None) -> None:
+    """Run the gateway alone, for development: no watchdog (use `serve` for that)."""
+    socket_path = socket_path or os.environ.get("ROOMKEEPER_SOCKET") or None
+    chosen = _port(port)
+    from roomkeeper.gateway_main import run_gateway
+    from roomkeeper.ipc import ENV_FD
+
+    if not os.environ.get(ENV_FD):
+        _check_port_free(chosen, socket_path)
+        click.echo(
+            "roomkeeper gateway: running alone, with no watchdog (roomkeeper serve adds one)",
+            err=True,
+        )
+    _run(lambda: run_gateway(chosen, socket_path))
+
+
+def _run(start: Any) -> None:
     try:
-        gateway = Gateway()
+        start()
     except UsageError as err:
         raise click.UsageError(str(err)) from None
-    app = create_app(gateway, port=None if socket_path else chosen, socket=socket_path)
-    shutdown_s = read_gateway_settings().shutdown_s
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=chosen,
-        uds=socket_path,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        # Open streams may hold the door for a third of the deadline, no more.
-        timeout_graceful_shutdown=max(1, int(shutdown_s / 3)),
-    )
-    server = _server_class()(config)
-    server.gateway = gateway
-    gateway.server = server
-    where = socket_path or f"http://127.0.0.1:{chosen}"
-    click.echo(
-        f"roomkeeper gateway on {where} (Health page at /); journal in {gateway.home}", err=True
-    )
-    server.run()
 
 
-def _server_class() -> type[Any]:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, but SIGTERM and SIGINT end in exit status 0.
-
-        uvicorn re-raises a captured signal after its graceful shutdown; for us
-        the signal *is* the request to stop, and our one shutdown path has run,
-        so the process ends normally (a supervisor must not see a crash).
-        """
-
-        gateway: Any = None
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.gateway is not None:
-                self.gateway.closing = True  # stop admitting at once
-            super().handle_exit(sig, frame)
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            handled = (signal.SIGINT, signal.SIGTERM)
-            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
-            try:
-                yield
-            finally:
-                for sig, handler in original.items():
-                    signal.signal(sig, handler)
-
-    return Server
+def _check_port_free(port: int, socket_path: str | None) -> None:
+    if socket_path is not None:
+        return
+    probe = socket.socket()
+    try:
+        probe.bind(("127.0.0.1", port))
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise click.UsageError(
+                f"port {port} on 127.0.0.1 is in use (another gateway?); "
+                "choose another with --port or ROOMKEEPER_PORT"
+            ) from None
+        raise
+    finally:
+        probe.close()
 
 
 def _console() -> Console:
@@ -338,3 +308,29 @@ def history() -> None:
         numbers = ", ".join(f"{k} {v:g}" for k, v in e["numbers"].items())
         table.add_row(when, e["code"], numbers)
     _console().print(table)
+
+
+@main.command()
+def stop() -> None:
+    """Stop the gateway (and its supervisor): not a crash, so nothing restarts it."""
+    with _client() as client:
+        _check(client.post("/v1/shutdown"))
+    click.echo("roomkeeper: stopping")
+
+
+@main.command()
+def restart() -> None:
+    """Ask the supervisor for a fast restart of the gateway."""
+    with _client() as client:
+        _check(client.post("/v1/restart"))
+    click.echo("roomkeeper: restarting")
+
+
+@main.command()
+def repair() -> None:
+    """Leave recovery mode once the gateway is stably responsive and has headroom."""
+    with _client() as client:
+        answer = _check(client.post("/v1/repair", timeout=30))
+    click.echo(("repaired: " if answer["repaired"] else "not repaired: ") + answer["why"])
+    if not answer["repaired"]:
+        sys.exit(1)

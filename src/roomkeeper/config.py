@@ -256,3 +256,78 @@ def read_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettin
             "an integer 1 to 100000",
         ),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class WatchdogSettings:
+    """The supervisor's stages, in seconds (seed 002), and the restart cooldown."""
+
+    start_s: float = 120.0
+    heartbeat_s: float = 30.0
+    relief_s: float = 20.0
+    shutdown_s: float = 15.0
+    restart_cooldown_s: float = 900.0
+
+
+def read_watchdog_settings(env: Mapping[str, str] | None = None) -> WatchdogSettings:
+    """Read ROOMKEEPER_WATCHDOG_START/_HEARTBEAT/_RELIEF/_SHUTDOWN and _RESTART_COOLDOWN now."""
+    env = os.environ if env is None else env
+    d = WatchdogSettings()
+    seconds = _number(0.1, 86400)
+    rule = "seconds, 0.1 to 86400"
+    return WatchdogSettings(
+        start_s=_variable(env, "ROOMKEEPER_WATCHDOG_START", d.start_s, seconds, rule),
+        heartbeat_s=_variable(env, "ROOMKEEPER_WATCHDOG_HEARTBEAT", d.heartbeat_s, seconds, rule),
+        relief_s=_variable(env, "ROOMKEEPER_WATCHDOG_RELIEF", d.relief_s, seconds, rule),
+        shutdown_s=_variable(env, "ROOMKEEPER_WATCHDOG_SHUTDOWN", d.shutdown_s, seconds, rule),
+        restart_cooldown_s=_variable(
+            env,
+            "ROOMKEEPER_RESTART_COOLDOWN",
+            d.restart_cooldown_s,
+            _number(0, 86400 * 7),
+            "seconds >= 0",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WatchdogSettings:
+    """The supervisor's stages and restart pacing (seed 002), in seconds.
+
+    ``backoff_s`` and ``backoff_max_s`` (ROOMKEEPER_RESTART_BACKOFF_S and
+    ROOMKEEPER_RESTART_BACKOFF_MAX_S, 1 and 60) exist so tests can shrink the
+    backoff; nobody needs to set them in production.
+    """
+
+    start_s: float = 120.0
+    heartbeat_s: float = 30.0
+    relief_s: float = 20.0
+    shutdown_s: float = 15.0
+    cooldown_s: float = 900.0
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+
+
+def read_watchdog_settings(env: Mapping[str, str] | None = None) -> WatchdogSettings:
+    """Read ROOMKEEPER_WATCHDOG_START/_HEARTBEAT/_RELIEF/_SHUTDOWN and the restart pacing now.
+
+    Args:
+        env: the environment to read; ``os.environ`` when omitted.
+    """
+    env = os.environ if env is None else env
+    d = WatchdogSettings()
+    stage = _number(0.1, 86_400)
+    rule = "seconds, 0.1 to 86400"
+    return WatchdogSettings(
+        start_s=_variable(env, "ROOMKEEPER_WATCHDOG_START", d.start_s, stage, rule),
+        heartbeat_s=_variable(env, "ROOMKEEPER_WATCHDOG_HEARTBEAT", d.heartbeat_s, stage, rule),
+        relief_s=_variable(env, "ROOMKEEPER_WATCHDOG_RELIEF", d.relief_s, stage, rule),
+        shutdown_s=_variable(env, "ROOMKEEPER_WATCHDOG_SHUTDOWN", d.shutdown_s, stage, rule),
+        cooldown_s=_variable(
+            env, "ROOMKEEPER_RESTART_COOLDOWN", d.cooldown_s, _SECONDS, "a number of seconds >= 0"
+        ),
+        backoff_s=_variable(env, "ROOMKEEPER_RESTART_BACKOFF_S", d.backoff_s, stage, rule),
+        backoff_max_s=_variable(
+            env, "ROOMKEEPER_RESTART_BACKOFF_MAX_S", d.backoff_max_s, stage, rule
+        ),
+    )

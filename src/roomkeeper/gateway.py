@@ -20,11 +20,12 @@ import json
 import logging
 import os
 import secrets
+import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +33,22 @@ import psutil
 
 from roomkeeper.admission import Decision, Guard, Reason
 from roomkeeper.calls import Calls
-from roomkeeper.config import read_gateway_settings, read_queue_settings, warn_once
+from roomkeeper.config import (
+    read_gateway_settings,
+    read_queue_settings,
+    read_watchdog_settings,
+    warn_once,
+)
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.history import HistoryEvent, RecoveryCode
 from roomkeeper.hooks import ReleaseHook, run_hook
+from roomkeeper.ipc import CAPABILITIES, PROTOCOL, Channel
 from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import Journal
 from roomkeeper.leases import Leases, LeaseState, LeaseView, guard_key
 from roomkeeper.paths import home_dir, workspace_dir
 from roomkeeper.recovery import recover
-from roomkeeper.scheduler import Scheduler, cpu_pressure_percent
+from roomkeeper.scheduler import Limits, Scheduler, cpu_pressure_percent
 
 log = logging.getLogger("roomkeeper")
 
@@ -50,6 +57,9 @@ SAMPLES_KEPT = 300  # ten minutes at one sample every two seconds
 LEASE_CHECK_EVERY_S = 0.5
 LEASE_RETRY_S = 0.25
 RESUME_CHECK_S = 0.5
+RELIEF_HOLD_S = 60.0  # launches held after the supervisor asks for relief
+REPAIR_PROBES = 3  # consecutive healthy self-probes before a repair
+REPAIR_PROBE_GAP_S = 0.5
 MIN_TOKEN_CHARS = 32
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 
@@ -139,8 +149,20 @@ class Gateway:
         env: the variables to read; ``os.environ`` when omitted.
     """
 
-    def __init__(self, *, home: Path | None = None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        home: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        channel: Channel | None = None,
+    ) -> None:
         self.env = os.environ if env is None else env
+        self.channel = channel  # to the supervisor; None when run alone
+        self.recovery_mode = False  # the supervisor's latch: automatic work is held
+        self.releasing = False  # after a repair: one job at a time until the queue drains
+        self.relief_until = 0.0  # monotonic: launches held after a relief request
+        self._listen_port: int | None = None
+        self._listen_socket: str | None = None
         self.home = home or home_dir(self.env)
         self.workspace = workspace_dir(self.env)
         token_path = (self.home / "token").resolve()
@@ -175,6 +197,7 @@ class Gateway:
         self.scheduler = Scheduler(
             logs_dir=self.home / "logs",
             guard=self.guard,
+            limits=self._limits,
             on_change=self._job_changed,
             on_end=self._job_ended,
             on_refusal=self._job_refused,
@@ -191,6 +214,75 @@ class Gateway:
         self.recovery = recover(self.journal, crashed=crashed)
 
     # ---------------------------------------------------------------- setup
+
+    def _limits(self) -> Limits:
+        """The seed's bounds from the variables, with the gateway's holds on top."""
+        limits = Limits.from_settings(read_queue_settings(self.env))
+        if self.recovery_mode or time.monotonic() < self.relief_until:
+            return replace(limits, hold=True)
+        if self.releasing:  # after a repair, held work goes out one job at a time
+            if not self.scheduler.statistics().waiting:
+                self.releasing = False
+            return replace(limits, max_running=1)
+        return limits
+
+    def shutdown_deadline(self) -> float:
+        """min(ROOMKEEPER_SHUTDOWN_S, 2/3 of ROOMKEEPER_WATCHDOG_SHUTDOWN), under a supervisor."""
+        own = read_gateway_settings(self.env).shutdown_s
+        if self.channel is None:
+            return own
+        return min(own, read_watchdog_settings(self.env).shutdown_s * 2 / 3)
+
+    # ----------------------------------------------------------- supervisor
+
+    def relief(self) -> str | None:
+        """Hold launches for a while and stop the newest managed tree, keeping its output."""
+        self.relief_until = time.monotonic() + RELIEF_HOLD_S
+        running = [v for v in self.scheduler.jobs() if v.state is JobState.RUNNING]
+        if not running:
+            return None
+        newest = max(running, key=lambda v: v.started_at or 0)
+        self.scheduler.cancel(newest.id)
+        log.warning(
+            "relief requested: launches held for %.0f s, job %s stopped", RELIEF_HOLD_S, newest.id
+        )
+        return newest.id
+
+    def _listen(self) -> None:
+        """The supervisor's messages (a thread); its loss means: shut down."""
+        assert self.channel is not None
+        for message in self.channel.messages():
+            if message["type"] == "relief":
+                self.relief()
+            elif message["type"] == "recovery_mode":
+                self.recovery_mode = bool(message.get("on"))
+                log.warning(
+                    "recovery mode %s",
+                    "on: automatic work is held" if self.recovery_mode else "off",
+                )
+        if not self.closing:
+            log.error("the supervisor is gone: shutting down")
+            self.closing = True
+            if self.server is not None:
+                self.server.should_exit = True
+
+    async def _heartbeat_loop(self, url: str, transport: Any) -> None:
+        """Probe our own GET /health over HTTP; only a real, fast, own answer is a heartbeat."""
+        import httpx
+
+        interval = min(read_watchdog_settings(self.env).heartbeat_s / 3, 5.0)
+        async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+            while not self.closing:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    answer = await client.get(url)
+                    if answer.status_code == 200 and answer.json().get("boot_id") == self.boot_id:
+                        assert self.channel is not None
+                        self.channel.send("heartbeat", boot_id=self.boot_id, at=time.time())
+                await asyncio.sleep(interval)
+
+    def tell_supervisor(self, kind: str, **fields: Any) -> bool:
+        """Send one message to the supervisor; False when there is none."""
+        return self.channel is not None and self.channel.send(kind, **fields)
 
     def _gateway_reserve(self) -> int:
         return read_gateway_settings(self.env).gateway_reserve_bytes
@@ -220,14 +312,66 @@ class Gateway:
                 guard_key(lease.id), lease.memory_bytes or 0, age_s=now - lease.granted_at
             )
 
+    def health_probe(self) -> tuple[str, Any]:
+        """Where our own GET /health is, as (url, httpx async transport)."""
+        import httpx
+
+        if self._listen_socket is not None:
+            return "http://gateway/health", httpx.AsyncHTTPTransport(uds=self._listen_socket)
+        return f"http://127.0.0.1:{self._listen_port}/health", httpx.AsyncHTTPTransport()
+
+    async def repair(self, probes: int = REPAIR_PROBES) -> dict[str, Any]:
+        """Check stable responsiveness and headroom; then clear the latch and release work gently.
+
+        Nothing is reset: no data, no token.  Held work goes out one job at a time.
+        """
+        import httpx
+
+        url, transport = self.health_probe()
+        async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+            for n in range(probes):
+                try:
+                    answer = await client.get(url)
+                    healthy = (
+                        answer.status_code == 200 and answer.json().get("boot_id") == self.boot_id
+                    )
+                except (httpx.HTTPError, ValueError):
+                    healthy = False
+                if not healthy:
+                    return {"repaired": False, "why": f"health probe {n + 1} of {probes} failed"}
+                await asyncio.sleep(REPAIR_PROBE_GAP_S)
+        decision = await asyncio.to_thread(self.check)
+        if not decision.admit:
+            return {"repaired": False, "why": f"no headroom: {decision.summary}"}
+        self.recovery_mode = False
+        self.releasing = True
+        self.relief_until = 0.0
+        self.tell_supervisor("repaired")
+        self._watch(
+            self.journal.record_history(HistoryEvent(time.time(), RecoveryCode.REPAIRED, {}))
+        )
+        return {"repaired": True, "why": f"{probes} healthy probes in a row and room for a job"}
+
     async def start(self, *, port: int | None = None, socket: str | None = None) -> None:
         """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""
+        self._listen_port, self._listen_socket = port, socket
         self.scheduler.start()
         self._tasks = [
             asyncio.create_task(self._sample_loop()),
             asyncio.create_task(self._lease_loop()),
             asyncio.create_task(self._resume_loop()),
         ]
+        if self.channel is not None:
+            self.channel.send(
+                "hello",
+                protocol=PROTOCOL,
+                capabilities=list(CAPABILITIES),
+                boot_id=self.boot_id,
+                pid=os.getpid(),
+            )
+            threading.Thread(target=self._listen, name="supervisor-channel", daemon=True).start()
+            url, transport = self.health_probe()
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop(url, transport)))
         info = {"pid": os.getpid(), "boot_id": self.boot_id, "port": port, "socket": socket}
         (self.home / "gateway.json").write_text(json.dumps(info))
 
@@ -430,8 +574,8 @@ class Gateway:
 
     def resume_next(self) -> str | None:
         """Resume the oldest deferred job if none is resuming now (one at a time)."""
-        if self.closing or self.persistence_error is not None:
-            return None
+        if self.closing or self.persistence_error is not None or self.recovery_mode:
+            return None  # recovery mode holds automatic resumption
         if self._resuming is not None:
             with contextlib.suppress(UnknownJobError):
                 if not self.scheduler.get(self._resuming).state.final:
@@ -502,6 +646,12 @@ class Gateway:
                 "headline": "persistence failed",
                 "body": "the journal cannot save (the disk may be full); new work is refused",
             }
+        if self.recovery_mode:
+            return {
+                "headline": "recovery mode",
+                "body": "the gateway restarted too often: queued jobs, deferred work and "
+                "automatic resumption are held until roomkeeper repair",
+            }
         doubt = self.journal.query(
             "SELECT (SELECT count(*) FROM jobs WHERE state='uncertain') + "
             "(SELECT count(*) FROM calls WHERE state='uncertain')"
@@ -536,7 +686,7 @@ class Gateway:
             if self._shut:
                 return
             self._shut = True
-            deadline = read_gateway_settings(self.env).shutdown_s
+            deadline = self.shutdown_deadline()
             try:
                 await asyncio.wait_for(self._shutdown_steps(deadline), timeout=deadline)
             except TimeoutError:

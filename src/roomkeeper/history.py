@@ -33,6 +33,7 @@ class RecoveryCode(enum.Enum):
     ORPHANS_STOPPED = "orphans_stopped"  # managed trees of an earlier run, stopped at start
     RESOLVED = "resolved"  # a person or client resolved uncertain work
     WRITE_FAILED = "write_failed"  # the journal could not save (disk full, I/O error)
+    REPAIRED = "repaired"  # a repair passed its checks: the restart budget is cleared
 
 
 # Numbers only, by name: resource evidence and counts.

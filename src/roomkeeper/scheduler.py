@@ -73,6 +73,7 @@ class Limits:
     max_running_per_owner: int | None
     cpu_pressure_percent: float
     worker_nice: int
+    hold: bool = False  # launch nothing (relief, recovery mode); waiting jobs say "held"
 
     @classmethod
     def from_settings(cls, s: QueueSettings) -> Limits:
@@ -425,6 +426,8 @@ class Scheduler:
 
     def _next_candidate(self, limits: Limits) -> tuple[_Job | None, Reason]:
         """The head of the next owner in turn that may launch, or why none may."""
+        if limits.hold:
+            return None, Reason.HELD
         if len(self._running) >= limits.max_running:
             return None, Reason.SLOTS
         blocked = Reason.QUEUED

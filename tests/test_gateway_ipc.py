@@ -1,0 +1,236 @@
+"""The gateway's side of the supervisor's channel, driven by a test acting as the supervisor."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.gateways import free_port, gateway_env
+
+pytestmark = pytest.mark.kernel
+
+
+@dataclass
+class Supervised:
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+    client: httpx.Client
+    buffer: bytes = b""
+
+    def next_message(self, kind: str, timeout: float = 15) -> dict:  # type: ignore[type-arg]
+        """Read messages until one of ``kind`` arrives."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if message["type"] == kind:
+                    return message  # type: ignore[no-any-return]
+            self.sock.settimeout(max(0.05, deadline - time.monotonic()))
+            with contextlib.suppress(TimeoutError):
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    break
+                self.buffer += chunk
+        raise AssertionError(f"no {kind!r} message within {timeout} s")
+
+    def send(self, kind: str, **fields: object) -> None:
+        self.sock.sendall(json.dumps({"type": kind, **fields}).encode() + b"\n")
+
+
+@pytest.fixture
+def supervised(tmp_path: Path) -> Iterator[Supervised]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    port = free_port()
+    env = gateway_env(
+        tmp_path, ROOMKEEPER_IPC_FD=str(theirs.fileno()), ROOMKEEPER_WATCHDOG_HEARTBEAT="1.5"
+    )
+    log = (tmp_path / "gateway.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "roomkeeper", "gateway", "--port", str(port)],
+        env=env,
+        pass_fds=[theirs.fileno()],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    theirs.close()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        token = (tmp_path / "home" / "token").read_text().strip()
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}
+        ) as client:
+            yield Supervised(proc, ours, client)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        ours.close()
+        log.close()
+
+
+def test_hello_then_heartbeats_that_carry_the_real_boot_id(supervised: Supervised) -> None:
+    """The channel opens with a versioned hello; heartbeats follow real /health probes."""
+    hello = supervised.next_message("hello")
+    assert hello["protocol"] == 1 and "heartbeat" in hello["capabilities"]
+    boot_id = supervised.client.get("/health").json()["boot_id"]
+    assert hello["boot_id"] == boot_id
+    first = supervised.next_message("heartbeat")
+    second = supervised.next_message("heartbeat")
+    assert first["boot_id"] == second["boot_id"] == boot_id
+    assert second["at"] - first["at"] <= 1.5  # at most a third of the heartbeat timeout apart
+
+
+def test_no_heartbeat_while_the_gateway_cannot_answer(supervised: Supervised) -> None:
+    """A stopped gateway sends no heartbeat: they come from its answers, not a side thread."""
+    supervised.next_message("heartbeat")
+    supervised.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.2)
+        supervised.buffer = b""
+        supervised.sock.settimeout(0.01)
+        with contextlib.suppress(TimeoutError, BlockingIOError):
+            while supervised.sock.recv(65536):
+                pass
+        with pytest.raises(AssertionError):
+            supervised.next_message("heartbeat", timeout=2.5)
+    finally:
+        supervised.proc.send_signal(signal.SIGCONT)
+    supervised.next_message("heartbeat")
+
+
+def test_relief_holds_launches_and_stops_the_newest_tree(supervised: Supervised) -> None:
+    """On relief the newest managed tree is stopped (its output kept) and launches are held."""
+    older = supervised.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
+    time.sleep(0.3)
+    newer = supervised.client.post(
+        "/v1/jobs", json={"argv": ["sh", "-c", "echo kept; sleep 60"], "owner": "b"}
+    ).json()["id"]
+    for _ in range(100):
+        if supervised.client.get(f"/v1/jobs/{newer}").json()["state"] == "running":
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)
+    supervised.send("relief")
+    for _ in range(100):
+        if supervised.client.get(f"/v1/jobs/{newer}").json()["state"] == "stopped":
+            break
+        time.sleep(0.05)
+    assert supervised.client.get(f"/v1/jobs/{newer}").json()["state"] == "stopped"
+    assert supervised.client.get(f"/v1/jobs/{older}").json()["state"] == "running"
+    assert supervised.client.get(f"/v1/jobs/{newer}/output").text == "kept\n"
+    held = supervised.client.post("/v1/jobs", json={"argv": ["true"], "owner": "c"}).json()["id"]
+    time.sleep(1.0)
+    job = supervised.client.get(f"/v1/jobs/{held}").json()
+    assert (job["state"], job["reason"]) == ("waiting", "held")
+    assert "relief" in supervised.client.get("/v1/status").json()["holds"]
+
+
+def test_recovery_mode_holds_work_until_a_repair(supervised: Supervised) -> None:
+    """Recovery mode holds queued jobs and says so; a repair checks, clears and releases gently."""
+    supervised.next_message("hello")
+    supervised.send("recovery_mode", on=True)
+    time.sleep(0.3)
+    assert supervised.client.get("/v1/needs-you").json()["headline"] == "recovery mode"
+    ids = [
+        supervised.client.post("/v1/jobs", json={"argv": ["sleep", "0.5"]}).json()["id"]
+        for _ in range(2)
+    ]
+    time.sleep(1.0)
+    assert {supervised.client.get(f"/v1/jobs/{i}").json()["reason"] for i in ids} == {"held"}
+    assert supervised.client.get("/v1/status").status_code == 200  # status still served
+    answer = supervised.client.post("/v1/repair", timeout=30).json()
+    assert answer["repaired"] is True, answer
+    supervised.next_message("repaired")
+    running_at_once = 0
+    for _ in range(100):
+        states = [supervised.client.get(f"/v1/jobs/{i}").json()["state"] for i in ids]
+        running_at_once = max(running_at_once, states.count("running"))
+        if states == ["exited", "exited"]:
+            break
+        time.sleep(0.05)
+    assert states == ["exited", "exited"] and running_at_once == 1  # one at a time
+    assert supervised.client.get("/v1/needs-you").json()["headline"] != "recovery mode"
+
+
+def test_explicit_stop_and_restart_are_announced(tmp_path: Path, supervised: Supervised) -> None:
+    """POST /v1/restart tells the supervisor 'restart' and exits; a stop says 'stop'."""
+    supervised.next_message("hello")
+    assert supervised.client.post("/v1/restart").json() == {"state": "restarting"}
+    supervised.next_message("restart")
+    assert supervised.proc.wait(timeout=20) == 0
+
+
+def test_shutdown_says_stop_to_the_supervisor(supervised: Supervised) -> None:
+    """POST /v1/shutdown sends 'stop' first, so the supervisor never takes it for a crash."""
+    supervised.next_message("hello")
+    supervised.client.post("/v1/shutdown")
+    supervised.next_message("stop")
+    assert supervised.proc.wait(timeout=20) == 0
+
+
+def test_losing_the_supervisor_shuts_the_gateway_down_with_its_trees(
+    supervised: Supervised,
+) -> None:
+    """End of file on the channel runs the shutdown path: the gateway and its jobs are gone."""
+    job = supervised.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
+    for _ in range(100):
+        if supervised.client.get(f"/v1/jobs/{job}").json()["state"] == "running":
+            break
+        time.sleep(0.05)
+    trees = [p.pid for p in psutil.Process(supervised.proc.pid).children(recursive=True)]
+    supervised.sock.close()
+    assert supervised.proc.wait(timeout=20) == 0
+    time.sleep(0.3)
+    alive = [p for p in trees if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert alive == []
+
+
+def test_gateway_alone_says_it_has_no_watchdog(tmp_path: Path) -> None:
+    """`roomkeeper gateway` without a supervisor says that it runs with no watchdog."""
+    port = free_port()
+    env = gateway_env(tmp_path)
+    env.pop("ROOMKEEPER_IPC_FD", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "roomkeeper", "gateway", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        for _ in range(300):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            time.sleep(0.05)
+        token = (tmp_path / "home" / "token").read_text().strip()
+        restart = httpx.post(
+            f"http://127.0.0.1:{port}/v1/restart", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert restart.status_code == 409
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert b"no watchdog" in err
