@@ -260,38 +260,6 @@ def read_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettin
 
 @dataclass(frozen=True, slots=True)
 class WatchdogSettings:
-    """The supervisor's stages, in seconds (seed 002), and the restart cooldown."""
-
-    start_s: float = 120.0
-    heartbeat_s: float = 30.0
-    relief_s: float = 20.0
-    shutdown_s: float = 15.0
-    restart_cooldown_s: float = 900.0
-
-
-def read_watchdog_settings(env: Mapping[str, str] | None = None) -> WatchdogSettings:
-    """Read ROOMKEEPER_WATCHDOG_START/_HEARTBEAT/_RELIEF/_SHUTDOWN and _RESTART_COOLDOWN now."""
-    env = os.environ if env is None else env
-    d = WatchdogSettings()
-    seconds = _number(0.1, 86400)
-    rule = "seconds, 0.1 to 86400"
-    return WatchdogSettings(
-        start_s=_variable(env, "ROOMKEEPER_WATCHDOG_START", d.start_s, seconds, rule),
-        heartbeat_s=_variable(env, "ROOMKEEPER_WATCHDOG_HEARTBEAT", d.heartbeat_s, seconds, rule),
-        relief_s=_variable(env, "ROOMKEEPER_WATCHDOG_RELIEF", d.relief_s, seconds, rule),
-        shutdown_s=_variable(env, "ROOMKEEPER_WATCHDOG_SHUTDOWN", d.shutdown_s, seconds, rule),
-        restart_cooldown_s=_variable(
-            env,
-            "ROOMKEEPER_RESTART_COOLDOWN",
-            d.restart_cooldown_s,
-            _number(0, 86400 * 7),
-            "seconds >= 0",
-        ),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class WatchdogSettings:
     """The supervisor's stages and restart pacing (seed 002), in seconds.
 
     ``backoff_s`` and ``backoff_max_s`` (ROOMKEEPER_RESTART_BACKOFF_S and
