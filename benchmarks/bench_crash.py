@@ -27,63 +27,38 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.gateways
 
-from tests.gateways import kill_whole_tree, running_gateway
-from tests.test_crash import ENV, raw_state, submitter
+from tests.gateways import running_gateway
+from tests.test_crash import crash_cycle
 
 
 def crash_cycles(kills: int) -> None:
     rng = random.Random(7)
-    violations = 0
+    violations: list[str] = []
+    uncertain = 0
     with tempfile.TemporaryDirectory() as tmp:
         home_dir = Path(tmp)
         out = home_dir / "appends"
         out.touch()
         accepted: dict[str, tuple[str, bool]] = {}
-        uncertain_seen = 0
         start = time.monotonic()
         for n in range(1, kills + 1):
-            with running_gateway(home_dir, **ENV) as gw:
-                stop = threading.Event()
-                thread = threading.Thread(target=submitter, args=(gw, out, rng, accepted, stop))
-                thread.start()
-                time.sleep(rng.uniform(0.3, 1.5))
-                kill_whole_tree(gw)
-                stop.set()
-                thread.join(10)
-            states, markers = raw_state(home_dir / "home")
-            violations += sum(1 for i, s in states.items() if s == "running" and i not in markers)
-            violations += sum(
-                1 for i in markers if states.get(i) not in ("running", "waiting", "uncertain")
-            )
-            running_at_kill = {i for i, s in states.items() if s == "running"}
-            with running_gateway(home_dir, **ENV) as gw:
-                for job_id in accepted:
-                    if gw.client.get(f"/v1/jobs/{job_id}").status_code != 200:
-                        violations += 1
-                for job_id in running_at_kill:
-                    state = gw.client.get(f"/v1/jobs/{job_id}").json()["state"]
-                    resumable = accepted.get(job_id, ("", False))[1]
-                    ok = {"uncertain"} | (
-                        {"deferred", "waiting", "running", "exited"} if resumable else set()
-                    )
-                    violations += state not in ok
-                    uncertain_seen += state == "uncertain"
-                kill_whole_tree(gw)
-            counts: dict[str, int] = {}
-            for line in out.read_text().split():
-                counts[line] = counts.get(line, 0) + 1
-            violations += sum(1 for t, r in accepted.values() if not r and counts.get(t, 0) > 1)
+            broken, seen = crash_cycle(home_dir, out, rng, accepted)
+            violations += broken
+            uncertain += seen
             if n % 20 == 0:
                 print(
-                    f"  {n} kills: {len(accepted)} jobs acknowledged, {violations} violations, "
-                    f"{uncertain_seen} uncertain, {time.monotonic() - start:.0f} s",
+                    f"  {n} kills: {len(accepted)} jobs acknowledged, "
+                    f"{len(violations)} violations, "
+                    f"{uncertain} uncertain, {time.monotonic() - start:.0f} s",
                     flush=True,
                 )
         print(
             f"crash: {kills} kills (+{kills} kills of the restarted gateway), "
-            f"{len(accepted)} jobs acknowledged, {violations} invariant violations",
+            f"{len(accepted)} jobs acknowledged, {len(violations)} invariant violations",
             flush=True,
         )
+        for line in violations[:20]:
+            print(f"  violation: {line}")
 
 
 def throughput(sync: str, jobs: int) -> float:

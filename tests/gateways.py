@@ -87,14 +87,19 @@ def running_gateway(
         ):
             yield RunningGateway(proc, url, home, client, anonymous)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         log.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a process we started, then SIGKILL it if it has not gone in 20 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def kill_whole_tree(gw: RunningGateway) -> list[int]:

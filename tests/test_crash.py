@@ -51,6 +51,63 @@ def raw_state(home: Path) -> tuple[dict[str, str], set[str]]:
     return states, markers
 
 
+def crash_cycle(
+    home_dir: Path, out: Path, rng: random.Random, accepted: dict[str, tuple[str, bool]]
+) -> tuple[list[str], int]:
+    """One kill of a working gateway, a restart, a kill of that; the broken promises, if any.
+
+    Returns:
+        (violations described in words, how many jobs were uncertain after the restart)
+    """
+    violations: list[str] = []
+    with running_gateway(home_dir, **ENV) as gw:
+        stop = threading.Event()
+        thread = threading.Thread(target=submitter, args=(gw, out, rng, accepted, stop))
+        thread.start()
+        time.sleep(rng.uniform(0.3, 1.5))
+        kill_whole_tree(gw)
+        stop.set()
+        thread.join(10)
+    states, markers = raw_state(home_dir / "home")
+    # Only a persisted outcome clears a marker: a job still "running" keeps it.
+    violations += [
+        f"{i} running without a marker"
+        for i, s in states.items()
+        if s == "running" and i not in markers
+    ]
+    # A marker belongs to work launched and not settled: running, or uncertain from before.
+    violations += [
+        f"marker of {i} ({states.get(i)})"
+        for i in markers
+        if states.get(i) not in ("running", "waiting", "uncertain")
+    ]
+    running_at_kill = {i for i, s in states.items() if s == "running"}
+    uncertain = 0
+    with running_gateway(home_dir, **ENV) as gw:
+        for job_id in accepted:
+            if gw.client.get(f"/v1/jobs/{job_id}").status_code != 200:
+                violations.append(f"acknowledged job {job_id} lost")
+        for job_id in running_at_kill:
+            state = gw.client.get(f"/v1/jobs/{job_id}").json()["state"]
+            resumable = accepted.get(job_id, ("", False))[1]
+            allowed = {"uncertain"} | (
+                {"deferred", "waiting", "running", "exited"} if resumable else set()
+            )
+            if state not in allowed:
+                violations.append(f"{job_id} running at the kill is {state}")
+            uncertain += state == "uncertain"
+        kill_whole_tree(gw)  # the restart's own kill: recovery must hold twice over
+    counts: dict[str, int] = {}
+    for line in out.read_text().split():
+        counts[line] = counts.get(line, 0) + 1
+    violations += [
+        f"{t} ran twice"
+        for t, resumable in accepted.values()
+        if not resumable and counts.get(t, 0) > 1
+    ]
+    return violations, uncertain
+
+
 def test_random_kills_never_lose_or_blindly_replay_work(tmp_path: Path) -> None:
     """After each of 20 kills: all acknowledged jobs found, no cleared marker without an outcome,
     no non-resumable job run twice, and everything running at the kill uncertain or settled."""
@@ -59,35 +116,6 @@ def test_random_kills_never_lose_or_blindly_replay_work(tmp_path: Path) -> None:
     out.touch()
     accepted: dict[str, tuple[str, bool]] = {}
     for _ in range(KILLS):
-        with running_gateway(tmp_path, **ENV) as gw:
-            stop = threading.Event()
-            thread = threading.Thread(target=submitter, args=(gw, out, rng, accepted, stop))
-            thread.start()
-            time.sleep(rng.uniform(0.3, 1.5))
-            kill_whole_tree(gw)
-            stop.set()
-            thread.join(10)
-        states, markers = raw_state(tmp_path / "home")
-        # Only a persisted outcome clears a marker: a job still "running" keeps it.
-        assert not [i for i, s in states.items() if s == "running" and i not in markers]
-        # A marker belongs to work launched and not settled: running, or uncertain from before.
-        assert not [i for i in markers if states.get(i) not in ("running", "waiting", "uncertain")]
-        running_at_kill = {i for i, s in states.items() if s == "running"}
-        with running_gateway(tmp_path, **ENV) as gw:
-            found = {j["id"]: j for j in gw.client.get("/v1/jobs").json()}
-            for job_id in accepted:
-                assert job_id in found or gw.client.get(f"/v1/jobs/{job_id}").status_code == 200
-            for job_id in running_at_kill:
-                state = gw.client.get(f"/v1/jobs/{job_id}").json()["state"]
-                resumable = accepted.get(job_id, ("", False))[1]
-                allowed = {"uncertain"} | (
-                    {"deferred", "waiting", "running", "exited"} if resumable else set()
-                )
-                assert state in allowed, (job_id, state)
-            kill_whole_tree(gw)  # the restart's own kill: recovery must hold twice over
-        counts: dict[str, int] = {}
-        for line in out.read_text().split():
-            counts[line] = counts.get(line, 0) + 1
-        twice = [t for t, resumable in accepted.values() if not resumable and counts.get(t, 0) > 1]
-        assert twice == [], f"non-resumable jobs ran twice: {twice}"
+        violations, _ = crash_cycle(tmp_path, out, rng, accepted)
+        assert violations == []
     assert len(accepted) >= KILLS  # the workload really ran

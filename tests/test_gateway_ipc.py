@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.gateways import free_port, gateway_env
+from tests.gateways import free_port, gateway_env, stop_process
 
 pytestmark = pytest.mark.kernel
 
@@ -80,13 +80,7 @@ def supervised(tmp_path: Path) -> Iterator[Supervised]:
         ) as client:
             yield Supervised(proc, ours, client)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         ours.close()
         log.close()
 
