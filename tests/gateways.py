@@ -60,7 +60,7 @@ def running_gateway(
     env = gateway_env(tmp, **extra)
     log = (tmp / f"gateway-{port}.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "roomkeeper", "serve", "--port", str(port)],
+        [sys.executable, "-m", "roomkeeper", "gateway", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

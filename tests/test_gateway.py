@@ -309,7 +309,7 @@ def test_workspace_holding_the_token_is_refused(tmp_path: Path) -> None:
     """A workspace that contains ROOMKEEPER_HOME's token is a usage error, not a start."""
     env = gateway_env(tmp_path, ROOMKEEPER_WORKSPACE=str(tmp_path))
     result = subprocess.run(
-        [sys.executable, "-m", "roomkeeper", "serve", "--port", "0"],
+        [sys.executable, "-m", "roomkeeper", "gateway", "--port", "0"],
         env=env,
         capture_output=True,
         text=True,

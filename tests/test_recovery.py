@@ -331,6 +331,10 @@ def test_a_full_disk_is_reported_never_presented_as_saved(tmp_path: Path, tiny_d
             if refused.status_code != 201:
                 break
         assert refused is not None and refused.status_code == 507, refused.text
+        acknowledged = [r.json()["id"] for r in [ok] if r.status_code == 201]
+        with db(home) as conn:  # every 201 is a saved row; the refused job is not running
+            saved = {row[0] for row in conn.execute("SELECT id FROM jobs")}
+        assert set(acknowledged) <= saved
         assert "not saved" in refused.json()["detail"]
         assert gw.client.get("/v1/needs-you").json()["headline"] == "persistence failed"
         assert gw.anonymous.get("/health").status_code == 200
@@ -349,3 +353,33 @@ def test_history_cap_follows_its_variable(tmp_path: Path) -> None:
         with running_gateway(tmp_path, ROOMKEEPER_HISTORY_MAX_EVENTS="2") as gw:
             events = gw.client.get("/v1/history").json()
     assert len(events) == 2
+
+
+def test_a_cancel_answered_is_a_cancel_saved(tmp_path: Path) -> None:
+    """Cancel and stop are durable when answered: a crash right after never re-runs the work."""
+    with running_gateway(
+        tmp_path, ROOMKEEPER_MAX_RUNNING="1", ROOMKEEPER_MAX_RUNNING_PER_OWNER="1"
+    ) as gw:
+        running = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"], "resumable": True})
+        waiting = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"], "resumable": True})
+        run_id, wait_id = running.json()["id"], waiting.json()["id"]
+        wait_state(gw, run_id, "running")
+        assert gw.client.delete(f"/v1/jobs/{wait_id}").json()["state"] == "cancelled"
+        gw.client.delete(f"/v1/jobs/{run_id}")
+        kill_whole_tree(gw)  # at once: no time to reap the stopped tree
+    with running_gateway(tmp_path) as gw:
+        time.sleep(1.0)
+        assert gw.client.get(f"/v1/jobs/{wait_id}").json()["state"] == "cancelled"
+        assert gw.client.get(f"/v1/jobs/{run_id}").json()["state"] == "stopped"
+
+
+def test_queued_work_survives_an_orderly_restart(tmp_path: Path) -> None:
+    """Jobs still queued when the gateway is stopped (SIGTERM) are deferred and run after it."""
+    with running_gateway(
+        tmp_path, ROOMKEEPER_MAX_RUNNING="1", ROOMKEEPER_MAX_RUNNING_PER_OWNER="1"
+    ) as gw:
+        gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]})
+        queued = gw.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
+        wait_state(gw, queued, "waiting")
+    with running_gateway(tmp_path) as gw:
+        assert wait_state(gw, queued, "exited")["state"] == "exited"

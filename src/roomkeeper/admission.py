@@ -67,6 +67,7 @@ class Reason(enum.Enum):
     SLOTS = "slots"  # ROOMKEEPER_MAX_RUNNING jobs are running
     OWNER_SLOTS = "owner_slots"  # this owner runs ROOMKEEPER_MAX_RUNNING_PER_OWNER jobs
     QUEUED = "queued"  # not judged yet: its turn has not come
+    SHUTDOWN = "shutdown"  # ended by an orderly shutdown, not by a person
     HELD = "held"  # launches are held (relief, recovery mode): a person or time releases them
     QUEUE_FULL = "queue_full"  # submission refused: ROOMKEEPER_MAX_WAITING jobs wait
     OWNER_QUEUE_FULL = "owner_queue_full"  # submission refused: the owner's queue is full

@@ -256,6 +256,12 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     async def not_saved(request: Request, err: PersistenceError) -> JSONResponse:
         return JSONResponse({"detail": str(err)}, 507)
 
+    @app.exception_handler(sqlite3.Error)
+    async def journal_error(request: Request, err: sqlite3.Error) -> JSONResponse:
+        # A journal that cannot save is reported as such, never as a success or a 500.
+        gateway.persistence_error = str(err)
+        return JSONResponse({"detail": f"not saved: the journal could not write ({err})"}, 507)
+
     @app.exception_handler(CallStateError)
     async def call_state(request: Request, err: CallStateError) -> JSONResponse:
         return JSONResponse({"detail": str(err)}, 409)
@@ -353,6 +359,19 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
                     "ended_at": r.ended_at,
                 }
                 for r in in_doubt
+            ]
+            + [
+                {
+                    "id": c.id,
+                    "owner": c.owner,
+                    "state": c.state.value,
+                    "reason": None,
+                    "exit_code": None,
+                    "submitted_at": c.created_at,
+                    "started_at": c.created_at,
+                    "ended_at": None,
+                }
+                for c in gateway.calls.list(state="uncertain")[:25]
             ],
             "refusals": [
                 {"at": at, "reason": reason, "summary": summary}
@@ -446,8 +465,8 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
 
     @app.delete("/v1/jobs/{job_id}", dependencies=auth)
     def cancel_job(job_id: Id) -> dict[str, Any]:
-        """Cancel a waiting job or stop a running one's whole tree."""
-        return job_json(gateway.scheduler.cancel(job_id))
+        """Cancel a waiting job or stop a running one's whole tree (saved before it is answered)."""
+        return job_json(gateway.cancel_job(job_id))
 
     @app.post("/v1/jobs/{job_id}/resolve", dependencies=auth)
     def resolve_job(job_id: Id, body: ResolveIn) -> dict[str, Any]:

@@ -124,7 +124,11 @@ class Calls:
                 + ("; resolve it instead" if call.state is CallState.UNCERTAIN else "")
             )
         state = CallState.SUCCEEDED if succeeded else CallState.FAILED
-        self._settle(call_id, state, numbers, error, only_from=CallState.PENDING)
+        if not self._settle(call_id, state, numbers, error, only_from=(CallState.PENDING,)):
+            raise CallStateError(
+                f"call {call_id!r} changed while its result arrived (cancelled?): "
+                "the result cannot retire its pending marker"
+            )
         return self.get(call_id)
 
     def cancel(self, call_id: str) -> CallView:
@@ -144,8 +148,17 @@ class Calls:
             CallStateError: the call is not uncertain.
         """
         call = self.get(call_id)
-        if call.state is not CallState.UNCERTAIN:
-            raise CallStateError(f"call {call_id!r} is {call.state.value}, not uncertain")
+        settleable = (
+            CallState.UNCERTAIN,
+            CallState.CANCELLED,
+        )  # a cancelled call's effect is unknown too
+        if call.state not in settleable or (
+            resolution == "rerun" and call.state is not CallState.UNCERTAIN
+        ):
+            raise CallStateError(
+                f"call {call_id!r} is {call.state.value}: only uncertain calls can be rerun, "
+                "and uncertain or cancelled ones settled"
+            )
         if resolution == "rerun":  # pending again, under a fresh marker
             now = time.time()
 
@@ -158,7 +171,8 @@ class Calls:
             self._journal.submit(write).result()
         else:
             state = CallState.SUCCEEDED if resolution == "succeeded" else CallState.FAILED
-            self._settle(call_id, state, None, None, only_from=CallState.UNCERTAIN)
+            if not self._settle(call_id, state, None, None, only_from=settleable):
+                raise CallStateError(f"call {call_id!r} changed while it was being resolved")
         return self.get(call_id)
 
     def _settle(
@@ -168,19 +182,23 @@ class Calls:
         numbers: Mapping[str, float] | None,
         error: str | None,
         *,
-        only_from: CallState,
-    ) -> None:
+        only_from: tuple[CallState, ...],
+    ) -> bool:
+        """Save the outcome and clear the marker in one transaction; False if the state moved."""
         numbers_json = json.dumps(dict(numbers or {}))
+        allowed = [s.value for s in only_from]
 
-        def write(conn: sqlite3.Connection) -> None:
+        def write(conn: sqlite3.Connection) -> bool:
             changed = conn.execute(
-                "UPDATE calls SET state=?, ended_at=?, numbers=?, error=? WHERE id=? AND state=?",
-                (state.value, time.time(), numbers_json, error, call_id, only_from.value),
+                "UPDATE calls SET state=?, ended_at=?, numbers=?, error=? "
+                f"WHERE id=? AND state IN ({','.join('?' * len(allowed))})",
+                (state.value, time.time(), numbers_json, error, call_id, *allowed),
             ).rowcount
             if changed:  # the outcome is saved in this same transaction
                 conn.execute("DELETE FROM markers WHERE kind='call' AND id=?", (call_id,))
+            return bool(changed)
 
-        self._journal.submit(write).result()
+        return self._journal.submit(write).result()
 
     def get(self, call_id: str) -> CallView:
         """One call.

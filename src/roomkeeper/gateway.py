@@ -47,7 +47,7 @@ from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import Journal
 from roomkeeper.leases import Leases, LeaseState, LeaseView, guard_key
 from roomkeeper.paths import home_dir, workspace_dir
-from roomkeeper.recovery import recover
+from roomkeeper.recovery import RecoveryReport, recover
 from roomkeeper.scheduler import Limits, Scheduler, cpu_pressure_percent
 
 log = logging.getLogger("roomkeeper")
@@ -57,6 +57,8 @@ SAMPLES_KEPT = 300  # ten minutes at one sample every two seconds
 LEASE_CHECK_EVERY_S = 0.5
 LEASE_RETRY_S = 0.25
 RESUME_CHECK_S = 0.5
+STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
+MARKER_TIMEOUT_S = 30.0
 RELIEF_HOLD_S = 60.0  # launches held after the supervisor asks for relief
 REPAIR_PROBES = 3  # consecutive healthy self-probes before a repair
 REPAIR_PROBE_GAP_S = 0.5
@@ -176,8 +178,12 @@ class Gateway:
         self.boot_id = uuid.uuid4().hex
         self.started = time.monotonic()
         self.guard = Guard(env=self.env, reserve=self._gateway_reserve)
-        # A gateway.json left behind means the previous run did not stop cleanly.
-        crashed = (self.home / "gateway.json").exists()
+        # A gateway.json left behind means the previous run did not stop cleanly;
+        # its pid names the job cgroups that run may have left.
+        crashed, previous_pid = False, None
+        with contextlib.suppress(OSError, ValueError):
+            previous_pid = int(json.loads((self.home / "gateway.json").read_text())["pid"])
+            crashed = True
         self.journal = Journal(
             self.home / "journal.db",
             synchronous=_journal_sync(self.env),
@@ -211,7 +217,14 @@ class Gateway:
         self._resuming: str | None = None  # the deferred job resumed now (one at a time)
         self._restore_leases()
         # Orphans stopped and interrupted work settled before anything new launches.
-        self.recovery = recover(self.journal, crashed=crashed)
+        try:
+            self.recovery: RecoveryReport | None = recover(
+                self.journal, crashed=crashed, previous_pid=previous_pid
+            )
+        except Exception as err:  # e.g. a full disk: report it and keep serving
+            log.error("start-up recovery could not be saved: %s", err)
+            self.persistence_error = str(err)
+            self.recovery = None
 
     # ---------------------------------------------------------------- setup
 
@@ -395,7 +408,7 @@ class Gateway:
         """The job's row and its pending marker, durable before the spawn (scheduler thread)."""
         write = self.journal.record_job(view, mark_pending=True)
         self._watch(write)
-        write.result()
+        write.result(timeout=MARKER_TIMEOUT_S)  # a stuck disk fails the launch, not the scheduler
 
     def _job_changed(self, view: JobView) -> None:
         pid_started = None
@@ -410,7 +423,12 @@ class Gateway:
         job_id = view.id
 
         def forget(done: concurrent.futures.Future[None]) -> None:
-            if self._writes.get(job_id) is done:
+            # A failed write is kept: submit_job must see it and answer 507.
+            if (
+                self._writes.get(job_id) is done
+                and not done.cancelled()
+                and done.exception() is None
+            ):
                 self._writes.pop(job_id, None)
 
         write.add_done_callback(forget)
@@ -461,8 +479,11 @@ class Gateway:
 
     def _record_lease(self, lease: LeaseView) -> concurrent.futures.Future[None]:
         release = json.dumps(lease.release.to_json()) if lease.release else None
-        self.journal.execute(
-            "INSERT INTO lease_events VALUES (?,?,?)", (lease.id, lease.state.value, time.time())
+        self._watch(
+            self.journal.execute(
+                "INSERT INTO lease_events VALUES (?,?,?)",
+                (lease.id, lease.state.value, time.time()),
+            )
         )
         return self.journal.execute(
             "INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
@@ -572,6 +593,23 @@ class Gateway:
             resumable=resumable,
         )
 
+    def cancel_job(self, job_id: str) -> JobView:
+        """Cancel or stop a job; the request is durable before it is acknowledged or signalled.
+
+        A crash right after the answer must not turn a person's cancel into a
+        deferred job that runs again.
+        """
+        view = self.scheduler.get(job_id)
+        if not view.state.final:
+            self.journal.execute(
+                "UPDATE jobs SET reason=? WHERE id=?", (STOP_REQUESTED, job_id)
+            ).result()
+        view = self.scheduler.cancel(job_id)
+        write = self._writes.get(job_id)
+        if write is not None and view.state.final:
+            write.result(timeout=MARKER_TIMEOUT_S)
+        return view
+
     def resume_next(self) -> str | None:
         """Resume the oldest deferred job if none is resuming now (one at a time)."""
         if self.closing or self.persistence_error is not None or self.recovery_mode:
@@ -610,14 +648,24 @@ class Gateway:
                 self.spec_from_row(row.spec, row.owner, row.resumable), job_id=job_id
             )
         else:
-            self.journal.execute(
-                "UPDATE jobs SET state='resolved', resolution=?, ended_at=? WHERE id=?",
-                (resolution, now, job_id),
-            ).result()
-            self.journal.execute(
-                "INSERT INTO job_events VALUES (?,?,?,?)", (job_id, "resolved", None, now)
-            ).result()
-        self.journal.record_history(HistoryEvent(now, RecoveryCode.RESOLVED, {"jobs": 1})).result()
+
+            def settle(conn: Any) -> None:
+                changed = conn.execute(
+                    "UPDATE jobs SET state='resolved', resolution=? "
+                    "WHERE id=? AND state='uncertain'",
+                    (resolution, job_id),
+                ).rowcount
+                if not changed:
+                    raise UsageError(f"job {job_id!r} is no longer uncertain", name="state")
+                conn.execute(
+                    "INSERT INTO job_events VALUES (?,?,?,?)", (job_id, "resolved", None, now)
+                )
+                conn.execute("DELETE FROM markers WHERE kind='job' AND id=?", (job_id,))
+
+            self.journal.submit(settle).result()
+        self._watch(
+            self.journal.record_history(HistoryEvent(now, RecoveryCode.RESOLVED, {"jobs": 1}))
+        )
         return resolution
 
     async def _resume_loop(self) -> None:

@@ -188,20 +188,29 @@ class Journal:
 
     def _write_loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            batch = [item]
-            while len(batch) < _GROUP_MAX:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._queue.put(None)  # finish this batch, then stop
-                    break
-                batch.append(more)
-            self._commit(batch)
+            try:
+                if not self._write_round():
+                    return
+            except Exception:  # the writer must outlive any one bad round
+                log.exception("the journal writer failed a round; it carries on")
+
+    def _write_round(self) -> bool:
+        """Commit one batch; False once the journal is closing."""
+        item = self._queue.get()
+        if item is None:
+            return False
+        batch = [item]
+        while len(batch) < _GROUP_MAX:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                self._queue.put(None)  # finish this batch, then stop
+                break
+            batch.append(more)
+        self._commit(batch)
+        return True
 
     def _commit(
         self,
@@ -227,13 +236,10 @@ class Journal:
                 conn.execute("ROLLBACK")
             log.error("journal write failed: %s", err)
             for _, future in batch:
-                future.set_exception(err)
+                _settle(future, None, err)
             return
         for future, value, error in results:
-            if error is None:
-                future.set_result(value)
-            else:
-                future.set_exception(error)
+            _settle(future, value, error)
 
     def record_job(
         self, view: JobView, *, pid_started: float | None = None, mark_pending: bool = False
@@ -388,6 +394,23 @@ class Journal:
         self._queue.put(None)
         self._thread.join()
         self._writer.close()
+
+
+def _settle(
+    future: concurrent.futures.Future[Any], value: Any, error: BaseException | None
+) -> None:
+    """Resolve a caller's future; one whose caller gave up (cancelled) is left alone.
+
+    The write itself has happened either way: a caller that stopped waiting
+    does not undo it, and must not break the writer thread.
+    """
+    if future.cancelled():
+        return
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
 
 
 def _job_row(r: sqlite3.Row) -> JobRow:

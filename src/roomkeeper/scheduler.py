@@ -119,6 +119,7 @@ class _Job:
     peak_bytes: int | None = None
     error: str | None = None
     stop_cause: JobState | None = None
+    stop_reason: Reason | None = None
     history: list[Transition] = field(default_factory=list)
 
 
@@ -372,7 +373,7 @@ class Scheduler:
                 os.close(job.pidfd)
                 job.pidfd = -1
             self._guard.release(job.id)
-            self._finish(job, job.stop_cause or JobState.EXITED, None)
+            self._finish(job, job.stop_cause or JobState.EXITED, job.stop_reason)
         return ended
 
     def _close_handles(self, handles: list[Handle]) -> None:
@@ -632,12 +633,15 @@ class Scheduler:
             self._closed = True
             self._closing = True
             handles = self._reap()  # a job that already ended is not "stopped"
+            # Reason "shutdown": an orderly stop, not a person's cancel (recovery may defer it).
             for queue in self._queues.values():
                 for job in list(queue):
                     queue.remove(job)
-                    self._finish(job, JobState.CANCELLED, None)
+                    self._finish(job, JobState.CANCELLED, Reason.SHUTDOWN)
             self._stop_grace = self._stop_grace if grace is None else grace
             for job in self._running.values():
+                if job.stop_cause is None:
+                    job.stop_reason = Reason.SHUTDOWN
                 self._begin_stop(job, JobState.STOPPED)
             stoppers = list(self._stoppers)
         self._wake()
