@@ -44,13 +44,17 @@ def _port(value: int | None) -> int:
     help="Listen on this Unix socket instead (ROOMKEEPER_SOCKET).",
 )
 def serve(port: int | None, socket_path: str | None) -> None:
-    """Run the gateway: HTTP API on loopback, the Health page, /metrics."""
+    """Run the gateway under its supervisor: HTTP API on loopback, the Health page, /metrics.
+
+    The supervisor starts ``roomkeeper gateway`` as its child, watches its
+    heartbeats, recovers in stages and restarts it within a budget.
+    """
     socket_path = socket_path or os.environ.get("ROOMKEEPER_SOCKET") or None
     chosen = _port(port)
     _check_port_free(chosen, socket_path)
-    from roomkeeper.gateway_main import run_gateway
+    from roomkeeper.supervisor import run_supervisor
 
-    _run(lambda: run_gateway(chosen, socket_path))
+    sys.exit(run_supervisor(chosen, socket_path))
 
 
 @main.command()
@@ -65,6 +69,12 @@ def gateway(port: int | None, socket_path: str | None) -> None:
     from roomkeeper.gateway_main import run_gateway
     from roomkeeper.ipc import ENV_FD
 
+    if os.environ.get("ROOMKEEPER_SUPERVISE") == "1" and not os.environ.get(ENV_FD):
+        # A service manager still starts the bare gateway: take on supervision, once.
+        from roomkeeper.supervisor import adopt
+
+        _check_port_free(chosen, socket_path)
+        sys.exit(adopt(chosen, socket_path))
     if not os.environ.get(ENV_FD):
         _check_port_free(chosen, socket_path)
         click.echo(
@@ -247,6 +257,12 @@ def jobs(owner: str | None, state: str | None) -> None:
             time.strftime("%H:%M:%S", time.localtime(j["started_at"])) if j["started_at"] else ""
         )
         table.add_row(j["id"], j["owner"], j["state"], detail, started, " ".join(j["argv"]))
+    if state in (None, "uncertain"):
+        with _client() as client:
+            calls = _check(client.get("/v1/calls", params={"state": "uncertain"}))
+        for c in calls:
+            started = time.strftime("%H:%M:%S", time.localtime(c["created_at"]))
+            table.add_row(c["id"], c["owner"], "uncertain", f"call {c['kind']}", started, "")
     _console().print(table)
 
 
@@ -284,11 +300,14 @@ def cancel(job_id: str) -> None:
 @click.option("--failed", "resolution", flag_value="failed", help="It did not.")
 @click.option("--rerun", "resolution", flag_value="rerun", help="Run it again now.")
 def resolve(job_id: str, resolution: str | None) -> None:
-    """Settle an uncertain job (in flight at a crash): --succeeded, --failed or --rerun."""
+    """Settle an uncertain job or call (in flight at a crash): --succeeded, --failed or --rerun."""
     if resolution is None:
         raise click.UsageError("say how it ended: --succeeded, --failed or --rerun")
     with _client() as client:
-        job = _check(client.post(f"/v1/jobs/{job_id}/resolve", json={"resolution": resolution}))
+        answer = client.post(f"/v1/jobs/{job_id}/resolve", json={"resolution": resolution})
+        if answer.status_code == 404:  # not a job: a registered call
+            answer = client.post(f"/v1/calls/{job_id}/resolve", json={"resolution": resolution})
+        job = _check(answer)
     click.echo(
         f"job {job['id']}: {job['state']}"
         + (f" ({job.get('resolution')})" if job.get("resolution") else "")

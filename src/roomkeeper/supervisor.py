@@ -1,0 +1,604 @@
+"""The supervisor: runs the gateway as its child and watches it from outside (seed 002).
+
+``roomkeeper serve`` is this small process.  The gateway is its child,
+``python -m roomkeeper gateway --port P`` (a command line that names it, not
+a bare fork), started in its own session with one end of a socketpair
+(:mod:`roomkeeper.ipc`, ROOMKEEPER_IPC_FD).  Its own session keeps it out of
+the supervisor's way: Ctrl-C on a terminal reaches only the supervisor, which
+stops the gateway in order.  If the supervisor dies, even by SIGKILL, the
+gateway reads end-of-file on the channel and runs its shutdown path.
+
+The watchdog's stages (ROOMKEEPER_WATCHDOG_*, defaults 120/30/20/15 s):
+after the start grace, no healthy heartbeat for HEARTBEAT s -> ``relief``;
+still none RELIEF s later -> SIGTERM; SHUTDOWN s later -> SIGKILL to the
+gateway's whole tree (its descendants collected by pid before the kill);
+then a restart, paced by :mod:`roomkeeper.restarts`.  Only missing healthy
+heartbeats move the stages: resource pressure never does.
+
+Decisions the issue left open:
+
+* A hello without the ``heartbeat`` capability (an older release) gets crash
+  supervision only.  A gateway that says *no hello at all* within the start
+  grace is taken for a hung start and goes through the stages: every
+  release with a ``gateway`` command speaks the channel, and its hello is
+  its first message, so silence is not an old release.
+* A gateway that said ``stop`` or ``restart`` is on its way out: it gets
+  SHUTDOWN s to exit before its tree is killed, and a stop is still a stop.
+* An exit with status 0 that nobody asked for counts as a failure.
+* A second SIGTERM/SIGINT while stopping kills the gateway's tree at once.
+* Under systemd, WATCHDOG=1 goes with every healthy heartbeat and also
+  while the supervisor itself keeps time (start grace, backoff, cooldown), so
+  systemd's watchdog fires only when the supervisor is stuck or staged
+  recovery overruns; READY=1 also comes with a cooldown, so a start never
+  hangs on a spent budget.
+* As PID 1 (a container's init) the supervisor reaps the orphans handed to it.
+
+Every stage is a log line on stderr and a JSON line in
+``ROOMKEEPER_HOME/recovery/supervisor.log`` (``at`` wall clock, ``mono``
+monotonic, ``event``, ``gen`` = the launch number, and codes and numbers
+only), so the stages can be read in order with their timestamps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from roomkeeper.config import WatchdogSettings, read_watchdog_settings
+from roomkeeper.ipc import ENV_FD, Channel, pair
+from roomkeeper.paths import home_dir
+from roomkeeper.restarts import STATE_NAME, Backoff, RestartBudget, RestartReason
+from roomkeeper.sdnotify import NOTIFY_VARIABLES, Notifier
+
+log = logging.getLogger("roomkeeper")
+
+EVENT_LOG = "supervisor.log"
+EVENT_LOG_MAX_BYTES = 1024 * 1024
+COMMAND_VARIABLE = "ROOMKEEPER_GATEWAY_COMMAND"  # tests: run this instead of the gateway
+MAX_WAIT_S = 1.0
+DRAIN_S = 1.0  # after the gateway exits, how long its last messages may take to arrive
+
+
+class Stage(enum.Enum):
+    """Where one gateway stands with the watchdog."""
+
+    STARTING = "starting"  # in the start grace, no healthy heartbeat yet
+    HEALTHY = "healthy"
+    RELIEF = "relief"  # heartbeats missing: relief was asked for
+    TERMINATING = "terminating"  # SIGTERM sent, or the gateway is leaving on its own
+    KILLED = "killed"  # SIGKILL sent to its whole tree
+    CRASH_ONLY = "crash_only"  # no heartbeat capability: crash supervision only
+
+
+class Action(enum.Enum):
+    """What the watchdog asks the supervisor to do now."""
+
+    RELIEF = "relief"
+    SIGTERM = "sigterm"
+    SIGKILL = "sigkill"
+
+
+@dataclass
+class Watchdog:
+    """The stages for one gateway process, on an injected clock (no I/O here).
+
+    Args:
+        settings: the stage durations.
+        started: when the gateway was launched (monotonic).
+    """
+
+    settings: WatchdogSettings
+    started: float
+    stage: Stage = Stage.STARTING
+    stage_at: float = field(init=False)
+    last_healthy: float | None = None
+    healthy_since: float | None = None
+    escalated: bool = False  # the watchdog itself went past relief
+    longest_healthy: float = 0.0  # the longest unbroken healthy run that has ended
+
+    def __post_init__(self) -> None:
+        self.stage_at = self.started
+
+    def _enter(self, stage: Stage, now: float) -> None:
+        self.stage, self.stage_at = stage, now
+
+    def hello(self, capabilities: Collection[str], now: float) -> None:
+        """The gateway said hello; without ``heartbeat`` it is never killed for silence."""
+        if "heartbeat" not in capabilities and self.stage is Stage.STARTING:
+            self._enter(Stage.CRASH_ONLY, now)
+            self.healthy_since = now
+
+    def heartbeat(self, now: float) -> bool:
+        """A healthy heartbeat; True when it ends the start grace or a relief stage."""
+        if self.stage not in (Stage.STARTING, Stage.HEALTHY, Stage.RELIEF):
+            return False  # too late: SIGTERM was sent, or it is leaving
+        self.last_healthy = now
+        if self.stage is Stage.HEALTHY:
+            return False
+        self._enter(Stage.HEALTHY, now)
+        self.healthy_since = now
+        return True
+
+    def leaving(self, now: float) -> None:
+        """The gateway is on its way out (asked to stop or restart, or sent SIGTERM by us)."""
+        if self.stage is not Stage.KILLED:
+            self._enter(Stage.TERMINATING, now)
+
+    def due(self) -> float | None:
+        """When :meth:`tick` next has something to do (None: never)."""
+        s = self.settings
+        if self.stage in (Stage.STARTING, Stage.HEALTHY):
+            last = self.started if self.last_healthy is None else self.last_healthy
+            return max(self.started + s.start_s, last + s.heartbeat_s)
+        if self.stage is Stage.RELIEF:
+            return self.stage_at + s.relief_s
+        if self.stage is Stage.TERMINATING:
+            return self.stage_at + s.shutdown_s
+        return None
+
+    def tick(self, now: float) -> Action | None:
+        """The next stage, if its time has come."""
+        due = self.due()
+        if due is None or now < due:
+            return None
+        if self.stage in (Stage.STARTING, Stage.HEALTHY):
+            if self.healthy_since is not None and self.last_healthy is not None:
+                run = self.last_healthy - self.healthy_since  # healthy until its last heartbeat
+                self.longest_healthy = max(self.longest_healthy, run)
+            self._enter(Stage.RELIEF, now)
+            self.healthy_since = None
+            return Action.RELIEF
+        if self.stage is Stage.RELIEF:
+            self._enter(Stage.TERMINATING, now)
+            self.escalated = True
+            return Action.SIGTERM
+        self._enter(Stage.KILLED, now)
+        return Action.SIGKILL
+
+    def healthy_for(self, now: float) -> float:
+        """Its longest unbroken healthy run so far (the backoff starts over after 10 minutes)."""
+        current = 0.0 if self.healthy_since is None else now - self.healthy_since
+        return max(self.longest_healthy, current)
+
+
+def kill_tree(root: psutil.Process) -> int:
+    """SIGKILL ``root`` and all its descendants, collected by pid first; how many were signalled.
+
+    The tree is frozen (SIGSTOP) before it is killed and collected once more,
+    so a process forked while we looked is not missed.  ``root`` carries its
+    start time, so a reused pid is never signalled.
+    """
+    procs: dict[int, psutil.Process] = {}
+
+    def collect(proc: psutil.Process) -> None:
+        with contextlib.suppress(psutil.Error):
+            for p in [proc, *proc.children(recursive=True)]:
+                procs.setdefault(p.pid, p)
+
+    collect(root)
+    for p in list(procs.values()):
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGSTOP)
+    for p in list(procs.values()):
+        collect(p)
+    for p in procs.values():
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGKILL)
+    return len(procs)
+
+
+class EventLog:
+    """Stages as JSON lines (``ROOMKEEPER_HOME/recovery/supervisor.log``) and as log lines."""
+
+    def __init__(self, path: Path | None, clock: Callable[[], float]) -> None:
+        self.path = path
+        self.clock = clock
+
+    def __call__(self, event: str, message: str | None = None, **fields: Any) -> None:
+        """Record ``event``; ``message``, when given, also goes to stderr."""
+        if message is not None:
+            log.warning("supervisor: %s", message)
+        if self.path is None:
+            return
+        line = json.dumps({"at": time.time(), "mono": self.clock(), "event": event, **fields})
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self.path.exists() and self.path.stat().st_size > EVENT_LOG_MAX_BYTES:
+                os.replace(self.path, self.path.with_suffix(".log.1"))
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "a") as f:
+                f.write(line + "\n")
+
+
+def read_events(home: Path) -> list[dict[str, Any]]:
+    """The supervisor's recorded events, oldest first (for tests and the curious)."""
+    path = home / "recovery" / EVENT_LOG
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def gateway_command(
+    port: int, socket_path: str | None, env: Mapping[str, str] | None = None
+) -> list[str]:
+    """The child's command: ``python -m roomkeeper gateway`` (or ROOMKEEPER_GATEWAY_COMMAND)."""
+    env = os.environ if env is None else env
+    injected = env.get(COMMAND_VARIABLE)
+    if injected:
+        return [str(part) for part in json.loads(injected)]
+    where = ["--socket", socket_path] if socket_path else ["--port", str(port)]
+    return [sys.executable, "-m", "roomkeeper", "gateway", *where]
+
+
+@dataclass
+class _Child:
+    gen: int
+    proc: subprocess.Popen[bytes]
+    channel: Channel
+    watchdog: Watchdog
+    root: psutil.Process | None
+    boot_id: str | None = None
+    capabilities: frozenset[str] = frozenset()
+    stop_said: bool = False
+    restart_said: bool = False
+    exit_code: int | None = None
+    eof: bool = False
+
+
+class Supervisor:
+    """Launches the gateway, watches its heartbeats, restarts it within the budget.
+
+    Args:
+        command: the gateway's command line.
+        env: the variables to read, and the base of the child's environment.
+        reason: why the first launch happens; by default what the state file says the next
+            launch was for (a replaced supervisor's), else START.
+        clock: a monotonic clock.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        reason: RestartReason | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.command = list(command)
+        self.env = dict(os.environ if env is None else env)
+        self.home = home_dir(self.env)
+        self.clock = clock
+        self.budget = RestartBudget(self.home / "recovery" / STATE_NAME)
+        self.backoff = Backoff()
+        self.record = EventLog(self.home / "recovery" / EVENT_LOG, clock)
+        self.notifier = Notifier(self.env)
+        # A supervisor that replaces another keeps the reason its launch was for.
+        self.reason = reason or self.budget.state.next_reason or RestartReason.START
+        self.stopping = False
+        self._events: queue.SimpleQueue[tuple[str, int, Any]] = queue.SimpleQueue()
+        self._generation = 0
+        self._last_ping = -1e18
+        self._persistence_reported: str | None = None
+
+    def settings(self) -> WatchdogSettings:
+        """The stages and pacing, read now."""
+        return read_watchdog_settings(self.env)
+
+    # --------------------------------------------------------------- the loop
+
+    def run(self) -> int:
+        """Supervise until an explicit stop; the exit status (0)."""
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        self.record("supervisor_started", pid=os.getpid(), reason=self.reason.value)
+        try:
+            reason = self.reason
+            left = self.budget.cooldown_left(self.settings().cooldown_s)
+            if left > 0:
+                self.record("cooldown", f"restart budget spent: no launch for {left:.0f} s", s=left)
+                self.notifier.ready(f"cooldown: no launch for {left:.0f} s")
+            while not self.stopping and self._pause(left):
+                child = self._launch(reason)
+                next_step = self._watch(child) if child else (RestartReason.CRASH, None)
+                if next_step is None:
+                    break
+                reason, left = self._next_launch(*next_step)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.notifier.stopping()
+            self.record("supervisor_stopped", pid=os.getpid())
+        return 0
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._events.put(("signal", 0, signum))  # SimpleQueue.put is safe in a signal handler
+
+    def _next_event(self, until: float) -> tuple[str, int, Any] | None:
+        wait = min(MAX_WAIT_S, max(0.0, until - self.clock()))
+        try:
+            return self._events.get(timeout=wait)
+        except queue.Empty:
+            return None
+
+    def _ping(self, now: float) -> None:
+        """WATCHDOG=1 while the supervisor itself keeps time (grace, backoff, cooldown)."""
+        every = self.notifier.watchdog_s
+        if every is not None and now - self._last_ping >= every / 2:
+            self._last_ping = now
+            self.notifier.watchdog()
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait before a launch; False when a stop signal came meanwhile (or had come)."""
+        until = self.clock() + seconds
+        while not self.stopping:
+            self._ping(self.clock())
+            self._reap_orphans()
+            event = self._next_event(until)
+            if event is not None and event[0] == "signal":
+                self.stopping = True
+                self.record("stopping", "stop signal: no restart", signal=event[2])
+            elif event is None and self.clock() >= until:
+                break  # nothing waiting, and the time is up
+        return not self.stopping
+
+    def _reap_orphans(self, keep: int | None = None) -> None:
+        """As PID 1 (a container's init), reap the orphans the kernel hands us, never ``keep``."""
+        if os.getpid() != 1:
+            return
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process().children():
+                if p.pid != keep and p.status() == psutil.STATUS_ZOMBIE:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(p.pid, os.WNOHANG)
+
+    # ---------------------------------------------------------------- launch
+
+    def _launch(self, reason: RestartReason) -> _Child | None:
+        self._generation += 1
+        gen = self._generation
+        ours, theirs = pair()
+        env = {k: v for k, v in self.env.items() if k not in NOTIFY_VARIABLES}
+        for name in ("ROOMKEEPER_SUPERVISE", COMMAND_VARIABLE):
+            env.pop(name, None)
+        env.update(
+            {
+                ENV_FD: str(theirs.fileno()),
+                "ROOMKEEPER_SUPERVISED": "1",
+                "ROOMKEEPER_RESTART_REASON": reason.value,
+            }
+        )
+        try:
+            proc = subprocess.Popen(
+                self.command,
+                env=env,
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # terminal signals reach only the supervisor
+            )
+        except OSError as err:
+            ours.close()
+            self.record("launch_failed", f"cannot start the gateway: {err}", gen=gen)
+            return None
+        finally:
+            theirs.close()
+        self.budget.launched()
+        root = None
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(proc.pid)  # keeps its start time: a reused pid is not it
+        child = _Child(gen, proc, ours, Watchdog(self.settings(), self.clock()), root)
+        threading.Thread(target=self._read, args=(child,), daemon=True).start()
+        threading.Thread(target=self._wait, args=(child,), daemon=True).start()
+        self.record("launched", gen=gen, pid=proc.pid, reason=reason.value)
+        log.info("supervisor: gateway launched (pid %d, %s)", proc.pid, reason.value)
+        return child
+
+    def _read(self, child: _Child) -> None:
+        for message in child.channel.messages():
+            self._events.put(("message", child.gen, message))
+        self._events.put(("eof", child.gen, None))
+
+    def _wait(self, child: _Child) -> None:
+        self._events.put(("exit", child.gen, child.proc.wait()))
+
+    # ----------------------------------------------------------------- watch
+
+    def _watch(self, child: _Child) -> tuple[RestartReason, float] | None:
+        """Run one gateway to its end; what to launch next and its healthy time, or None: stop."""
+        drained_by = float("inf")
+        while True:
+            due = child.watchdog.due()
+            event = self._next_event(
+                min(drained_by, self.clock() + MAX_WAIT_S if due is None else due)
+            )
+            now = self.clock()
+            if event is not None:
+                kind, gen, value = event
+                if kind == "signal":
+                    self._stop(child, now, value)
+                elif gen != child.gen:
+                    pass  # a late word from an earlier gateway
+                elif kind == "message":
+                    self._message(child, value, now)
+                elif kind == "eof":
+                    child.eof = True
+                elif kind == "exit":
+                    child.exit_code = value
+                    # Its last words ("stop" just before exit) may still be on their way.
+                    drained_by = now + DRAIN_S
+            if child.exit_code is not None and (child.eof or now >= drained_by):
+                return self._exited(child, child.exit_code, now)
+            self._reap_orphans(keep=child.proc.pid)
+            action = child.watchdog.tick(now) if child.exit_code is None else None
+            if action is not None:
+                self._act(child, action, now)
+            if child.watchdog.stage in (Stage.STARTING, Stage.CRASH_ONLY):
+                self._ping(now)
+
+    def _message(self, child: _Child, message: dict[str, Any], now: float) -> None:
+        kind = message["type"]
+        if kind == "hello":
+            caps = message.get("capabilities")
+            child.capabilities = (
+                frozenset(c for c in caps if isinstance(c, str))
+                if isinstance(caps, list)
+                else frozenset()
+            )
+            child.boot_id = str(message.get("boot_id") or "") or None
+            child.watchdog.hello(child.capabilities, now)
+            self.record(
+                "hello",
+                gen=child.gen,
+                boot_id=child.boot_id,
+                protocol=message.get("protocol"),
+                heartbeat="heartbeat" in child.capabilities,
+            )
+            if "heartbeat" not in child.capabilities:
+                self.record("crash_only", "the gateway sends no heartbeats: crash supervision only")
+                self.notifier.ready("gateway running (crash supervision only)")
+            if self.budget.recovery_mode:
+                child.channel.send("recovery_mode", on=True)
+                self.record("recovery_mode_sent", gen=child.gen, on=True)
+        elif kind == "heartbeat":
+            if child.boot_id is not None and message.get("boot_id") != child.boot_id:
+                return  # not this gateway's own answer
+            was = child.watchdog.stage
+            if child.watchdog.heartbeat(now):
+                event = "recovered" if was is Stage.RELIEF else "healthy"
+                self.record(event, gen=child.gen, boot_id=child.boot_id)
+                self.notifier.ready("gateway healthy")
+            if child.watchdog.stage is Stage.HEALTHY:
+                self.notifier.watchdog()
+        elif kind in ("stop", "restart"):
+            child.stop_said |= kind == "stop"
+            child.restart_said |= kind == "restart"
+            child.watchdog.leaving(now)
+            self.record(f"{kind}_requested", gen=child.gen)
+        elif kind == "repaired":
+            self.budget.repaired()
+            self._report_persistence()
+            self.backoff.reset()
+            child.channel.send("recovery_mode", on=False)
+            self.record("repaired", "repaired: restart budget cleared, recovery mode off")
+
+    def _report_persistence(self) -> None:
+        error = self.budget.persistence_error
+        if error is not None and error != self._persistence_reported:
+            self.record("persistence_failed", error=error)  # the budget has logged it
+        self._persistence_reported = error
+
+    def _act(self, child: _Child, action: Action, now: float) -> None:
+        pid = child.proc.pid
+        s = child.watchdog.settings
+        if action is Action.RELIEF:
+            child.channel.send("relief")
+            self.record(
+                "relief",
+                f"no healthy heartbeat for {s.heartbeat_s:g} s: relief asked",
+                gen=child.gen,
+            )
+        elif action is Action.SIGTERM:
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(signal.SIGTERM)
+            self.record("sigterm", f"still no heartbeat: SIGTERM to pid {pid}", gen=child.gen)
+        else:
+            count = kill_tree(child.root) if child.root is not None else 0
+            self.record(
+                "sigkill", f"pid {pid} did not exit: SIGKILL to {count} process(es)", gen=child.gen
+            )
+
+    def _stop(self, child: _Child, now: float, signum: int) -> None:
+        if self.stopping:  # a second signal: no more waiting
+            self._act(child, Action.SIGKILL, now)
+            return
+        self.stopping = True
+        self.notifier.stopping()
+        self.record("stopping", f"signal {signum}: stopping the gateway", signal=signum)
+        with contextlib.suppress(ProcessLookupError):
+            child.proc.send_signal(signal.SIGTERM)
+        child.watchdog.leaving(now)
+
+    def _exited(self, child: _Child, code: int, now: float) -> tuple[RestartReason, float] | None:
+        child.channel.close()
+        self.record("exited", gen=child.gen, exit_code=code, stage=child.watchdog.stage.value)
+        if self.stopping or child.stop_said:
+            return None
+        if child.restart_said and not child.watchdog.escalated:
+            return RestartReason.REQUESTED, child.watchdog.healthy_for(now)
+        if child.watchdog.escalated:
+            return RestartReason.UNRESPONSIVE, child.watchdog.healthy_for(now)
+        reason = RestartReason.EXITED if code == 0 else RestartReason.CRASH
+        return reason, child.watchdog.healthy_for(now)
+
+    def _next_launch(
+        self, reason: RestartReason, healthy_for: float | None
+    ) -> tuple[RestartReason, float]:
+        s = self.settings()
+        if reason is RestartReason.REQUESTED:
+            verdict = self.budget.record_request(s.cooldown_s)
+            if verdict.counted:
+                reason = RestartReason.RAPID_REQUESTS
+        else:
+            verdict = self.budget.record_failure(reason, s.cooldown_s)
+        delay = 0.0
+        if verdict.counted:
+            delay = self.backoff.next_delay(
+                s.backoff_s, s.backoff_max_s, healthy_for=healthy_for or 0
+            )
+        self._report_persistence()
+        if verdict.recovery_entered:
+            self.record("recovery_mode_on", "repeated failures: recovery mode latched")
+        if verdict.cooldown_s:
+            delay = max(delay, verdict.cooldown_s)
+            self.record(
+                "cooldown",
+                f"restart budget spent: no restart for {verdict.cooldown_s:g} s",
+                s=verdict.cooldown_s,
+            )
+            # The supervisor is up and holding: READY=1, so a start does not hang on it.
+            self.notifier.ready(f"cooldown: no restart for {verdict.cooldown_s:g} s")
+        self.record("restart_scheduled", reason=reason.value, delay_s=delay)
+        return reason, delay
+
+
+def run_supervisor(
+    port: int, socket_path: str | None, *, env: Mapping[str, str] | None = None
+) -> int:
+    """Supervise ``roomkeeper gateway`` on ``port`` (or ``socket_path``); the exit status."""
+    env = os.environ if env is None else env
+    supervisor = Supervisor(gateway_command(port, socket_path, env), env=env)
+    where = socket_path or f"http://127.0.0.1:{port}"
+    log.info("supervisor (pid %d) watching the gateway on %s", os.getpid(), where)
+    return supervisor.run()
+
+
+def adopt(port: int, socket_path: str | None) -> int:
+    """Take on supervision (a bare ``roomkeeper gateway``, ROOMKEEPER_SUPERVISE=1, no channel).
+
+    The gateway this starts has a channel, so it never adopts again (exactly
+    once).  The first launch keeps the reason it inherited
+    (ROOMKEEPER_RESTART_REASON, else what the state file says the next launch
+    was for), and recovery mode comes from the state file.
+    """
+    env = dict(os.environ)
+    reason = RestartReason.parse(env.get("ROOMKEEPER_RESTART_REASON"))
+    log.warning("supervisor: ROOMKEEPER_SUPERVISE=1 without a channel: taking on supervision")
+    supervisor = Supervisor(gateway_command(port, socket_path, env), env=env, reason=reason)
+    supervisor.record("adopted", pid=os.getpid(), reason=supervisor.reason.value)
+    return supervisor.run()
