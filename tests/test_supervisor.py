@@ -33,8 +33,9 @@ from roomkeeper import restarts
 from roomkeeper.config import WatchdogSettings, read_watchdog_settings
 from roomkeeper.restarts import Backoff, BudgetState, RestartBudget, RestartReason
 from roomkeeper.sdnotify import Notifier, socket_address
-from roomkeeper.supervisor import Action, Stage, Watchdog, gateway_command, read_events
+from roomkeeper.supervisor import gateway_command, read_events
 from roomkeeper.testing import FakeClock
+from roomkeeper.watchdog import Action, Stage, Watchdog
 from tests.cgroups import child_memory_cgroup
 from tests.gateways import free_port, gateway_env
 
@@ -738,11 +739,12 @@ def test_sigstopped_gateway_is_replaced_with_a_new_boot_id(tmp_path: Path) -> No
         stopped_at = time.monotonic()
         events = s.wait_for(lambda ev: any(e["event"] == "healthy" and e["gen"] == 2 for e in ev))
         t = {n: first(events, n, gen=1)["mono"] for n in ("relief", "sigterm", "sigkill")}
-        assert t["relief"] - stopped_at == pytest.approx(
-            1, abs=1.0
-        )  # HEARTBEAT after the last beat
-        assert t["sigterm"] - t["relief"] == pytest.approx(1, abs=0.3)
-        assert t["sigkill"] - t["sigterm"] == pytest.approx(1, abs=0.3)
+        # HEARTBEAT (1 s) after the last beat, which came at most a third of it before
+        # the SIGSTOP; the supervisor checks at least every MAX_WAIT_S (1 s) on a busy
+        # 2-core machine, so allow that much lateness, never earliness.
+        assert 0.5 <= t["relief"] - stopped_at <= 1 + 1 + 1
+        assert 0.95 <= t["sigterm"] - t["relief"] <= 1 + 1.5  # RELIEF
+        assert 0.95 <= t["sigkill"] - t["sigterm"] <= 1 + 1.5  # SHUTDOWN
         after = wait_healthy(url)
         assert after != before and first(events, "healthy", gen=2)["boot_id"] == after
         assert not gateway.is_running()
