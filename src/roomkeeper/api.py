@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from importlib import resources as package_files
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
@@ -30,16 +30,23 @@ from fastapi.responses import (
     StreamingResponse,
 )
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from roomkeeper import __version__
+from roomkeeper.api_models import (
+    CallIn,
+    HeartbeatIn,
+    JobIn,
+    LeaseIn,
+    OutcomeIn,
+    ResolveIn,
+)
+from roomkeeper.bodylimit import BodyLimit
 from roomkeeper.calls import CallStateError
 from roomkeeper.errors import PersistenceError, QueueFullError, UnknownJobError, UsageError
 from roomkeeper.gateway import HEADLINES, Gateway, job_environment
-from roomkeeper.hooks import ReleaseHook, parse_hook
 from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import JobRow
-from roomkeeper.leases import DEFAULT_TTL_S, LeaseView
+from roomkeeper.leases import LeaseView
 from roomkeeper.metrics import render_metrics
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -58,104 +65,10 @@ JOB_FIELDS = (
     "error",
 )
 RUNNING_STATES = frozenset({JobState.WAITING.value, JobState.RUNNING.value})
-NAME = r"^[A-Za-z0-9._:@-]+$"
-Text = Annotated[str, Field(max_length=65536)]
-Bytes = Annotated[int, Field(ge=0, le=2**62)]
 BEARER = HTTPBearer(auto_error=False)
 # Module-level so FastAPI can resolve them (this module postpones annotations).
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
 Id = Annotated[str, PathParam(max_length=200)]
-
-
-class ReleaseIn(BaseModel):
-    """A release hook: one loopback HTTP call made when the lease or job ends."""
-
-    model_config = ConfigDict(extra="forbid")
-    method: Literal["DELETE", "POST", "PUT", "PATCH", "GET"] = "DELETE"
-    url: Annotated[str, Field(max_length=2048)]
-
-    @field_validator("url")
-    @classmethod
-    def _loopback(cls, url: str) -> str:
-        try:
-            parse_hook({"method": "DELETE", "url": url})
-        except UsageError as err:
-            raise ValueError(str(err)) from None
-        return url
-
-    def hook(self) -> ReleaseHook:
-        """The checked hook."""
-        return parse_hook({"method": self.method, "url": self.url})
-
-
-class JobIn(BaseModel):
-    """A job to run: argv (no shell), for an owner, with what it is expected to take."""
-
-    model_config = ConfigDict(extra="forbid")
-    argv: Annotated[list[Text], Field(min_length=1, max_length=4096)]
-    owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
-    cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
-    env: (
-        Annotated[dict[Annotated[str, Field(max_length=1024)], Text], Field(max_length=1000)] | None
-    ) = None
-    memory_bytes: Bytes | None = None
-    disk_bytes: Bytes | None = None
-    timeout_s: Annotated[float, Field(gt=0, le=10**7)] | None = None
-    resumable: bool = False
-    release: ReleaseIn | None = None
-
-
-class CallIn(BaseModel):
-    """A client's side-effecting call, registered before it is dispatched."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)]
-    owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
-    resumable: bool = False
-
-
-class OutcomeIn(BaseModel):
-    """How a registered call ended."""
-
-    model_config = ConfigDict(extra="forbid")
-    outcome: Literal["succeeded", "failed"]
-    numbers: (
-        Annotated[
-            dict[
-                Annotated[str, Field(max_length=100)], Annotated[float, Field(allow_inf_nan=False)]
-            ],
-            Field(max_length=50),
-        ]
-        | None
-    ) = None
-    error: Annotated[str, Field(max_length=4096)] | None = None
-
-
-class ResolveIn(BaseModel):
-    """How a person or the client settles uncertain work."""
-
-    model_config = ConfigDict(extra="forbid")
-    resolution: Literal["succeeded", "failed", "rerun"]
-
-
-class LeaseIn(BaseModel):
-    """A lease: admission for a turn that runs elsewhere."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
-    owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
-    memory_bytes: Bytes | None = None
-    disk_bytes: Bytes | None = None
-    ttl_s: Annotated[float, Field(gt=0, le=86400)] = DEFAULT_TTL_S
-    wait_s: Annotated[float, Field(ge=0, le=600)] = 0.0
-    release: ReleaseIn | None = None
-
-
-class HeartbeatIn(BaseModel):
-    """Extend a lease; its ttl from now (the lease's own when omitted)."""
-
-    model_config = ConfigDict(extra="forbid")
-    ttl_s: Annotated[float, Field(gt=0, le=86400)] | None = None
 
 
 def job_json(view: JobView) -> dict[str, Any]:
@@ -657,61 +570,6 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
         return await gateway.repair()
 
     return app
-
-
-class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes with 413, chunked ones included.
-
-    Content-Length is checked first; a body without one is counted as it arrives.
-    """
-
-    def __init__(self, app: Any, *, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await _too_large(send, self.limit)
-            return
-        if length is not None:
-            await self.app(scope, receive, send)
-            return
-        # No Content-Length (a chunked body): read it here, up to the limit, then replay it.
-        messages, seen = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                await _too_large(send, self.limit)
-                return
-            if not message.get("more_body", False):
-                break
-        replay = iter(messages)
-
-        async def replayed() -> Any:
-            return next(replay, None) or await receive()
-
-        await self.app(scope, replayed, send)
-
-
-async def _too_large(send: Any, limit: int) -> None:
-    body = f'{{"detail": "bodies are limited to {limit} bytes"}}'.encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 def _read_from(path: Path, offset: int) -> bytes:
