@@ -3,9 +3,15 @@
 Layers, bottom to top; each imports only from the layers below it:
 
 1. ``errors``, ``units``, ``config``, ``paths`` -- words, numbers, variables, places.
-2. ``parsers`` (pure kernel text -> records), ``resources`` (fresh readings).
-3. ``admission`` -- the guard: the rule, young reservations, decisions.
-4. ``cli`` -- the ``roomkeeper`` command.
+2. ``parsers`` (pure kernel text -> records), ``resources`` (fresh readings),
+   ``history`` (allowlisted recovery events), ``jobs`` (job records).
+3. ``admission`` (the guard), ``journal`` (SQLite, group commit), ``hooks``.
+4. ``cgroups``, ``lifeline``, ``process`` (managed trees), ``scheduler``,
+   ``leases``, ``calls``, ``recovery``, ``batch``.
+5. ``gateway`` (the service), ``metrics``, ``api_models``, ``bodylimit``,
+   ``api`` (HTTP), ``gateway_main``; ``ipc``, ``watchdog``, ``restarts``,
+   ``sdnotify``, ``supervisor`` (watching it from outside); ``client``.
+6. ``cli``, ``cli_gateway`` -- the ``roomkeeper`` command.
 
 ``testing`` holds fakes (a clock) for tests and may import any layer.
 """
