@@ -52,10 +52,20 @@ class Supervised:
 
 @pytest.fixture
 def supervised(tmp_path: Path) -> Iterator[Supervised]:
+    with supervise(tmp_path) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def supervise(tmp_path: Path, **extra: str) -> Iterator[Supervised]:
+    """A real gateway whose supervisor is this test, over a real socketpair."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     port = free_port()
     env = gateway_env(
-        tmp_path, ROOMKEEPER_IPC_FD=str(theirs.fileno()), ROOMKEEPER_WATCHDOG_HEARTBEAT="1.5"
+        tmp_path,
+        ROOMKEEPER_IPC_FD=str(theirs.fileno()),
+        ROOMKEEPER_WATCHDOG_HEARTBEAT="1.5",
+        **extra,
     )
     log = (tmp_path / "gateway.log").open("wb")
     proc = subprocess.Popen(
@@ -228,3 +238,13 @@ def test_gateway_alone_says_it_has_no_watchdog(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
     assert b"no watchdog" in err
+
+
+def test_a_latched_recovery_mode_holds_work_from_the_first_moment(tmp_path: Path) -> None:
+    """Started under a latched recovery mode, the gateway launches nothing, even at first."""
+    with supervise(tmp_path, ROOMKEEPER_RECOVERY_MODE="1") as s:
+        job = s.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
+        time.sleep(1.0)
+        answer = s.client.get(f"/v1/jobs/{job}").json()
+        assert (answer["state"], answer["reason"]) == ("waiting", "held")
+        assert s.client.get("/v1/needs-you").json()["headline"] == "recovery mode"

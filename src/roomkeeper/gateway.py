@@ -42,7 +42,7 @@ from roomkeeper.config import (
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.history import HistoryEvent, RecoveryCode
 from roomkeeper.hooks import ReleaseHook, run_hook
-from roomkeeper.ipc import CAPABILITIES, PROTOCOL, Channel
+from roomkeeper.ipc import CAPABILITIES, PROTOCOL, RECOVERY_MODE_VARIABLE, Channel
 from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import Journal
 from roomkeeper.leases import Leases, LeaseState, LeaseView, guard_key
@@ -59,6 +59,7 @@ LEASE_RETRY_S = 0.25
 RESUME_CHECK_S = 0.5
 STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
 MARKER_TIMEOUT_S = 30.0
+HEALTH_DEADLINE_S = 2.0  # a self-probe slower than this is no heartbeat
 RELIEF_HOLD_S = 60.0  # launches held after the supervisor asks for relief
 REPAIR_PROBES = 3  # consecutive healthy self-probes before a repair
 REPAIR_PROBE_GAP_S = 0.5
@@ -160,7 +161,9 @@ class Gateway:
     ) -> None:
         self.env = os.environ if env is None else env
         self.channel = channel  # to the supervisor; None when run alone
-        self.recovery_mode = False  # the supervisor's latch: automatic work is held
+        # The supervisor's latch: automatic work is held.  Known from the start, so
+        # nothing slips out before the channel's first message.
+        self.recovery_mode = channel is not None and self.env.get(RECOVERY_MODE_VARIABLE) == "1"
         self.releasing = False  # after a repair: one job at a time until the queue drains
         self.relief_until = 0.0  # monotonic: launches held after a relief request
         self._listen_port: int | None = None
@@ -278,6 +281,11 @@ class Gateway:
             self.closing = True
             if self.server is not None:
                 self.server.should_exit = True
+        # If the event loop is blocked, the orderly path never runs: after the deadline
+        # the process ends itself, and its lifeline takes the managed trees down.
+        timer = threading.Timer(self.shutdown_deadline() + 1.0, os._exit, args=(1,))
+        timer.daemon = True
+        timer.start()
 
     async def _heartbeat_loop(self, url: str, transport: Any) -> None:
         """Probe our own GET /health over HTTP; only a real, fast, own answer is a heartbeat."""
@@ -286,11 +294,18 @@ class Gateway:
         interval = min(read_watchdog_settings(self.env).heartbeat_s / 3, 5.0)
         async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
             while not self.closing:
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    answer = await client.get(url)
-                    if answer.status_code == 200 and answer.json().get("boot_id") == self.boot_id:
+                try:
+                    answer = await asyncio.wait_for(client.get(url), HEALTH_DEADLINE_S)
+                    body = answer.json()
+                    if (
+                        answer.status_code == 200
+                        and isinstance(body, dict)
+                        and body.get("boot_id") == self.boot_id
+                    ):
                         assert self.channel is not None
                         self.channel.send("heartbeat", boot_id=self.boot_id, at=time.time())
+                except Exception as err:  # no heartbeat this time; the loop must go on
+                    log.debug("health self-probe failed: %s", err)
                 await asyncio.sleep(interval)
 
     def tell_supervisor(self, kind: str, **fields: Any) -> bool:
@@ -734,7 +749,8 @@ class Gateway:
             if self._shut:
                 return
             self._shut = True
-            deadline = self.shutdown_deadline()
+            # uvicorn already spent up to a third of the deadline draining connections.
+            deadline = self.shutdown_deadline() * 2 / 3
             try:
                 await asyncio.wait_for(self._shutdown_steps(deadline), timeout=deadline)
             except TimeoutError:

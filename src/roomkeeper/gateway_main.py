@@ -40,7 +40,7 @@ def run_gateway(port: int, socket_path: str | None) -> None:
         access_log=False,
         lifespan="on",
         # Open streams may hold the door for a third of the deadline, no more.
-        timeout_graceful_shutdown=max(1, int(gateway.shutdown_deadline() / 3)),
+        timeout_graceful_shutdown=gateway.shutdown_deadline() / 3,  # type: ignore[arg-type]
     )
     server = _server_class()(config)
     server.gateway = gateway

@@ -32,6 +32,8 @@ from typing import Any
 PROTOCOL = 1
 CAPABILITIES = ("heartbeat", "relief", "restart", "recovery_mode")
 ENV_FD = "ROOMKEEPER_IPC_FD"
+# Set by the supervisor on a child it starts while recovery mode is latched.
+RECOVERY_MODE_VARIABLE = "ROOMKEEPER_RECOVERY_MODE"
 MAX_LINE = 64 * 1024
 
 

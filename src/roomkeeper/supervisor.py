@@ -59,7 +59,7 @@ from typing import Any
 import psutil
 
 from roomkeeper.config import WatchdogSettings, read_watchdog_settings
-from roomkeeper.ipc import ENV_FD, Channel, pair
+from roomkeeper.ipc import ENV_FD, RECOVERY_MODE_VARIABLE, Channel, pair
 from roomkeeper.paths import home_dir
 from roomkeeper.restarts import STATE_NAME, Backoff, RestartBudget, RestartReason
 from roomkeeper.sdnotify import NOTIFY_VARIABLES, Notifier
@@ -280,6 +280,8 @@ class Supervisor:
                 ENV_FD: str(theirs.fileno()),
                 "ROOMKEEPER_SUPERVISED": "1",
                 "ROOMKEEPER_RESTART_REASON": reason.value,
+                # Latched before the child starts anything: its hello would come too late.
+                RECOVERY_MODE_VARIABLE: "1" if self.budget.recovery_mode else "0",
             }
         )
         try:
