@@ -18,6 +18,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -908,3 +909,45 @@ def test_bare_gateway_with_supervise_adopts_supervision_once(tmp_path: Path) -> 
             proc.kill()
             proc.wait()
         _kill_ours(tree)
+
+
+# The real gateway, with one extra route that blocks its event loop: alive, and useless.
+BLOCKING_GATEWAY = """
+import sys, time
+import roomkeeper.gateway_main as gateway_main
+from roomkeeper import api
+
+def create_app(gateway, **kw):
+    app = api.create_app(gateway, **kw)
+
+    @app.post("/test-block-the-loop")
+    async def block() -> None:
+        time.sleep(3600)
+
+    return app
+
+gateway_main.create_app = create_app
+gateway_main.run_gateway(int(sys.argv[1]), None)
+"""
+
+
+@pytest.mark.kernel
+def test_real_gateway_with_a_blocked_event_loop_is_replaced(tmp_path: Path) -> None:
+    """A real gateway whose event loop blocks: relief, SIGTERM, SIGKILL, then a new boot id."""
+    port = free_port()
+    command = json.dumps([sys.executable, "-c", BLOCKING_GATEWAY, str(port)])
+    with serve(tmp_path, ROOMKEEPER_GATEWAY_COMMAND=command) as s:
+        url = f"http://127.0.0.1:{port}"
+        before = wait_healthy(url)
+        s.wait_event("healthy")
+
+        def block() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(f"{url}/test-block-the-loop", timeout=30)
+
+        threading.Thread(target=block, daemon=True).start()
+        events = s.wait_for(lambda ev: any(e["event"] == "healthy" and e["gen"] == 2 for e in ev))
+        t = {n: first(events, n, gen=1)["mono"] for n in ("relief", "sigterm", "sigkill")}
+        assert t["relief"] < t["sigterm"] < t["sigkill"]
+        after = wait_healthy(url)
+        assert after != before
