@@ -38,7 +38,7 @@ from roomkeeper.supervisor import gateway_command, read_events
 from roomkeeper.testing import FakeClock
 from roomkeeper.watchdog import Action, Stage, Watchdog
 from tests.cgroups import child_memory_cgroup
-from tests.gateways import free_port, gateway_env
+from tests.gateways import free_port, gateway_env, stop_process
 
 DEFAULTS = WatchdogSettings()
 FAST = {
@@ -520,13 +520,7 @@ def serve(
         with contextlib.suppress(AssertionError):
             served.wait_for(lambda ev: True, timeout=0)
         left = served.gateway_tree()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         _kill_ours([*left, *served.seen.values()])
 
 

@@ -47,7 +47,7 @@ from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import Journal
 from roomkeeper.leases import Leases, LeaseState, LeaseView, guard_key
 from roomkeeper.paths import home_dir, workspace_dir
-from roomkeeper.recovery import RecoveryReport, recover
+from roomkeeper.recovery import recover
 from roomkeeper.scheduler import Limits, Scheduler, cpu_pressure_percent
 
 log = logging.getLogger("roomkeeper")
@@ -221,13 +221,10 @@ class Gateway:
         self._restore_leases()
         # Orphans stopped and interrupted work settled before anything new launches.
         try:
-            self.recovery: RecoveryReport | None = recover(
-                self.journal, crashed=crashed, previous_pid=previous_pid
-            )
+            recover(self.journal, crashed=crashed, previous_pid=previous_pid)
         except Exception as err:  # e.g. a full disk: report it and keep serving
             log.error("start-up recovery could not be saved: %s", err)
             self.persistence_error = str(err)
-            self.recovery = None
 
     # ---------------------------------------------------------------- setup
 

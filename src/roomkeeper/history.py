@@ -25,14 +25,12 @@ class RecoveryCode(enum.Enum):
     """Why an event was recorded: the closed list."""
 
     GATEWAY_STARTED = "gateway_started"
-    GATEWAY_STOPPED = "gateway_stopped"
     CRASH_DETECTED = "crash_detected"  # the previous run did not stop cleanly
     MARKED_UNCERTAIN = "marked_uncertain"  # work in flight at a crash, shown to a person
     DEFERRED = "deferred"  # resumable work set aside to resume with headroom
     RESUMED = "resumed"  # one deferred job started again
     ORPHANS_STOPPED = "orphans_stopped"  # managed trees of an earlier run, stopped at start
     RESOLVED = "resolved"  # a person or client resolved uncertain work
-    WRITE_FAILED = "write_failed"  # the journal could not save (disk full, I/O error)
     REPAIRED = "repaired"  # a repair passed its checks: the restart budget is cleared
 
 

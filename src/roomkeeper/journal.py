@@ -174,7 +174,6 @@ class Journal:
             tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | None
         ] = queue.Queue()
         self._local = threading.local()
-        self._commits = 0
         self._thread = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -230,7 +229,6 @@ class Journal:
                     conn.execute("RELEASE one")
                     results.append((future, None, err))
             conn.execute("COMMIT")
-            self._commits += 1
         except sqlite3.Error as err:  # the commit itself failed (disk full, I/O error)
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
@@ -300,10 +298,6 @@ class Journal:
                 )
 
         return self.submit(write)
-
-    def mark_pending(self, kind: str, item_id: str, at: float) -> concurrent.futures.Future[None]:
-        """Write the pending marker of a side-effecting call before it is dispatched."""
-        return self.execute("INSERT OR REPLACE INTO markers VALUES (?,?,?)", (kind, item_id, at))
 
     def record_history(self, event: HistoryEvent) -> concurrent.futures.Future[None]:
         """Append a recovery event, then trim the history to its caps (count and bytes)."""
@@ -376,18 +370,6 @@ class Journal:
         """One job by id, from any run."""
         rows = self.query("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return _job_row(rows[0]) if rows else None
-
-    def job_events(self, job_id: str) -> list[tuple[str, str | None, float]]:
-        """A job's state changes, oldest first."""
-        rows = self.query(
-            "SELECT state, reason, at FROM job_events WHERE job_id = ? ORDER BY rowid", (job_id,)
-        )
-        return [(r["state"], r["reason"], r["at"]) for r in rows]
-
-    @property
-    def commits(self) -> int:
-        """Transactions committed so far (group commit makes this less than writes)."""
-        return self._commits
 
     def close(self) -> None:
         """Finish queued writes, then close every connection."""
