@@ -341,6 +341,17 @@ def test_the_gateway_child_is_a_named_command() -> None:
     assert gateway_command(1, "/run/rk.sock", {})[-2:] == ["--socket", "/run/rk.sock"]
 
 
+def test_event_log_reader_waits_for_a_whole_last_line(tmp_path: Path) -> None:
+    """A reader racing the supervisor's append sees only whole lines, never half a JSON object."""
+    log_path = tmp_path / "recovery" / "supervisor.log"
+    log_path.parent.mkdir()
+    log_path.write_text('{"event": "started"}\n{"at": 1796004135.6808136, ')
+    assert [e["event"] for e in read_events(tmp_path)] == ["started"]
+    with log_path.open("a") as f:
+        f.write('"event": "healthy"}\n')
+    assert [e["event"] for e in read_events(tmp_path)] == ["started", "healthy"]
+
+
 def test_notify_socket_addresses() -> None:
     """A path, an abstract ``@name``, and nothing else."""
     assert socket_address("/run/systemd/notify") == "/run/systemd/notify"

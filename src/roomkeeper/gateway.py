@@ -46,7 +46,7 @@ from roomkeeper.ipc import CAPABILITIES, PROTOCOL, RECOVERY_MODE_VARIABLE, Chann
 from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import Journal
 from roomkeeper.leases import Leases, LeaseState, LeaseView, guard_key
-from roomkeeper.paths import home_dir, workspace_dir
+from roomkeeper.paths import home_dir, workspace_dir, write_private
 from roomkeeper.recovery import recover
 from roomkeeper.scheduler import Limits, Scheduler, cpu_pressure_percent
 
@@ -104,13 +104,7 @@ def load_token(home: Path) -> str:
         if len(token) >= MIN_TOKEN_CHARS:
             return token
         log.warning("the token file was empty or too short; a new token was made")
-    temporary = home / f".token-{os.getpid()}"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    write_private(path, secrets.token_urlsafe(32) + "\n")
     return path.read_text().strip()
 
 
@@ -398,7 +392,8 @@ class Gateway:
             url, transport = self.health_probe()
             self._tasks.append(asyncio.create_task(self._heartbeat_loop(url, transport)))
         info = {"pid": os.getpid(), "boot_id": self.boot_id, "port": port, "socket": socket}
-        (self.home / "gateway.json").write_text(json.dumps(info))
+        # Atomic: a client or the next start never reads half of it.
+        write_private(self.home / "gateway.json", json.dumps(info))
 
     # ----------------------------------------------------------------- jobs
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,3 +42,35 @@ def workspace_dir(env: Mapping[str, str] | None = None) -> Path:
     if env.get("ROOMKEEPER_WORKSPACE"):
         return Path(env["ROOMKEEPER_WORKSPACE"]).expanduser()
     return home_dir(env, create=False) / "workspace"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, mode 0600: temp file, fsync, rename, fsync the folder.
+
+    Raises:
+        OSError: nothing was replaced (the old file, if any, is intact).
+    """
+    directory = path.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = directory / f".{path.name}.{os.getpid()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(temporary, flags, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # exactly 0600, whatever the umask
+            data = text.encode()
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)  # the rename itself is durable only once the folder is
+    finally:
+        os.close(dir_fd)

@@ -119,18 +119,22 @@ class EventLog:
             if self.path.exists() and self.path.stat().st_size > EVENT_LOG_MAX_BYTES:
                 os.replace(self.path, self.path.with_suffix(".log.1"))
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "a") as f:
-                f.write(line + "\n")
+            try:
+                os.write(fd, (line + "\n").encode())  # one write: a line is never interleaved
+            finally:
+                os.close(fd)
 
 
 def read_events(home: Path) -> list[dict[str, Any]]:
     """The supervisor's recorded events, oldest first (for tests and the curious)."""
     path = home / "recovery" / EVENT_LOG
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_text()
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in lines if line.strip()]
+    # A reader can race the writer: the last line is only whole once its newline is there.
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def gateway_command(
