@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import stat
@@ -12,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -436,3 +438,47 @@ def test_an_empty_token_file_is_replaced_not_trusted(tmp_path: Path) -> None:
         assert (
             gw.anonymous.get("/v1/jobs", headers={"Authorization": "Bearer x"}).status_code == 401
         )
+
+
+class _HealthOnly(http.server.BaseHTTPRequestHandler):
+    """Answers /health, then drops every other request unanswered (a gateway dying mid-call)."""
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            body = b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_gateway_that_stops_answering_mid_call_is_a_clear_error(tmp_path: Path) -> None:
+    """The CLI found a gateway, then the call broke: one line that says so, exit 1, no traceback."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HealthOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = gateway_env(tmp_path)
+        home = Path(env["ROOMKEEPER_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "token").write_text("t" * 40)
+        port = server.server_address[1]
+        (home / "gateway.json").write_text(json.dumps({"pid": os.getpid(), "port": port}))
+        done = subprocess.run(
+            [sys.executable, "-m", "roomkeeper", "status"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 1
+    assert "the gateway stopped answering" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -34,7 +34,7 @@ from roomkeeper import restarts
 from roomkeeper.config import WatchdogSettings, read_watchdog_settings
 from roomkeeper.restarts import Backoff, BudgetState, RestartBudget, RestartReason
 from roomkeeper.sdnotify import Notifier, socket_address
-from roomkeeper.supervisor import gateway_command, read_events
+from roomkeeper.supervisor import RECORD_NAME, find_supervisor, gateway_command, read_events
 from roomkeeper.testing import FakeClock
 from roomkeeper.watchdog import Action, Stage, Watchdog
 from tests.cgroups import child_memory_cgroup
@@ -772,11 +772,64 @@ def test_roomkeeper_stop_is_a_clean_exit_with_no_restart_and_no_survivors(tmp_pa
             check=False,
         )
         assert done.returncode == 0, done.stderr
-        assert s.proc.wait(timeout=15) == 0
+        assert done.stdout.decode().splitlines() == ["roomkeeper: stopping", "roomkeeper: stopped"]
+        assert s.proc.poll() == 0  # `stop` returned only once the supervisor had exited
         _, alive = psutil.wait_procs([*tree, job], timeout=5)
         assert alive == []
         events = s.events()
         assert names(events).count("launched") == 1 and "restart_scheduled" not in names(events)
+
+
+@pytest.mark.kernel
+def test_roomkeeper_stop_reaches_a_supervisor_waiting_to_restart(tmp_path: Path) -> None:
+    """The gateway crashed and the supervisor waits out a long backoff: ``roomkeeper stop`` has
+    no gateway to ask, so it stops the supervisor itself, and nothing is launched again."""
+    with serve(tmp_path, fake_plan="crash", ROOMKEEPER_RESTART_BACKOFF_S="60") as s:
+        s.wait_event("restart_scheduled")
+        record = json.loads((s.home / RECORD_NAME).read_text())
+        assert record["pid"] == s.proc.pid
+        done = subprocess.run(
+            [sys.executable, "-m", "roomkeeper", "stop"],
+            env=s.env,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.decode().splitlines() == [
+            f"roomkeeper: no gateway answered; stopping its supervisor (pid {s.proc.pid})",
+            "roomkeeper: stopped",
+        ]
+        assert s.proc.poll() == 0
+        assert names(s.events()).count("launched") == 1
+        assert not (s.home / RECORD_NAME).exists()
+
+
+def test_roomkeeper_stop_with_nothing_running_says_so(tmp_path: Path) -> None:
+    """No gateway and no supervisor: exit 1 with a one-line reason, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "roomkeeper", "stop"],
+        env=gateway_env(tmp_path),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "no roomkeeper gateway is running" in done.stderr.decode()
+    assert "Traceback" not in done.stderr.decode()
+
+
+def test_a_supervisor_record_with_another_start_time_is_not_ours(tmp_path: Path) -> None:
+    """A recorded pid that now names another process (pid reuse) is never signalled."""
+    me = psutil.Process()
+    (tmp_path / RECORD_NAME).write_text(json.dumps({"pid": me.pid, "started": 1.0}))
+    assert find_supervisor(tmp_path) is None
+    started = round(me.create_time(), 2)
+    (tmp_path / RECORD_NAME).write_text(json.dumps({"pid": me.pid, "started": started}))
+    found = find_supervisor(tmp_path)
+    assert found is not None and found.pid == me.pid
+    (tmp_path / RECORD_NAME).write_text("{half")
+    assert find_supervisor(tmp_path) is None
 
 
 @pytest.mark.kernel

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import socket
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 import httpx
+import psutil
 from rich.console import Console
 from rich.table import Table
 
@@ -21,7 +24,11 @@ from roomkeeper.cli import main, parse_size_option
 from roomkeeper.client import NoGatewayError, connect
 from roomkeeper.config import read_gateway_settings
 from roomkeeper.errors import UsageError
+from roomkeeper.paths import home_dir
 from roomkeeper.units import format_gb, parse_duration
+
+STOP_WAIT_S = 30.0
+"""Long enough for the supervisor's own stop: the gateway's deadline, then SIGKILL at 15 s."""
 
 EXIT_CODES = {"failed": 127, "timed_out": 124, "expired": 124, "cancelled": 130, "stopped": 143}
 
@@ -121,6 +128,11 @@ def _client() -> Iterator[httpx.Client]:
         raise click.ClickException(str(err)) from None
     try:
         yield client
+    except httpx.HTTPError as err:
+        raise click.ClickException(
+            f"the gateway stopped answering ({type(err).__name__}: {err}); "
+            "`roomkeeper status` tells whether it is still running"
+        ) from None
     finally:
         client.close()
 
@@ -330,11 +342,82 @@ def history() -> None:
 
 
 @main.command()
-def stop() -> None:
-    """Stop the gateway (and its supervisor): not a crash, so nothing restarts it."""
-    with _client() as client:
-        _check(client.post("/v1/shutdown"))
-    click.echo("roomkeeper: stopping")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=STOP_WAIT_S,
+    show_default=True,
+    help="Seconds to wait for roomkeeper to exit; 0 asks and returns at once.",
+)
+def stop(wait_s: float) -> None:
+    """Stop roomkeeper, the gateway and its supervisor: not a crash, so nothing restarts it.
+
+    When no gateway answers (the supervisor is waiting to restart one, or the
+    gateway is stuck), the supervisor is asked directly and stops both.
+    """
+    from roomkeeper.supervisor import find_supervisor
+
+    home = home_dir(create=False)
+    supervisor = find_supervisor(home)
+    waiting_for = [] if supervisor is None else [supervisor]
+    why_not = None
+    try:
+        client = connect()
+        try:
+            gateway = _recorded_gateway(home)
+            client.post("/v1/shutdown", timeout=10).raise_for_status()
+        finally:
+            client.close()
+        waiting_for += [] if gateway is None else [gateway]
+        click.echo("roomkeeper: stopping")
+    except (NoGatewayError, httpx.HTTPError) as err:
+        why_not = str(err) or type(err).__name__
+    if why_not is not None:
+        if supervisor is None:
+            raise click.ClickException(why_not)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            supervisor.terminate()  # psutil checks that the pid still names this process
+        click.echo(
+            f"roomkeeper: no gateway answered; stopping its supervisor (pid {supervisor.pid})"
+        )
+    if wait_s == 0:
+        return
+    alive = _wait_gone(waiting_for, wait_s)
+    if alive:
+        pids = ", ".join(str(p.pid) for p in alive)
+        raise click.ClickException(
+            f"still stopping after {wait_s:g} s (pid {pids}); run `roomkeeper stop` again to wait"
+        )
+    click.echo("roomkeeper: stopped")
+
+
+def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process has exited; those still alive after ``timeout`` seconds.
+
+    A zombie counts as gone: it has exited, and only its parent (not us) can reap it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in processes if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _recorded_gateway(home: Path) -> psutil.Process | None:
+    """The gateway process named in ``home/gateway.json`` (it answered just now)."""
+    try:
+        return psutil.Process(int(json.loads((home / "gateway.json").read_text())["pid"]))
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return None
 
 
 @main.command()

@@ -60,7 +60,7 @@ import psutil
 
 from roomkeeper.config import WatchdogSettings, read_watchdog_settings
 from roomkeeper.ipc import ENV_FD, RECOVERY_MODE_VARIABLE, Channel, pair
-from roomkeeper.paths import home_dir
+from roomkeeper.paths import home_dir, write_private
 from roomkeeper.restarts import STATE_NAME, Backoff, RestartBudget, RestartReason
 from roomkeeper.sdnotify import NOTIFY_VARIABLES, Notifier
 from roomkeeper.watchdog import Action, Stage, Watchdog
@@ -68,6 +68,9 @@ from roomkeeper.watchdog import Action, Stage, Watchdog
 log = logging.getLogger("roomkeeper")
 
 EVENT_LOG = "supervisor.log"
+RECORD_NAME = "supervisor.json"
+"""ROOMKEEPER_HOME/supervisor.json: the running supervisor's pid and start time, so that
+``roomkeeper stop`` reaches it when no gateway answers (in a backoff or a cooldown)."""
 EVENT_LOG_MAX_BYTES = 1024 * 1024
 COMMAND_VARIABLE = "ROOMKEEPER_GATEWAY_COMMAND"  # tests: run this instead of the gateway
 MAX_WAIT_S = 1.0
@@ -135,6 +138,26 @@ def read_events(home: Path) -> list[dict[str, Any]]:
     # A reader can race the writer: the last line is only whole once its newline is there.
     complete = text[: text.rfind("\n") + 1]
     return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+def _start_time(process: psutil.Process) -> float:
+    return round(process.create_time(), 2)
+
+
+def find_supervisor(home: Path) -> psutil.Process | None:
+    """The supervisor recorded in ``home``, if that very process still runs.
+
+    The pid must name a live process that started when the record says
+    (a reused pid is someone else's process and is never returned).
+    """
+    try:
+        record = json.loads((home / RECORD_NAME).read_text())
+        process = psutil.Process(int(record["pid"]))
+        if _start_time(process) == float(record["started"]):
+            return process
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        pass
+    return None
 
 
 def gateway_command(
@@ -210,6 +233,7 @@ class Supervisor:
         handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         self.record("supervisor_started", pid=os.getpid(), reason=self.reason.value)
+        self._write_record()
         try:
             reason = self.reason
             left = self.budget.cooldown_left(self.settings().cooldown_s)
@@ -226,8 +250,24 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.notifier.stopping()
+            self._remove_record()
             self.record("supervisor_stopped", pid=os.getpid())
         return 0
+
+    def _write_record(self) -> None:
+        me = psutil.Process()
+        with contextlib.suppress(OSError):  # without it, `roomkeeper stop` needs a gateway
+            write_private(
+                self.home / RECORD_NAME,
+                json.dumps({"pid": me.pid, "started": _start_time(me)}),
+            )
+
+    def _remove_record(self) -> None:
+        """Remove the record if it is still ours (another supervisor may have replaced it)."""
+        found = find_supervisor(self.home)
+        if found is not None and found.pid == os.getpid():
+            with contextlib.suppress(OSError):
+                (self.home / RECORD_NAME).unlink()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._events.put(("signal", 0, signum))  # SimpleQueue.put is safe in a signal handler
