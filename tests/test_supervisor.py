@@ -414,7 +414,8 @@ if mode == "crash":
 caps = ["relief", "recovery_mode"]
 if mode != "nobeat":
     caps += ["heartbeat", "restart"]
-send("hello", protocol=1, capabilities=caps, boot_id=boot, pid=os.getpid())
+protocol = int(os.environ.get("FAKE_PROTOCOL", "1"))
+send("hello", protocol=protocol, capabilities=caps, boot_id=boot, pid=os.getpid())
 threading.Thread(target=listen, daemon=True).start()
 if mode in ("hang", "stubborn"):  # ignores SIGTERM; has a managed tree in its own session
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -611,6 +612,19 @@ def test_gateway_without_heartbeats_is_never_killed(tmp_path: Path) -> None:
         events = s.events()
         assert not {"relief", "sigterm", "sigkill", "exited"} & set(names(events))
         assert s.proc.poll() is None and len(s.seen) == 1
+
+
+@pytest.mark.kernel
+def test_a_newer_protocol_is_supervised_by_its_capabilities(tmp_path: Path) -> None:
+    """A gateway upgraded in place says protocol 2 with heartbeats: a warning, then full
+    supervision by what it declares (healthy, never killed while it beats)."""
+    with serve(tmp_path, fake_plan="healthy", FAKE_PROTOCOL="2") as s:
+        events = s.wait_event("healthy")
+        differs = first(events, "protocol_differs")
+        assert (differs["gateway"], differs["supervisor"]) == (2, 1)
+        time.sleep(3)
+        assert not {"relief", "sigterm", "crash_only"} & set(names(s.events()))
+    assert "channel protocol 2" in s.log.read_text()
 
 
 @pytest.mark.kernel

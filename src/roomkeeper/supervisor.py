@@ -17,6 +17,9 @@ heartbeats move the stages: resource pressure never does.
 
 Decisions the issue left open:
 
+* A hello with another protocol version (a gateway upgraded in place under
+  a running supervisor) is supervised by the capabilities it declares, with
+  a ``protocol_differs`` warning; unknown capabilities are ignored.
 * A hello without the ``heartbeat`` capability (an older release) gets crash
   supervision only.  A gateway that says *no hello at all* within the start
   grace is taken for a hung start and goes through the stages: every
@@ -59,7 +62,7 @@ from typing import Any
 import psutil
 
 from roomkeeper.config import WatchdogSettings, read_watchdog_settings
-from roomkeeper.ipc import ENV_FD, RECOVERY_MODE_VARIABLE, Channel, pair
+from roomkeeper.ipc import ENV_FD, PROTOCOL, RECOVERY_MODE_VARIABLE, Channel, pair
 from roomkeeper.paths import home_dir, write_private
 from roomkeeper.restarts import STATE_NAME, Backoff, RestartBudget, RestartReason
 from roomkeeper.sdnotify import NOTIFY_VARIABLES, Notifier
@@ -413,6 +416,19 @@ class Supervisor:
                 protocol=message.get("protocol"),
                 heartbeat="heartbeat" in child.capabilities,
             )
+            protocol = message.get("protocol")
+            if protocol != PROTOCOL:
+                # Upgraded in place: a newer gateway under this older supervisor (or the
+                # reverse).  Capabilities, not the version, decide what is supervised.
+                self.record(
+                    "protocol_differs",
+                    f"the gateway speaks channel protocol {protocol!r}, this supervisor"
+                    f" {PROTOCOL}: supervising by its capabilities; restart `roomkeeper serve`"
+                    " to run one release",
+                    gen=child.gen,
+                    gateway=protocol if isinstance(protocol, int) else None,
+                    supervisor=PROTOCOL,
+                )
             if "heartbeat" not in child.capabilities:
                 self.record("crash_only", "the gateway sends no heartbeats: crash supervision only")
                 self.notifier.ready("gateway running (crash supervision only)")
