@@ -4,8 +4,9 @@ Layers, bottom to top; each imports only from the layers below it:
 
 1. ``errors``, ``units``, ``config``, ``paths`` -- words, numbers, variables, places.
 2. ``parsers`` (pure kernel text -> records), ``resources`` (fresh readings),
-   ``history`` (allowlisted recovery events), ``jobs`` (job records).
-3. ``admission`` (the guard), ``journal`` (SQLite, group commit), ``hooks``.
+   ``history`` (allowlisted recovery events).
+3. ``admission`` (the guard), ``jobs`` (job records, in the guard's words),
+   ``journal`` (SQLite, group commit), ``hooks``.
 4. ``cgroups``, ``lifeline``, ``process`` (managed trees), ``scheduler``,
    ``leases``, ``calls``, ``recovery``, ``batch``.
 5. ``gateway`` (the service), ``metrics``, ``api_models``, ``bodylimit``,
@@ -14,17 +15,39 @@ Layers, bottom to top; each imports only from the layers below it:
 6. ``cli``, ``cli_gateway`` -- the ``roomkeeper`` command.
 
 ``testing`` holds fakes (a clock) for tests and may import any layer.
+
+The names below are loaded on first use, so that importing one layer (say
+``roomkeeper.errors``) does not load the layers above it.
 """
 
-from roomkeeper.admission import Decision, Guard, GuardStatistics, Reason
-from roomkeeper.resources import (
-    DiskReading,
-    LimitOrigin,
-    MemoryReading,
-    MemorySource,
-    Resources,
-    read_resources,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from roomkeeper.admission import Decision, Guard, GuardStatistics, Reason
+    from roomkeeper.resources import (
+        DiskReading,
+        LimitOrigin,
+        MemoryReading,
+        MemorySource,
+        Resources,
+        read_resources,
+    )
+
+_HOMES = {
+    "Decision": "admission",
+    "Guard": "admission",
+    "GuardStatistics": "admission",
+    "Reason": "admission",
+    "DiskReading": "resources",
+    "LimitOrigin": "resources",
+    "MemoryReading": "resources",
+    "MemorySource": "resources",
+    "Resources": "resources",
+    "read_resources": "resources",
+}
 
 __all__ = [
     "Decision",
@@ -39,3 +62,10 @@ __all__ = [
     "read_resources",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``roomkeeper.Guard`` and the other public names, imported when first asked for."""
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"roomkeeper.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'roomkeeper' has no attribute {name!r}")
