@@ -79,21 +79,21 @@ def test_mount_table_is_parsed_again_when_the_kernel_signals_a_change(tmp_path: 
     """A cgroup mount added or removed is seen on the next reading (POLLPRI on mountinfo)."""
     import os
 
-    from roomkeeper import resources
+    from roomkeeper import cgroup_hierarchy
 
     if os.geteuid() != 0:
         pytest.skip("mounting a cgroup2 file system needs root (CI runs as root)")
     target = tmp_path / "extra-cgroup2"
     target.mkdir()
-    before = resources._mount_table.mounts()
+    before = cgroup_hierarchy._mount_table.mounts()
     mounted = subprocess.run(["mount", "-t", "cgroup2", "none", str(target)], check=False)
     if mounted.returncode != 0:
         pytest.skip("this kernel would not mount another cgroup2 view here")
     try:
-        during = resources._mount_table.mounts()
+        during = cgroup_hierarchy._mount_table.mounts()
         assert str(target) in [m.mount_point for m in during]
     finally:
         subprocess.run(["umount", str(target)], check=True)
-    after = resources._mount_table.mounts()
+    after = cgroup_hierarchy._mount_table.mounts()
     assert str(target) not in [m.mount_point for m in after]
     assert len(after) == len(before)

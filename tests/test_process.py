@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from roomkeeper.errors import LaunchError, UsageError
+from roomkeeper.launch import LaunchSpec, launch
 from roomkeeper.lifeline import (
     Lifeline,
     LifelineStatistics,
@@ -29,11 +30,9 @@ from roomkeeper.lifeline import (
 )
 from roomkeeper.process import (
     JobCgroup,
-    LaunchSpec,
     ManagedProcess,
     become_subreaper,
     create_job_cgroup,
-    launch,
     own_memory_cgroup,
 )
 from roomkeeper.testing import FakeClock
@@ -318,7 +317,8 @@ SCHEDULER = textwrap.dedent(
     """
     import sys, time
     from roomkeeper.lifeline import Lifeline
-    from roomkeeper.process import LaunchSpec, become_subreaper, launch
+    from roomkeeper.launch import LaunchSpec, launch
+    from roomkeeper.process import become_subreaper
 
     tmp, tree, with_cgroup = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     become_subreaper()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from roomkeeper import resources
+from roomkeeper import cgroup_hierarchy, resources
 from roomkeeper.config import Settings
 from roomkeeper.resources import LimitOrigin, MemorySource, read_disk, read_memory, read_resources
 from tests.trees import FIXTURES, Level, Roots, copy_fixture, fixture_roots, v1_tree, v2_tree
@@ -161,14 +161,14 @@ def test_vanished_own_group_is_unknown_not_meminfo(tmp_path: Path) -> None:
 def test_permission_denied_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A kernel file we may not read gives unknown, naming the file but not its path."""
     roots = v2_tree(tmp_path, "/job", {"/job": Level(GIB, 1)})
-    real_read = resources._read
+    real_read = cgroup_hierarchy._read
 
     def deny(path: str) -> bytes:
         if path.endswith("memory.stat"):
             raise PermissionError(13, "Permission denied", path)
         return real_read(path)
 
-    monkeypatch.setattr(resources, "_read", deny)
+    monkeypatch.setattr(cgroup_hierarchy, "_read", deny)
     reading = memory(roots)
     assert reading.unknown_reason == "could not read memory.stat: Permission denied"
 

@@ -12,7 +12,7 @@ import pytest
 from roomkeeper.admission import Decision, Guard, Reason
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
 from roomkeeper.jobs import JobSpec, JobState
-from roomkeeper.process import LaunchSpec
+from roomkeeper.launch import LaunchSpec
 from roomkeeper.scheduler import Limits, Scheduler
 from roomkeeper.testing import FakeClock
 

@@ -32,11 +32,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from roomkeeper.cgroup_hierarchy import CGROUP_ROOT, PROC_ROOT
 from roomkeeper.config import Settings, read_settings
 from roomkeeper.paths import workspace_dir
 from roomkeeper.resources import (
-    CGROUP_ROOT,
-    PROC_ROOT,
     DiskReading,
     LimitOrigin,
     MemoryReading,

@@ -2,7 +2,7 @@
 
 Nested under our own group so the container is still charged for the job
 (DESIGN.md), and so every member can be found however it tried to leave.
-Locating our group and what "used" means are the readers' (:mod:`resources`).
+Locating our group and what "used" means are :mod:`cgroup_hierarchy`'s.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 
 from roomkeeper import parsers
+from roomkeeper.cgroup_hierarchy import CGROUP_ROOT, PROC_ROOT, group_used_bytes, own_memory_group
+from roomkeeper.cgroup_hierarchy import read_file as _read
 from roomkeeper.errors import KernelFileError
-from roomkeeper.resources import CGROUP_ROOT, PROC_ROOT, group_used_bytes, own_memory_group
-from roomkeeper.resources import read_file as _read
 
 
 @dataclass(frozen=True, slots=True)

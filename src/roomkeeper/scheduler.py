@@ -38,7 +38,8 @@ from roomkeeper.admission import Decision, Guard, Reason
 from roomkeeper.config import QueueSettings, read_queue_settings
 from roomkeeper.errors import QueueFullError, UnknownJobError
 from roomkeeper.jobs import JobSpec, JobState, JobView, Transition
-from roomkeeper.process import LaunchError, LaunchSpec, Lifeline, become_subreaper, launch
+from roomkeeper.launch import LaunchSpec, launch
+from roomkeeper.process import LaunchError, Lifeline, become_subreaper
 
 log = logging.getLogger("roomkeeper")
 
@@ -142,7 +143,7 @@ class Scheduler:
         guard: the admission guard; a new :class:`Guard` when omitted.
         limits: returns the bounds for a round; read from ``ROOMKEEPER_*`` on
             every round when omitted (no restart to reconfigure).
-        launcher: starts a tree; :func:`roomkeeper.process.launch` with a
+        launcher: starts a tree; :func:`roomkeeper.launch.launch` with a
             lifeline when omitted.
         cpu_percent: CPU pressure in percent, or None when unknown.
         clock: monotonic seconds (deadlines).
