@@ -1,14 +1,15 @@
 """roomkeeper: admit work only when the container has room for it.
 
-Layers, bottom to top; each imports only from the layers below it:
+Layers, bottom to top; each module imports only from its own layer or those below it:
 
 1. ``errors``, ``units``, ``config``, ``paths`` -- words, numbers, variables, places.
-2. ``parsers`` (pure kernel text -> records), ``resources`` (fresh readings),
-   ``history`` (allowlisted recovery events).
+2. ``parsers`` (pure kernel text -> records), ``cgroup_hierarchy`` (finding our
+   own cgroup and its levels), ``resources`` (fresh readings), ``history``
+   (allowlisted recovery events).
 3. ``admission`` (the guard), ``jobs`` (job records, in the guard's words),
    ``journal`` (SQLite, group commit), ``hooks``.
-4. ``cgroups``, ``lifeline``, ``process`` (managed trees), ``scheduler``,
-   ``leases``, ``calls``, ``recovery``, ``batch``.
+4. ``cgroups``, ``lifeline``, ``process`` (managed trees), ``launch`` (starting
+   one), ``scheduler``, ``leases``, ``calls``, ``recovery``, ``batch``.
 5. ``gateway`` (the service), ``metrics``, ``api_models``, ``bodylimit``,
    ``api`` (HTTP), ``gateway_main``; ``ipc``, ``watchdog``, ``restarts``,
    ``sdnotify``, ``supervisor`` (watching it from outside); ``client``.
