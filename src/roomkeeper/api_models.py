@@ -1,4 +1,5 @@
-"""The API's request bodies: strict, bounded, and saying what was wrong when they are not.
+"""The API's request bodies and path ids: strict, bounded, and saying what was wrong when
+they are not.
 
 Every model forbids unknown fields and bounds every string, list and number,
 so a crafted or oversized body gets a 4xx, never a 500.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from roomkeeper.errors import UsageError
@@ -17,6 +19,10 @@ from roomkeeper.leases import DEFAULT_TTL_S
 NAME = r"^[A-Za-z0-9._:@-]+$"
 Text = Annotated[str, Field(max_length=65536)]
 Bytes = Annotated[int, Field(ge=0, le=2**62)]
+# Imported at module level by the route modules so FastAPI can resolve it (they postpone
+# annotations).
+Id = Annotated[str, PathParam(max_length=200)]
+"""A job, call or lease id in a route's path."""
 
 
 class ReleaseIn(BaseModel):

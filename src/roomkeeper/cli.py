@@ -278,9 +278,10 @@ def batch(
         sys.exit(1)
 
 
-from roomkeeper import cli_gateway as _gateway_commands  # noqa: E402  (registers serve, run, ...)
+from roomkeeper import cli_client as _client_commands  # noqa: E402  (registers run, status, ...)
+from roomkeeper import cli_gateway as _gateway_commands  # noqa: E402  (registers serve, stop, ...)
 
-del _gateway_commands
+del _client_commands, _gateway_commands
 
 
 if __name__ == "__main__":  # pragma: no cover
