@@ -11,9 +11,11 @@ Layers, bottom to top; each module imports only from its own layer or those belo
 4. ``cgroups``, ``lifeline``, ``process`` (managed trees), ``launch`` (starting
    one), ``scheduler``, ``leases``, ``calls``, ``recovery``, ``batch``.
 5. ``gateway`` (the service), ``metrics``, ``api_models``, ``bodylimit``,
-   ``api`` (HTTP), ``gateway_main``; ``ipc``, ``watchdog``, ``restarts``,
+   ``api_views`` (records as JSON), ``api_jobs``, ``api_leases`` (route groups),
+   ``api`` (the HTTP app), ``gateway_main``; ``ipc``, ``watchdog``, ``restarts``,
    ``sdnotify``, ``supervisor`` (watching it from outside); ``client``.
-6. ``cli``, ``cli_gateway`` -- the ``roomkeeper`` command.
+6. ``cli``, ``cli_gateway`` (running the service), ``cli_client`` (talking to
+   it) -- the ``roomkeeper`` command.
 
 ``testing`` holds fakes (a clock) for tests and may import any layer.
 
