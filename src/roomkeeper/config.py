@@ -258,6 +258,20 @@ def read_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettin
     )
 
 
+def read_journal_synchronous(env: Mapping[str, str]) -> str:
+    """ROOMKEEPER_JOURNAL_SYNCHRONOUS: FULL (default) or, to measure what it costs, NORMAL/OFF."""
+    value = env.get("ROOMKEEPER_JOURNAL_SYNCHRONOUS", "FULL").upper()
+    if value not in ("FULL", "NORMAL", "OFF"):
+        warn_once(
+            "ROOMKEEPER_JOURNAL_SYNCHRONOUS",
+            value,
+            f"ROOMKEEPER_JOURNAL_SYNCHRONOUS={value!r} is not usable: FULL, NORMAL or OFF; "
+            "using the default FULL",
+        )
+        return "FULL"
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class WatchdogSettings:
     """The supervisor's stages and restart pacing (seed 002), in seconds.

@@ -15,7 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from roomkeeper.admission import Reason
-from roomkeeper.gateway import WAIT_BUCKETS
+from roomkeeper.gateway_jobs import WAIT_BUCKETS
 from roomkeeper.jobs import JobState
 
 if TYPE_CHECKING:

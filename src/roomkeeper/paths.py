@@ -1,11 +1,17 @@
-"""Where roomkeeper keeps its state: ROOMKEEPER_HOME and the workspace volume."""
+"""Where roomkeeper keeps its state: ROOMKEEPER_HOME, the workspace volume, the token."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
+
+log = logging.getLogger("roomkeeper")
+
+MIN_TOKEN_CHARS = 32
 
 
 def home_dir(env: Mapping[str, str] | None = None, *, create: bool = True) -> Path:
@@ -74,3 +80,20 @@ def write_private(path: Path, text: str) -> None:
         os.fsync(dir_fd)  # the rename itself is durable only once the folder is
     finally:
         os.close(dir_fd)
+
+
+def load_token(home: Path) -> str:
+    """The gateway's bearer token, made on first start (mode 0600).
+
+    Written to a temporary file and renamed, so a crash never leaves an empty
+    token behind; a token file that is empty or too short is replaced, since
+    an empty token would let anyone in.
+    """
+    path = home / "token"
+    with contextlib.suppress(FileNotFoundError):
+        token = path.read_text().strip()
+        if len(token) >= MIN_TOKEN_CHARS:
+            return token
+        log.warning("the token file was empty or too short; a new token was made")
+    write_private(path, secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
