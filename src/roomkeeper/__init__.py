@@ -10,7 +10,9 @@ Layers, bottom to top; each module imports only from its own layer or those belo
    ``journal`` (SQLite, group commit), ``hooks``.
 4. ``cgroups``, ``lifeline``, ``process`` (managed trees), ``launch`` (starting
    one), ``scheduler``, ``leases``, ``calls``, ``recovery``, ``batch``.
-5. ``gateway`` (the service), ``metrics``, ``api_models``, ``bodylimit``,
+5. ``gateway_samples`` (the chart's samples), ``gateway_jobs``, ``gateway_leases``
+   (durable jobs and leases), ``gateway_link`` (facing the supervisor),
+   ``gateway`` (the service), ``metrics``, ``api_models``, ``bodylimit``,
    ``api_views`` (records as JSON), ``api_jobs``, ``api_leases`` (route groups),
    ``api`` (the HTTP app), ``gateway_main``; ``ipc``, ``watchdog``, ``restarts``,
    ``sdnotify``, ``supervisor`` (watching it from outside); ``client``.
