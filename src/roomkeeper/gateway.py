@@ -47,8 +47,9 @@ from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import Journal
 from roomkeeper.leases import Leases, LeaseState, LeaseView, guard_key
 from roomkeeper.paths import home_dir, workspace_dir, write_private
+from roomkeeper.queue import Limits
 from roomkeeper.recovery import recover
-from roomkeeper.scheduler import Limits, Scheduler, cpu_pressure_percent
+from roomkeeper.scheduler import Scheduler, cpu_pressure_percent
 
 log = logging.getLogger("roomkeeper")
 
