@@ -13,7 +13,8 @@ from roomkeeper.admission import Decision, Guard, Reason
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
 from roomkeeper.jobs import JobSpec, JobState
 from roomkeeper.launch import LaunchSpec
-from roomkeeper.scheduler import Limits, Scheduler
+from roomkeeper.queue import Limits
+from roomkeeper.scheduler import Scheduler
 from roomkeeper.testing import FakeClock
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from roomkeeper.admission import Guard
 from roomkeeper.jobs import JobSpec, JobState
-from roomkeeper.scheduler import Limits, Scheduler
+from roomkeeper.queue import Limits
+from roomkeeper.scheduler import Scheduler
 
 pytestmark = pytest.mark.kernel
 

@@ -32,9 +32,10 @@ import pytest
 
 from roomkeeper import restarts
 from roomkeeper.config import WatchdogSettings, read_watchdog_settings
+from roomkeeper.gateway_child import gateway_command
 from roomkeeper.restarts import Backoff, BudgetState, RestartBudget, RestartReason
 from roomkeeper.sdnotify import Notifier, socket_address
-from roomkeeper.supervisor import RECORD_NAME, find_supervisor, gateway_command, read_events
+from roomkeeper.supervisor_records import RECORD_NAME, find_supervisor, read_events
 from roomkeeper.testing import FakeClock
 from roomkeeper.watchdog import Action, Stage, Watchdog
 from tests.cgroups import child_memory_cgroup

@@ -7,15 +7,18 @@ Layers, bottom to top; each module imports only from its own layer or those belo
    own cgroup and its levels), ``resources`` (fresh readings), ``history``
    (allowlisted recovery events).
 3. ``admission`` (the guard), ``jobs`` (job records, in the guard's words),
+   ``queue`` (the bounded fair queue), ``jobbook`` (the scheduler's records),
    ``journal`` (SQLite, group commit), ``hooks``.
 4. ``cgroups``, ``lifeline``, ``process`` (managed trees), ``launch`` (starting
-   one), ``scheduler``, ``leases``, ``calls``, ``recovery``, ``batch``.
+   one), ``runner`` (launch rounds), ``scheduler``, ``leases``, ``calls``,
+   ``recovery``, ``batch``.
 5. ``gateway_samples`` (the chart's samples), ``gateway_jobs``, ``gateway_leases``
    (durable jobs and leases), ``gateway_link`` (facing the supervisor),
    ``gateway`` (the service), ``metrics``, ``api_models``, ``bodylimit``,
    ``api_views`` (records as JSON), ``api_jobs``, ``api_leases`` (route groups),
    ``api`` (the HTTP app), ``gateway_main``; ``ipc``, ``watchdog``, ``restarts``,
-   ``sdnotify``, ``supervisor`` (watching it from outside); ``client``.
+   ``sdnotify``, ``supervisor_records``, ``gateway_child``, ``supervisor``
+   (watching it from outside); ``client``.
 6. ``cli``, ``cli_gateway`` (running the service), ``cli_client`` (talking to
    it) -- the ``roomkeeper`` command.
 

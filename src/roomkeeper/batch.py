@@ -24,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from roomkeeper.admission import Guard
 from roomkeeper.config import read_queue_settings
 from roomkeeper.jobs import JobSpec, JobState, JobView
-from roomkeeper.scheduler import Limits, Scheduler, batch_limits
+from roomkeeper.queue import Limits, batch_limits
+from roomkeeper.scheduler import Scheduler
 from roomkeeper.units import format_bytes
 
 STOP_GRACE_ON_INTERRUPT = 2.0

@@ -127,7 +127,7 @@ def stop(wait_s: float) -> None:
     When no gateway answers (the supervisor is waiting to restart one, or the
     gateway is stuck), the supervisor is asked directly and stops both.
     """
-    from roomkeeper.supervisor import find_supervisor
+    from roomkeeper.supervisor_records import find_supervisor
 
     home = home_dir(create=False)
     supervisor = find_supervisor(home)

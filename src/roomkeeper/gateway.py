@@ -51,8 +51,9 @@ from roomkeeper.jobs import JobSpec, JobView
 from roomkeeper.journal import Journal
 from roomkeeper.leases import Leases, LeaseState, LeaseView
 from roomkeeper.paths import home_dir, load_token, workspace_dir, write_private
+from roomkeeper.queue import Limits
 from roomkeeper.recovery import recover
-from roomkeeper.scheduler import Limits, cpu_pressure_percent
+from roomkeeper.scheduler import cpu_pressure_percent
 
 log = logging.getLogger("roomkeeper")
 

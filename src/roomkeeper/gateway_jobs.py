@@ -31,7 +31,8 @@ from roomkeeper.history import HistoryEvent, RecoveryCode
 from roomkeeper.hooks import ReleaseHook, run_hook
 from roomkeeper.jobs import JobSpec, JobState, JobView
 from roomkeeper.journal import Journal
-from roomkeeper.scheduler import Limits, Scheduler
+from roomkeeper.queue import Limits
+from roomkeeper.scheduler import Scheduler
 
 log = logging.getLogger("roomkeeper")
 

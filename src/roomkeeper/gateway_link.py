@@ -26,7 +26,8 @@ from roomkeeper.history import HistoryEvent, RecoveryCode
 from roomkeeper.ipc import CAPABILITIES, PROTOCOL, RECOVERY_MODE_VARIABLE, Channel
 from roomkeeper.jobs import JobState
 from roomkeeper.journal import Journal
-from roomkeeper.scheduler import Limits, Scheduler
+from roomkeeper.queue import Limits
+from roomkeeper.scheduler import Scheduler
 
 log = logging.getLogger("roomkeeper")
 

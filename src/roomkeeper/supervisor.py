@@ -1,12 +1,8 @@
 """The supervisor: runs the gateway as its child and watches it from outside (seed 002).
 
-``roomkeeper serve`` is this small process.  The gateway is its child,
-``python -m roomkeeper gateway --port P`` (a command line that names it, not
-a bare fork), started in its own session with one end of a socketpair
-(:mod:`roomkeeper.ipc`, ROOMKEEPER_IPC_FD).  Its own session keeps it out of
-the supervisor's way: Ctrl-C on a terminal reaches only the supervisor, which
-stops the gateway in order.  If the supervisor dies, even by SIGKILL, the
-gateway reads end-of-file on the channel and runs its shutdown path.
+``roomkeeper serve`` is this small process.  The gateway is its child, with
+one end of a socketpair (how it is started and killed:
+:mod:`roomkeeper.gateway_child`).
 
 The watchdog's stages (ROOMKEEPER_WATCHDOG_*, defaults 120/30/20/15 s):
 after the start grace, no healthy heartbeat for HEARTBEAT s -> ``relief``;
@@ -36,158 +32,36 @@ Decisions the issue left open:
   hangs on a spent budget.
 * As PID 1 (a container's init) the supervisor reaps the orphans handed to it.
 
-Every stage is a log line on stderr and a JSON line in
-``ROOMKEEPER_HOME/recovery/supervisor.log`` (``at`` wall clock, ``mono``
-monotonic, ``event``, ``gen`` = the launch number, and codes and numbers
-only), so the stages can be read in order with their timestamps.
+Every stage is a log line and a line in the event log (:mod:`roomkeeper.supervisor_records`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import queue
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psutil
 
 from roomkeeper.config import WatchdogSettings, read_watchdog_settings
-from roomkeeper.ipc import ENV_FD, PROTOCOL, RECOVERY_MODE_VARIABLE, Channel, pair
-from roomkeeper.paths import home_dir, write_private
+from roomkeeper.gateway_child import Child, gateway_command, kill_tree, start_gateway
+from roomkeeper.ipc import PROTOCOL
+from roomkeeper.paths import home_dir
 from roomkeeper.restarts import STATE_NAME, Backoff, RestartBudget, RestartReason
-from roomkeeper.sdnotify import NOTIFY_VARIABLES, Notifier
+from roomkeeper.sdnotify import Notifier
+from roomkeeper.supervisor_records import EVENT_LOG, EventLog, remove_record, write_record
 from roomkeeper.watchdog import Action, Stage, Watchdog
 
 log = logging.getLogger("roomkeeper")
 
-EVENT_LOG = "supervisor.log"
-RECORD_NAME = "supervisor.json"
-"""ROOMKEEPER_HOME/supervisor.json: the running supervisor's pid and start time, so that
-``roomkeeper stop`` reaches it when no gateway answers (in a backoff or a cooldown)."""
-EVENT_LOG_MAX_BYTES = 1024 * 1024
-COMMAND_VARIABLE = "ROOMKEEPER_GATEWAY_COMMAND"  # tests: run this instead of the gateway
 MAX_WAIT_S = 1.0
 DRAIN_S = 1.0  # after the gateway exits, how long its last messages may take to arrive
-
-
-def kill_tree(root: psutil.Process) -> int:
-    """SIGKILL ``root`` and all its descendants, collected by pid first; how many were signalled.
-
-    The tree is frozen (SIGSTOP) before it is killed and collected once more,
-    so a process forked while we looked is not missed.  ``root`` carries its
-    start time, so a reused pid is never signalled.
-    """
-    procs: dict[int, psutil.Process] = {}
-
-    def collect(proc: psutil.Process) -> None:
-        with contextlib.suppress(psutil.Error):
-            for p in [proc, *proc.children(recursive=True)]:
-                procs.setdefault(p.pid, p)
-
-    collect(root)
-    for p in list(procs.values()):
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGSTOP)
-    for p in list(procs.values()):
-        collect(p)
-    for p in procs.values():
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGKILL)
-    return len(procs)
-
-
-class EventLog:
-    """Stages as JSON lines (``ROOMKEEPER_HOME/recovery/supervisor.log``) and as log lines."""
-
-    def __init__(self, path: Path | None, clock: Callable[[], float]) -> None:
-        self.path = path
-        self.clock = clock
-
-    def __call__(self, event: str, message: str | None = None, **fields: Any) -> None:
-        """Record ``event``; ``message``, when given, also goes to stderr."""
-        if message is not None:
-            log.warning("supervisor: %s", message)
-        if self.path is None:
-            return
-        line = json.dumps({"at": time.time(), "mono": self.clock(), "event": event, **fields})
-        with contextlib.suppress(OSError):
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if self.path.exists() and self.path.stat().st_size > EVENT_LOG_MAX_BYTES:
-                os.replace(self.path, self.path.with_suffix(".log.1"))
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, (line + "\n").encode())  # one write: a line is never interleaved
-            finally:
-                os.close(fd)
-
-
-def read_events(home: Path) -> list[dict[str, Any]]:
-    """The supervisor's recorded events, oldest first (for tests and the curious)."""
-    path = home / "recovery" / EVENT_LOG
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    # A reader can race the writer: the last line is only whole once its newline is there.
-    complete = text[: text.rfind("\n") + 1]
-    return [json.loads(line) for line in complete.splitlines() if line.strip()]
-
-
-def _start_time(process: psutil.Process) -> float:
-    return round(process.create_time(), 2)
-
-
-def find_supervisor(home: Path) -> psutil.Process | None:
-    """The supervisor recorded in ``home``, if that very process still runs.
-
-    The pid must name a live process that started when the record says
-    (a reused pid is someone else's process and is never returned).
-    """
-    try:
-        record = json.loads((home / RECORD_NAME).read_text())
-        process = psutil.Process(int(record["pid"]))
-        if _start_time(process) == float(record["started"]):
-            return process
-    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-        pass
-    return None
-
-
-def gateway_command(
-    port: int, socket_path: str | None, env: Mapping[str, str] | None = None
-) -> list[str]:
-    """The child's command: ``python -m roomkeeper gateway`` (or ROOMKEEPER_GATEWAY_COMMAND)."""
-    env = os.environ if env is None else env
-    injected = env.get(COMMAND_VARIABLE)
-    if injected:
-        return [str(part) for part in json.loads(injected)]
-    where = ["--socket", socket_path] if socket_path else ["--port", str(port)]
-    return [sys.executable, "-m", "roomkeeper", "gateway", *where]
-
-
-@dataclass
-class _Child:
-    gen: int
-    proc: subprocess.Popen[bytes]
-    channel: Channel
-    watchdog: Watchdog
-    root: psutil.Process | None
-    boot_id: str | None = None
-    capabilities: frozenset[str] = frozenset()
-    stop_said: bool = False
-    restart_said: bool = False
-    exit_code: int | None = None
-    eof: bool = False
 
 
 class Supervisor:
@@ -236,7 +110,7 @@ class Supervisor:
         handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         self.record("supervisor_started", pid=os.getpid(), reason=self.reason.value)
-        self._write_record()
+        write_record(self.home)
         try:
             reason = self.reason
             left = self.budget.cooldown_left(self.settings().cooldown_s)
@@ -253,24 +127,9 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.notifier.stopping()
-            self._remove_record()
+            remove_record(self.home)
             self.record("supervisor_stopped", pid=os.getpid())
         return 0
-
-    def _write_record(self) -> None:
-        me = psutil.Process()
-        with contextlib.suppress(OSError):  # without it, `roomkeeper stop` needs a gateway
-            write_private(
-                self.home / RECORD_NAME,
-                json.dumps({"pid": me.pid, "started": _start_time(me)}),
-            )
-
-    def _remove_record(self) -> None:
-        """Remove the record if it is still ours (another supervisor may have replaced it)."""
-        found = find_supervisor(self.home)
-        if found is not None and found.pid == os.getpid():
-            with contextlib.suppress(OSError):
-                (self.home / RECORD_NAME).unlink()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._events.put(("signal", 0, signum))  # SimpleQueue.put is safe in a signal handler
@@ -315,58 +174,38 @@ class Supervisor:
 
     # ---------------------------------------------------------------- launch
 
-    def _launch(self, reason: RestartReason) -> _Child | None:
+    def _launch(self, reason: RestartReason) -> Child | None:
         self._generation += 1
         gen = self._generation
-        ours, theirs = pair()
-        env = {k: v for k, v in self.env.items() if k not in NOTIFY_VARIABLES}
-        for name in ("ROOMKEEPER_SUPERVISE", COMMAND_VARIABLE):
-            env.pop(name, None)
-        env.update(
-            {
-                ENV_FD: str(theirs.fileno()),
-                "ROOMKEEPER_SUPERVISED": "1",
-                "ROOMKEEPER_RESTART_REASON": reason.value,
-                # Latched before the child starts anything: its hello would come too late.
-                RECOVERY_MODE_VARIABLE: "1" if self.budget.recovery_mode else "0",
-            }
-        )
         try:
-            proc = subprocess.Popen(
-                self.command,
-                env=env,
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # terminal signals reach only the supervisor
+            proc, ours = start_gateway(
+                self.command, self.env, reason, recovery_mode=self.budget.recovery_mode
             )
         except OSError as err:
-            ours.close()
             self.record("launch_failed", f"cannot start the gateway: {err}", gen=gen)
             return None
-        finally:
-            theirs.close()
         self.budget.launched()
         root = None
         with contextlib.suppress(psutil.Error):
             root = psutil.Process(proc.pid)  # keeps its start time: a reused pid is not it
-        child = _Child(gen, proc, ours, Watchdog(self.settings(), self.clock()), root)
+        child = Child(gen, proc, ours, Watchdog(self.settings(), self.clock()), root)
         threading.Thread(target=self._read, args=(child,), daemon=True).start()
         threading.Thread(target=self._wait, args=(child,), daemon=True).start()
         self.record("launched", gen=gen, pid=proc.pid, reason=reason.value)
         log.info("supervisor: gateway launched (pid %d, %s)", proc.pid, reason.value)
         return child
 
-    def _read(self, child: _Child) -> None:
+    def _read(self, child: Child) -> None:
         for message in child.channel.messages():
             self._events.put(("message", child.gen, message))
         self._events.put(("eof", child.gen, None))
 
-    def _wait(self, child: _Child) -> None:
+    def _wait(self, child: Child) -> None:
         self._events.put(("exit", child.gen, child.proc.wait()))
 
     # ----------------------------------------------------------------- watch
 
-    def _watch(self, child: _Child) -> tuple[RestartReason, float] | None:
+    def _watch(self, child: Child) -> tuple[RestartReason, float] | None:
         """Run one gateway to its end; what to launch next and its healthy time, or None: stop."""
         drained_by = float("inf")
         while True:
@@ -398,7 +237,7 @@ class Supervisor:
             if child.watchdog.stage in (Stage.STARTING, Stage.CRASH_ONLY):
                 self._ping(now)
 
-    def _message(self, child: _Child, message: dict[str, Any], now: float) -> None:
+    def _message(self, child: Child, message: dict[str, Any], now: float) -> None:
         kind = message["type"]
         if kind == "hello":
             caps = message.get("capabilities")
@@ -463,7 +302,7 @@ class Supervisor:
             self.record("persistence_failed", error=error)  # the budget has logged it
         self._persistence_reported = error
 
-    def _act(self, child: _Child, action: Action, now: float) -> None:
+    def _act(self, child: Child, action: Action, now: float) -> None:
         pid = child.proc.pid
         s = child.watchdog.settings
         if action is Action.RELIEF:
@@ -483,7 +322,7 @@ class Supervisor:
                 "sigkill", f"pid {pid} did not exit: SIGKILL to {count} process(es)", gen=child.gen
             )
 
-    def _stop(self, child: _Child, now: float, signum: int) -> None:
+    def _stop(self, child: Child, now: float, signum: int) -> None:
         if self.stopping:  # a second signal: no more waiting
             self._act(child, Action.SIGKILL, now)
             return
@@ -494,7 +333,7 @@ class Supervisor:
             child.proc.send_signal(signal.SIGTERM)
         child.watchdog.leaving(now)
 
-    def _exited(self, child: _Child, code: int, now: float) -> tuple[RestartReason, float] | None:
+    def _exited(self, child: Child, code: int, now: float) -> tuple[RestartReason, float] | None:
         child.channel.close()
         self.record("exited", gen=child.gen, exit_code=code, stage=child.watchdog.stage.value)
         if self.stopping or child.stop_said:
