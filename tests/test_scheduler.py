@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from roomkeeper.admission import Decision, Guard, Reason
+from roomkeeper.config import read_queue_settings
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
 from roomkeeper.jobs import JobSpec, JobState
 from roomkeeper.launch import LaunchSpec
-from roomkeeper.queue import Limits
+from roomkeeper.queue import FairQueue, Limits
 from roomkeeper.scheduler import Scheduler
 from roomkeeper.testing import FakeClock
 
@@ -351,3 +352,25 @@ def test_bad_specs_are_refused_with_a_reason(rig: Rig) -> None:
         rig.scheduler.submit(JobSpec(argv=[]))
     with pytest.raises(UsageError, match="timeout_s must be > 0"):
         rig.scheduler.submit(JobSpec(argv=["x"], timeout_s=0))
+
+
+def test_an_owner_refused_at_its_bound_leaves_no_line_outside_the_turn() -> None:
+    """A refusal by the per-owner bound creates no empty line; forgetting idle owners then
+    has nothing it cannot find in the rotation."""
+    queue: FairQueue[str] = FairQueue()
+    limits = Limits(10, 0, 4, 2, 80.0, 10)
+    with pytest.raises(QueueFullError) as refused:
+        queue.check_room("late", limits)
+    assert refused.value.reason == "owner_queue_full"
+    assert queue.owners() == set()
+    queue.forget_idle(busy=set())
+    queue.push("early", "job-1")
+    assert list(queue.heads()) == [("early", "job-1")]
+
+
+def test_waiting_bounds_below_one_are_refused_with_the_rule() -> None:
+    """0 waiting would refuse every submission: the default stays and the rule is said."""
+    s = read_queue_settings(
+        {"ROOMKEEPER_MAX_WAITING": "0", "ROOMKEEPER_MAX_WAITING_PER_OWNER": "0"}
+    )
+    assert (s.max_waiting, s.max_waiting_per_owner) == (32, 8)

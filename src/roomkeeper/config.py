@@ -176,7 +176,6 @@ class QueueSettings:
     worker_nice: int = 10
 
 
-_COUNT = _integer(0, 10**6)
 _AT_LEAST_ONE = _integer(1, 10**4)
 
 
@@ -190,14 +189,20 @@ def read_queue_settings(env: Mapping[str, str] | None = None) -> QueueSettings:
     d = QueueSettings()
     return QueueSettings(
         max_waiting=_variable(
-            env, "ROOMKEEPER_MAX_WAITING", d.max_waiting, _COUNT, "an integer >= 0"
+            # At least 1: every job waits before its first launch round, so 0 would
+            # refuse every submission.
+            env,
+            "ROOMKEEPER_MAX_WAITING",
+            d.max_waiting,
+            _AT_LEAST_ONE,
+            "an integer >= 1",
         ),
         max_waiting_per_owner=_variable(
             env,
             "ROOMKEEPER_MAX_WAITING_PER_OWNER",
             d.max_waiting_per_owner,
-            _COUNT,
-            "an integer >= 0",
+            _AT_LEAST_ONE,
+            "an integer >= 1",
         ),
         max_running=_variable(
             env, "ROOMKEEPER_MAX_RUNNING", d.max_running, _AT_LEAST_ONE, "an integer >= 1"

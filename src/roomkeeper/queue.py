@@ -83,10 +83,10 @@ class FairQueue(Generic[T]):
                 reason=Reason.QUEUE_FULL.value,
                 owner=owner,
             )
-        queue = self._queues.setdefault(owner, deque())
-        if limits.max_waiting_per_owner is not None and len(queue) >= limits.max_waiting_per_owner:
+        mine = self.waiting_of(owner)  # a refusal must not leave a line outside the turn
+        if limits.max_waiting_per_owner is not None and mine >= limits.max_waiting_per_owner:
             raise QueueFullError(
-                f"owner {owner!r} has {len(queue)} jobs waiting, the most "
+                f"owner {owner!r} has {mine} jobs waiting, the most "
                 f"ROOMKEEPER_MAX_WAITING_PER_OWNER allows ({limits.max_waiting_per_owner})",
                 reason=Reason.OWNER_QUEUE_FULL.value,
                 owner=owner,
