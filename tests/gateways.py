@@ -38,6 +38,18 @@ class RunningGateway:
         return (self.home / "token").read_text().strip()
 
 
+def roomkeeper_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``roomkeeper ARGS`` as a person would; its exit status, stdout and stderr as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "roomkeeper", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def gateway_env(tmp: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
     env.update(

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.gateways import RunningGateway, gateway_env, running_gateway
+from tests.gateways import RunningGateway, gateway_env, roomkeeper_cli, running_gateway
 
 pytestmark = pytest.mark.kernel
 
@@ -468,14 +468,7 @@ def test_a_gateway_that_stops_answering_mid_call_is_a_clear_error(tmp_path: Path
         (home / "token").write_text("t" * 40)
         port = server.server_address[1]
         (home / "gateway.json").write_text(json.dumps({"pid": os.getpid(), "port": port}))
-        done = subprocess.run(
-            [sys.executable, "-m", "roomkeeper", "status"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = roomkeeper_cli(env, "status")
     finally:
         server.shutdown()
         server.server_close()

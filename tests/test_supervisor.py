@@ -39,7 +39,7 @@ from roomkeeper.supervisor_records import RECORD_NAME, find_supervisor, read_eve
 from roomkeeper.testing import FakeClock
 from roomkeeper.watchdog import Action, Stage, Watchdog
 from tests.cgroups import child_memory_cgroup
-from tests.gateways import free_port, gateway_env, stop_process
+from tests.gateways import free_port, gateway_env, roomkeeper_cli, stop_process
 
 DEFAULTS = WatchdogSettings()
 FAST = {
@@ -779,15 +779,9 @@ def test_roomkeeper_stop_is_a_clean_exit_with_no_restart_and_no_survivors(tmp_pa
         wait_healthy(url)
         job = submit_sleep(s)
         tree = [psutil.Process(s.proc.pid), *s.gateway_tree()]
-        done = subprocess.run(
-            [sys.executable, "-m", "roomkeeper", "stop"],
-            env=s.env,
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
+        done = roomkeeper_cli(s.env, "stop")
         assert done.returncode == 0, done.stderr
-        assert done.stdout.decode().splitlines() == ["roomkeeper: stopping", "roomkeeper: stopped"]
+        assert done.stdout.splitlines() == ["roomkeeper: stopping", "roomkeeper: stopped"]
         assert s.proc.poll() == 0  # `stop` returned only once the supervisor had exited
         _, alive = psutil.wait_procs([*tree, job], timeout=5)
         assert alive == []
@@ -803,15 +797,9 @@ def test_roomkeeper_stop_reaches_a_supervisor_waiting_to_restart(tmp_path: Path)
         s.wait_event("restart_scheduled")
         record = json.loads((s.home / RECORD_NAME).read_text())
         assert record["pid"] == s.proc.pid
-        done = subprocess.run(
-            [sys.executable, "-m", "roomkeeper", "stop"],
-            env=s.env,
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
+        done = roomkeeper_cli(s.env, "stop")
         assert done.returncode == 0, done.stderr
-        assert done.stdout.decode().splitlines() == [
+        assert done.stdout.splitlines() == [
             f"roomkeeper: no gateway answered; stopping its supervisor (pid {s.proc.pid})",
             "roomkeeper: stopped",
         ]
@@ -822,16 +810,10 @@ def test_roomkeeper_stop_reaches_a_supervisor_waiting_to_restart(tmp_path: Path)
 
 def test_roomkeeper_stop_with_nothing_running_says_so(tmp_path: Path) -> None:
     """No gateway and no supervisor: exit 1 with a one-line reason, no traceback."""
-    done = subprocess.run(
-        [sys.executable, "-m", "roomkeeper", "stop"],
-        env=gateway_env(tmp_path),
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+    done = roomkeeper_cli(gateway_env(tmp_path), "stop")
     assert done.returncode == 1
-    assert "no roomkeeper gateway is running" in done.stderr.decode()
-    assert "Traceback" not in done.stderr.decode()
+    assert "no roomkeeper gateway is running" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_a_supervisor_record_with_another_start_time_is_not_ours(tmp_path: Path) -> None:
