@@ -374,3 +374,9 @@ def test_waiting_bounds_below_one_are_refused_with_the_rule() -> None:
         {"ROOMKEEPER_MAX_WAITING": "0", "ROOMKEEPER_MAX_WAITING_PER_OWNER": "0"}
     )
     assert (s.max_waiting, s.max_waiting_per_owner) == (32, 8)
+
+
+def test_waiting_bounds_take_large_values() -> None:
+    """A large waiting bound is a choice, not a mistake."""
+    s = read_queue_settings({"ROOMKEEPER_MAX_WAITING": "20000"})
+    assert s.max_waiting == 20000

@@ -72,6 +72,11 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+def __dir__() -> list[str]:
+    """The module's own names and the public ones loaded on first use."""
+    return sorted({*globals(), *_HOMES})
+
+
 def __getattr__(name: str) -> Any:
     """``roomkeeper.Guard`` and the other public names, imported when first asked for."""
     if name in _HOMES:

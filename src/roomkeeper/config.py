@@ -177,6 +177,9 @@ class QueueSettings:
 
 
 _AT_LEAST_ONE = _integer(1, 10**4)
+# Waiting bounds start at 1: every job waits before its first launch round, so 0
+# would refuse every submission.
+_WAITING_BOUND = _integer(1, 10**6)
 
 
 def read_queue_settings(env: Mapping[str, str] | None = None) -> QueueSettings:
@@ -189,30 +192,32 @@ def read_queue_settings(env: Mapping[str, str] | None = None) -> QueueSettings:
     d = QueueSettings()
     return QueueSettings(
         max_waiting=_variable(
-            # At least 1: every job waits before its first launch round, so 0 would
-            # refuse every submission.
             env,
             "ROOMKEEPER_MAX_WAITING",
             d.max_waiting,
-            _AT_LEAST_ONE,
-            "an integer >= 1",
+            _WAITING_BOUND,
+            "an integer from 1 to 1000000",
         ),
         max_waiting_per_owner=_variable(
             env,
             "ROOMKEEPER_MAX_WAITING_PER_OWNER",
             d.max_waiting_per_owner,
-            _AT_LEAST_ONE,
-            "an integer >= 1",
+            _WAITING_BOUND,
+            "an integer from 1 to 1000000",
         ),
         max_running=_variable(
-            env, "ROOMKEEPER_MAX_RUNNING", d.max_running, _AT_LEAST_ONE, "an integer >= 1"
+            env,
+            "ROOMKEEPER_MAX_RUNNING",
+            d.max_running,
+            _AT_LEAST_ONE,
+            "an integer from 1 to 10000",
         ),
         max_running_per_owner=_variable(
             env,
             "ROOMKEEPER_MAX_RUNNING_PER_OWNER",
             d.max_running_per_owner,
             _AT_LEAST_ONE,
-            "an integer >= 1",
+            "an integer from 1 to 10000",
         ),
         cpu_pressure_percent=_variable(
             env,

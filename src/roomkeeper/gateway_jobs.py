@@ -118,7 +118,7 @@ class DurableJobs:
         job_id = view.id
 
         def forget(done: concurrent.futures.Future[None]) -> None:
-            # A failed write is kept: submit_job must see it and answer 507.
+            # A failed write is kept: DurableJobs.submit must see it and answer 507.
             if (
                 self.writes.get(job_id) is done
                 and not done.cancelled()

@@ -26,10 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from roomkeeper.admission import Decision, Guard, Reason
+from roomkeeper.errors import LaunchError
 from roomkeeper.jobbook import Handle, JobBook, JobRecord
 from roomkeeper.jobs import JobState, JobView
 from roomkeeper.launch import LaunchSpec, launch
-from roomkeeper.process import LaunchError, Lifeline, become_subreaper
+from roomkeeper.process import Lifeline, become_subreaper
 from roomkeeper.queue import FairQueue, Limits
 
 log = logging.getLogger("roomkeeper")
