@@ -145,7 +145,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     async def shutdown() -> dict[str, str]:
         """Stop the service (not a restart): the same path as SIGTERM, through both layers."""
         gateway.closing = True  # stop admitting now, before connections drain
-        gateway.tell_supervisor("stop")  # an explicit stop is never taken for a crash
+        gateway.link.tell("stop")  # an explicit stop is never taken for a crash
         if gateway.server is not None:
             gateway.server.should_exit = True
         else:
@@ -157,7 +157,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     @app.post("/v1/restart", dependencies=auth)
     async def restart() -> JSONResponse:
         """A fast restart by the supervisor (409 when the gateway runs alone)."""
-        if not gateway.tell_supervisor("restart"):
+        if not gateway.link.tell("restart"):
             return JSONResponse(
                 {"detail": "no supervisor: restarts need `roomkeeper serve`"},
                 409,
@@ -170,6 +170,6 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     @app.post("/v1/repair", dependencies=auth)
     async def repair() -> dict[str, Any]:
         """Check responsiveness and headroom, then release held work gradually."""
-        return await gateway.repair()
+        return await gateway.link.repair()
 
     return app

@@ -46,7 +46,9 @@ def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
         )
         if body.cwd is None:
             gateway.workspace.mkdir(parents=True, exist_ok=True)
-        view = await gateway.submit_job(spec, body.release.hook() if body.release else None)
+        view = await gateway.durable_jobs.submit(
+            spec, body.release.hook() if body.release else None
+        )
         return {"id": view.id, "state": view.state.value}
 
     @router.get("/v1/jobs", dependencies=auth)
@@ -112,13 +114,13 @@ def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     @router.delete("/v1/jobs/{job_id}", dependencies=auth)
     def cancel_job(job_id: Id) -> dict[str, Any]:
         """Cancel a waiting job or stop a running one's whole tree (saved before it is answered)."""
-        return job_json(gateway.cancel_job(job_id))
+        return job_json(gateway.durable_jobs.cancel(job_id))
 
     @router.post("/v1/jobs/{job_id}/resolve", dependencies=auth)
     def resolve_job(job_id: Id, body: ResolveIn) -> dict[str, Any]:
         """Settle an uncertain job: succeeded, failed, or run it again."""
         _guard_saving()
-        gateway.resolve_job(job_id, body.resolution)
+        gateway.durable_jobs.resolve(job_id, body.resolution)
         return _find(job_id)
 
     # ------------------------------------------------------------ calls

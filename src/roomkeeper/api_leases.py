@@ -24,7 +24,7 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     @router.post("/v1/leases", status_code=201, dependencies=auth, response_model=None)
     async def grant_lease(body: LeaseIn) -> Response:
         """Grant a lease (201; 200 for a retried id) or refuse it (409 with the guard's reason)."""
-        lease, decision, created = await gateway.grant_lease(
+        lease, decision, created = await gateway.durable_leases.grant(
             body.id,
             owner=body.owner,
             memory_bytes=body.memory_bytes,
@@ -41,12 +41,14 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     @router.delete("/v1/leases/{lease_id}", dependencies=auth)
     async def release_lease(lease_id: Id) -> dict[str, Any]:
         """Release a lease: its hook runs, then its memory is given back."""
-        return lease_json(await gateway.end_lease(lease_id))
+        return lease_json(await gateway.durable_leases.end(lease_id))
 
     @router.post("/v1/leases/{lease_id}/heartbeat", dependencies=auth)
     async def heartbeat(lease_id: Id, body: HeartbeatIn | None = None) -> dict[str, Any]:
         """Extend a lease's ttl from now."""
-        return lease_json(await gateway.heartbeat(lease_id, body.ttl_s if body else None))
+        return lease_json(
+            await gateway.durable_leases.heartbeat(lease_id, body.ttl_s if body else None)
+        )
 
     @router.get("/v1/leases", dependencies=auth)
     def list_leases() -> list[dict[str, Any]]:

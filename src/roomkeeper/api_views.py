@@ -221,8 +221,8 @@ def status_json(gateway: Gateway) -> dict[str, Any]:
             word
             for word, on in (
                 ("shutting down", gateway.closing),
-                ("recovery mode", gateway.recovery_mode),
-                ("relief", time.monotonic() < gateway.relief_until),
+                ("recovery mode", gateway.link.recovery_mode),
+                ("relief", time.monotonic() < gateway.link.relief_until),
             )
             if on
         ],

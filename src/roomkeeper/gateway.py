@@ -43,13 +43,11 @@ from roomkeeper.config import (
 from roomkeeper.errors import UsageError
 from roomkeeper.gateway_jobs import DurableJobs
 from roomkeeper.gateway_leases import DurableLeases
-from roomkeeper.gateway_link import REPAIR_PROBES, SupervisorLink
+from roomkeeper.gateway_link import SupervisorLink
 from roomkeeper.gateway_samples import Sample, Sampler
-from roomkeeper.hooks import ReleaseHook
 from roomkeeper.ipc import Channel
-from roomkeeper.jobs import JobSpec, JobView
 from roomkeeper.journal import Journal
-from roomkeeper.leases import Leases, LeaseState, LeaseView
+from roomkeeper.leases import Leases
 from roomkeeper.paths import home_dir, load_token, workspace_dir, write_private
 from roomkeeper.queue import Limits
 from roomkeeper.recovery import recover
@@ -212,20 +210,6 @@ class Gateway:
 
     # ----------------------------------------------------------- supervisor
 
-    @property
-    def recovery_mode(self) -> bool:
-        """The supervisor's latch: automatic work is held until a repair."""
-        return self.link.recovery_mode
-
-    @property
-    def relief_until(self) -> float:
-        """Monotonic time until which launches are held after a relief request."""
-        return self.link.relief_until
-
-    def tell_supervisor(self, kind: str, **fields: Any) -> bool:
-        """Send one message to the supervisor; False when there is none."""
-        return self.link.tell(kind, **fields)
-
     def _supervisor_gone(self) -> None:
         """The supervisor's channel ended (listener thread): shut down."""
         if not self.closing:
@@ -239,76 +223,13 @@ class Gateway:
         timer.daemon = True
         timer.start()
 
-    async def repair(self, probes: int = REPAIR_PROBES) -> dict[str, Any]:
-        """Check responsiveness and headroom; then clear the latch and release work gently."""
-        return await self.link.repair(probes)
-
-    # ------------------------------------------------------- jobs and leases
-
-    @property
-    def wait_buckets(self) -> list[int]:
-        """Jobs whose wait before running fell in each of WAIT_BUCKETS (cumulative)."""
-        return self.durable_jobs.wait_buckets
-
-    @property
-    def wait_sum(self) -> float:
-        """Seconds jobs waited before running, in total."""
-        return self.durable_jobs.wait_sum
-
-    @property
-    def wait_count(self) -> int:
-        """Jobs that have started running."""
-        return self.durable_jobs.wait_count
-
-    async def submit_job(self, spec: JobSpec, release: ReleaseHook | None) -> JobView:
-        """Queue a job; returns once its record is durable.  Never blocks the event loop."""
-        return await self.durable_jobs.submit(spec, release)
-
-    def cancel_job(self, job_id: str) -> JobView:
-        """Cancel or stop a job; the request is durable before it is acknowledged or signalled."""
-        return self.durable_jobs.cancel(job_id)
-
-    async def grant_lease(
-        self,
-        lease_id: str | None,
-        *,
-        owner: str,
-        memory_bytes: int | None,
-        disk_bytes: int | None,
-        ttl_s: float,
-        wait_s: float,
-        release: ReleaseHook | None,
-    ) -> tuple[LeaseView | None, Decision | None, bool]:
-        """Grant a lease, waiting up to ``wait_s`` for room; (lease, decision, created)."""
-        return await self.durable_leases.grant(
-            lease_id,
-            owner=owner,
-            memory_bytes=memory_bytes,
-            disk_bytes=disk_bytes,
-            ttl_s=ttl_s,
-            wait_s=wait_s,
-            release=release,
-        )
-
-    async def end_lease(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView:
-        """End a lease: run its hook, then give its memory back, and record both."""
-        return await self.durable_leases.end(lease_id, state)
-
-    async def heartbeat(self, lease_id: str, ttl_s: float | None) -> LeaseView:
-        """Extend a lease's ttl from now."""
-        return await self.durable_leases.heartbeat(lease_id, ttl_s)
-
     # -------------------------------------------------------- work in doubt
 
     def resume_next(self) -> str | None:
         """Resume the oldest deferred job if none is resuming now (one at a time)."""
-        if self.closing or self.persistence_error is not None or self.recovery_mode:
+        if self.closing or self.persistence_error is not None or self.link.recovery_mode:
             return None  # recovery mode holds automatic resumption
         return self.durable_jobs.resume_next()
-
-    def resolve_job(self, job_id: str, resolution: str) -> str:
-        """Settle an uncertain job: succeeded or failed, or run it again now."""
-        return self.durable_jobs.resolve(job_id, resolution)
 
     async def _resume_loop(self) -> None:
         while True:
@@ -329,7 +250,7 @@ class Gateway:
                 "headline": "persistence failed",
                 "body": "the journal cannot save (the disk may be full); new work is refused",
             }
-        if self.recovery_mode:
+        if self.link.recovery_mode:
             return {
                 "headline": "recovery mode",
                 "body": "the gateway restarted too often: queued jobs, deferred work and "

@@ -63,12 +63,14 @@ class GatewayCollector(Collector):
         refused.add_metric([Reason.CPU.value], stats.refusals.get(Reason.CPU.value, 0))
         yield admitted
         yield refused
-        cumulative = list(zip((str(b) for b in WAIT_BUCKETS), g.wait_buckets, strict=True))
+        cumulative = list(
+            zip((str(b) for b in WAIT_BUCKETS), g.durable_jobs.wait_buckets, strict=True)
+        )
         yield HistogramMetricFamily(
             "roomkeeper_queue_wait_seconds",
             "Time from submission to start.",
-            buckets=[*cumulative, ("+Inf", g.wait_count)],
-            sum_value=g.wait_sum,
+            buckets=[*cumulative, ("+Inf", g.durable_jobs.wait_count)],
+            sum_value=g.durable_jobs.wait_sum,
         )
         leases = GaugeMetricFamily(
             "roomkeeper_leases", "Leases by state in this run.", labels=["state"]
