@@ -158,7 +158,7 @@ def stop(wait_s: float) -> None:
     if alive:
         pids = ", ".join(str(p.pid) for p in alive)
         raise click.ClickException(
-            f"still stopping after {wait_s:g} s (pid {pids}); run `roomkeeper stop` again to wait"
+            f"still stopping after {wait_s:g} s (pid {pids}); the stop goes on without this command"
         )
     click.echo("roomkeeper: stopped")
 
