@@ -132,7 +132,9 @@ def test_queue_bound_answers_429_with_the_reason(tmp_path: Path) -> None:
     with running_gateway(
         tmp_path, ROOMKEEPER_MAX_RUNNING="1", ROOMKEEPER_MAX_WAITING_PER_OWNER="1"
     ) as gw:
-        gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]})
+        blocker = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]})
+        # Running, no longer waiting: otherwise it fills the owner's one waiting place.
+        wait_state(gw, blocker.json()["id"], "running")
         first = gw.client.post("/v1/jobs", json={"argv": ["true"]})
         assert first.status_code == 201
         wait_state(gw, first.json()["id"], "waiting")
