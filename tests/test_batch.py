@@ -20,7 +20,10 @@ def batch(
     tmp_path: Path, *args: str, stdin: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
-    clean.update(ROOMKEEPER_HOME=str(tmp_path / "home"), **env)
+    # 100: the suite's own CPU load must not gate launches (the gate has its own test).
+    clean.update(
+        ROOMKEEPER_HOME=str(tmp_path / "home"), ROOMKEEPER_CPU_PRESSURE_PERCENT="100", **env
+    )
     return subprocess.run(
         [sys.executable, "-m", "roomkeeper", "batch", *args],
         input=stdin,

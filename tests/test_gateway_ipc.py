@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.gateways import free_port, gateway_env, stop_process
+from tests.gateways import free_port, gateway_env, stop_process, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -127,26 +127,24 @@ def test_no_heartbeat_while_the_gateway_cannot_answer(supervised: Supervised) ->
 
 def test_relief_holds_launches_and_stops_the_newest_tree(supervised: Supervised) -> None:
     """On relief the newest managed tree is stopped (its output kept) and launches are held."""
-    older = supervised.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
-    time.sleep(0.3)
-    newer = supervised.client.post(
+    client = supervised.client
+
+    def state(job_id: str) -> str:
+        return str(client.get(f"/v1/jobs/{job_id}").json()["state"])
+
+    older = client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
+    wait_until(lambda: state(older) == "running", "the older job's start")
+    newer = client.post(
         "/v1/jobs", json={"argv": ["sh", "-c", "echo kept; sleep 60"], "owner": "b"}
     ).json()["id"]
-    for _ in range(100):
-        if supervised.client.get(f"/v1/jobs/{newer}").json()["state"] == "running":
-            break
-        time.sleep(0.05)
-    time.sleep(0.3)
+    wait_until(lambda: client.get(f"/v1/jobs/{newer}/output").text == "kept\n", "its output")
     supervised.send("relief")
-    for _ in range(100):
-        if supervised.client.get(f"/v1/jobs/{newer}").json()["state"] == "stopped":
-            break
-        time.sleep(0.05)
-    assert supervised.client.get(f"/v1/jobs/{newer}").json()["state"] == "stopped"
+    wait_until(lambda: state(newer) == "stopped", "the newest tree's stop")
     assert supervised.client.get(f"/v1/jobs/{older}").json()["state"] == "running"
     assert supervised.client.get(f"/v1/jobs/{newer}/output").text == "kept\n"
     held = supervised.client.post("/v1/jobs", json={"argv": ["true"], "owner": "c"}).json()["id"]
-    time.sleep(1.0)
+    wait_until(lambda: client.get(f"/v1/jobs/{held}").json()["reason"] == "held", "the held reason")
+    time.sleep(0.5)  # and it stays held: launches are held, not merely late
     job = supervised.client.get(f"/v1/jobs/{held}").json()
     assert (job["state"], job["reason"]) == ("waiting", "held")
     assert "relief" in supervised.client.get("/v1/status").json()["holds"]
@@ -156,13 +154,19 @@ def test_recovery_mode_holds_work_until_a_repair(supervised: Supervised) -> None
     """Recovery mode holds queued jobs and says so; a repair checks, clears and releases gently."""
     supervised.next_message("hello")
     supervised.send("recovery_mode", on=True)
-    time.sleep(0.3)
-    assert supervised.client.get("/v1/needs-you").json()["headline"] == "recovery mode"
+    wait_until(
+        lambda: supervised.client.get("/v1/needs-you").json()["headline"] == "recovery mode",
+        "recovery mode's headline",
+    )
     ids = [
         supervised.client.post("/v1/jobs", json={"argv": ["sleep", "0.5"]}).json()["id"]
         for _ in range(2)
     ]
-    time.sleep(1.0)
+    wait_until(
+        lambda: {supervised.client.get(f"/v1/jobs/{i}").json()["reason"] for i in ids} == {"held"},
+        "the held reasons",
+    )
+    time.sleep(0.5)  # and they stay held
     assert {supervised.client.get(f"/v1/jobs/{i}").json()["reason"] for i in ids} == {"held"}
     assert supervised.client.get("/v1/status").status_code == 200  # status still served
     answer = supervised.client.post("/v1/repair", timeout=30).json()
@@ -244,7 +248,8 @@ def test_a_latched_recovery_mode_holds_work_from_the_first_moment(tmp_path: Path
     """Started under a latched recovery mode, the gateway launches nothing, even at first."""
     with supervise(tmp_path, ROOMKEEPER_RECOVERY_MODE="1") as s:
         job = s.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
-        time.sleep(1.0)
+        wait_until(lambda: s.client.get(f"/v1/jobs/{job}").json()["reason"] == "held", "held")
+        time.sleep(0.5)  # and it stays held
         answer = s.client.get(f"/v1/jobs/{job}").json()
         assert (answer["state"], answer["reason"]) == ("waiting", "held")
         assert s.client.get("/v1/needs-you").json()["headline"] == "recovery mode"

@@ -14,7 +14,7 @@ import pytest
 from roomkeeper.errors import UsageError
 from roomkeeper.history import HistoryEvent, RecoveryCode
 from roomkeeper.journal import Journal
-from tests.gateways import RunningGateway, kill_whole_tree, running_gateway
+from tests.gateways import RunningGateway, kill_whole_tree, running_gateway, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -47,9 +47,13 @@ def test_marker_is_durable_before_the_launch_and_cleared_with_the_outcome(tmp_pa
             marked = conn.execute("SELECT id FROM markers WHERE kind='job'").fetchall()
         assert [r["id"] for r in marked] == [job_id]
         assert wait_state(gw, job_id, "exited")["exit_code"] == 0
-        time.sleep(0.3)
+
+        def cleared() -> bool:
+            with db(gw.home) as conn:
+                return int(conn.execute("SELECT count(*) FROM markers").fetchone()[0]) == 0
+
+        wait_until(cleared, "the marker's clearing")  # the exit row is written after the answer
         with db(gw.home) as conn:
-            assert conn.execute("SELECT count(*) FROM markers").fetchone()[0] == 0
             assert conn.execute("SELECT state FROM jobs").fetchone()[0] == "exited"
 
 
@@ -59,7 +63,7 @@ def test_work_in_flight_at_a_crash_is_uncertain_and_never_rerun_blindly(tmp_path
     with running_gateway(tmp_path) as gw:
         job_id = gw.client.post("/v1/jobs", json={"argv": appender(out, 30)}).json()["id"]
         wait_state(gw, job_id, "running")
-        time.sleep(0.3)
+        wait_until(lambda: out.exists() and "sh" in out.read_text(), "the job's append")
         kill_whole_tree(gw)
     with running_gateway(tmp_path) as gw:
         assert gw.client.get(f"/v1/jobs/{job_id}").json()["state"] == "uncertain"
@@ -96,7 +100,10 @@ def test_resolve_succeeded_settles_an_uncertain_job(tmp_path: Path) -> None:
             "/v1/jobs", json={"argv": ["sh", "-c", "echo step-one-done; sleep 30"]}
         ).json()["id"]
         wait_state(gw, job_id, "running")
-        time.sleep(0.5)
+        wait_until(
+            lambda: "step-one-done" in gw.client.get(f"/v1/jobs/{job_id}/output").text,
+            "the job's first output",
+        )
         kill_whole_tree(gw)
     with running_gateway(tmp_path) as gw:
         env = {**os.environ, "ROOMKEEPER_HOME": str(gw.home)}
@@ -378,7 +385,8 @@ def test_queued_work_survives_an_orderly_restart(tmp_path: Path) -> None:
     with running_gateway(
         tmp_path, ROOMKEEPER_MAX_RUNNING="1", ROOMKEEPER_MAX_RUNNING_PER_OWNER="1"
     ) as gw:
-        gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]})
+        blocker = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]}).json()["id"]
+        wait_state(gw, blocker, "running")  # else both are deferred and `true` waits behind it
         queued = gw.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
         wait_state(gw, queued, "waiting")
     with running_gateway(tmp_path) as gw:

@@ -588,9 +588,10 @@ def test_fake_gateway_goes_through_relief_sigterm_sigkill_and_restarts(tmp_path:
         ]
         t = {name: first(events, name, gen=1)["mono"] for name in ("relief", "sigterm", "sigkill")}
         launched = first(events, "launched", gen=1)["mono"]
-        assert t["relief"] - launched == pytest.approx(3, abs=0.4)  # START grace (beats end ~1 s)
-        assert t["sigterm"] - t["relief"] == pytest.approx(1, abs=0.3)  # RELIEF
-        assert t["sigkill"] - t["sigterm"] == pytest.approx(1, abs=0.3)  # SHUTDOWN
+        # Never early; late by at most a loaded machine's scheduling delay.
+        assert 2.9 <= t["relief"] - launched <= 3 + 1.0  # START grace (beats end ~1 s in)
+        assert 0.95 <= t["sigterm"] - t["relief"] <= 1 + 0.6  # RELIEF
+        assert 0.95 <= t["sigkill"] - t["sigterm"] <= 1 + 0.6  # SHUTDOWN
         assert first(events, "exited", gen=1)["exit_code"] == -signal.SIGKILL
         hellos = [e["boot_id"] for e in events if e["event"] == "hello"]
         assert hellos[0] != hellos[1]
@@ -676,7 +677,7 @@ def test_sigterm_to_the_supervisor_stops_a_stubborn_gateway_and_never_restarts(
         events = s.events()
         assert names(events)[-4:] == ["stopping", "sigkill", "exited", "supervisor_stopped"]
         waited = first(events, "sigkill")["mono"] - first(events, "stopping")["mono"]
-        assert waited == pytest.approx(1, abs=0.3)  # ROOMKEEPER_WATCHDOG_SHUTDOWN
+        assert 0.95 <= waited <= 1 + 0.6  # ROOMKEEPER_WATCHDOG_SHUTDOWN, never early
         assert names(events).count("launched") == 1
         assert gone(first(events, "launched")["pid"])
         assert gone(int((tmp_path / "tree-0").read_text()))
@@ -774,7 +775,7 @@ def test_sigstopped_gateway_is_replaced_with_a_new_boot_id(tmp_path: Path) -> No
 @pytest.mark.kernel
 def test_roomkeeper_stop_is_a_clean_exit_with_no_restart_and_no_survivors(tmp_path: Path) -> None:
     """``roomkeeper stop``: the supervisor exits 0, nothing is relaunched, nothing is left."""
-    with serve(tmp_path) as s:
+    with serve(tmp_path, ROOMKEEPER_WATCHDOG_HEARTBEAT="10") as s:  # not a watchdog test
         url = f"http://127.0.0.1:{s.port}"
         wait_healthy(url)
         job = submit_sleep(s)
@@ -833,7 +834,8 @@ def test_a_supervisor_record_with_another_start_time_is_not_ours(tmp_path: Path)
 def test_sigkill_of_the_supervisor_takes_the_gateway_and_its_trees(tmp_path: Path) -> None:
     """The supervisor SIGKILLed: the gateway and every managed tree are gone within the
     gateway's shutdown deadline (2/3 of WATCHDOG_SHUTDOWN) plus 2 s."""
-    with serve(tmp_path, ROOMKEEPER_WATCHDOG_SHUTDOWN="3") as s:
+    # HEARTBEAT 10: not a watchdog test, so a slow probe on a loaded machine must not act.
+    with serve(tmp_path, ROOMKEEPER_WATCHDOG_SHUTDOWN="3", ROOMKEEPER_WATCHDOG_HEARTBEAT="10") as s:
         url = f"http://127.0.0.1:{s.port}"
         wait_healthy(url)
         job = submit_sleep(s)
