@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -91,16 +92,7 @@ def running_gateway(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((tmp / f"gateway-{port}.log").read_text())
-            time.sleep(0.05)
+        wait_answering(url, proc, tmp / f"gateway-{port}.log")
         home = Path(env["ROOMKEEPER_HOME"])
         token = (home / "token").read_text().strip()
         with (
@@ -115,7 +107,21 @@ def running_gateway(
         log.close()
 
 
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
+def wait_answering(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 30) -> None:
+    """Wait until the gateway at ``url`` answers /health; fail with its log if it exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        if proc.poll() is not None:
+            raise AssertionError(f"the gateway exited ({proc.returncode}):\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no answer on {url}/health in {timeout:g} s:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
     """SIGTERM a process we started, then SIGKILL it if it has not gone in 20 s."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -8,20 +8,16 @@ by every session it built.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+
+from tests.gateways import free_port, gateway_env, stop_process, wait_answering
 
 pytestmark = pytest.mark.kernel
 
@@ -31,36 +27,11 @@ TURNS = 50
 SESSION_BYTES = 4 * MIB
 
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def stop(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM, wait, then SIGKILL: only this process, by its own handle."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     """A real ``roomkeeper serve`` on a free port; yields its URL and the environment to use."""
     tmp = tmp_path_factory.mktemp("gateway")
-    env = {
-        **os.environ,
-        "ROOMKEEPER_HOME": str(tmp / "home"),
-        "ROOMKEEPER_WORKSPACE": str(tmp / "ws"),
-        "ROOMKEEPER_JOB_DISK_MB": "0",
-        "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0",
-    }
+    env = gateway_env(tmp)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp / "gateway.log"
@@ -72,19 +43,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the gateway exited ({proc.returncode}):\n{log.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(f"the gateway did not answer /health in 30 s:\n{log.read_text()}")
-            time.sleep(0.1)
+        wait_answering(url, proc, log)
         yield url, env
     finally:
-        stop(proc)
+        stop_process(proc)
 
 
 @pytest.fixture
@@ -105,7 +67,7 @@ def agent() -> Iterator[str]:
         assert first and first[0].startswith("listening on "), f"agent server said {first!r}"
         yield f"http://127.0.0.1:{int(first[0].split()[-1])}"
     finally:
-        stop(proc)
+        stop_process(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 

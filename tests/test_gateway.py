@@ -312,14 +312,7 @@ def test_sigterm_takes_the_same_path(tmp_path: Path) -> None:
 def test_workspace_holding_the_token_is_refused(tmp_path: Path) -> None:
     """A workspace that contains ROOMKEEPER_HOME's token is a usage error, not a start."""
     env = gateway_env(tmp_path, ROOMKEEPER_WORKSPACE=str(tmp_path))
-    result = subprocess.run(
-        [sys.executable, "-m", "roomkeeper", "gateway", "--port", "0"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = roomkeeper_cli(env, "gateway", "--port", "0")
     assert result.returncode == 2
     assert "contains the gateway's token" in result.stderr
 
@@ -327,14 +320,7 @@ def test_workspace_holding_the_token_is_refused(tmp_path: Path) -> None:
 def test_cli_without_a_gateway_says_how_to_start_one(tmp_path: Path) -> None:
     """roomkeeper jobs with no gateway running says so and how to start one."""
     env = {**os.environ, "ROOMKEEPER_HOME": str(tmp_path / "none")}
-    result = subprocess.run(
-        [sys.executable, "-m", "roomkeeper", "jobs"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = roomkeeper_cli(env, "jobs")
     assert result.returncode == 1
     assert "roomkeeper serve" in result.stderr and "Traceback" not in result.stderr
 
@@ -342,34 +328,9 @@ def test_cli_without_a_gateway_says_how_to_start_one(tmp_path: Path) -> None:
 def test_cli_run_streams_output_and_exits_with_the_job_code(gw: RunningGateway) -> None:
     """roomkeeper run -- CMD prints the job's output and exits with its exit code."""
     env = {**os.environ, "ROOMKEEPER_HOME": str(gw.home)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "roomkeeper",
-            "run",
-            "--owner",
-            "me",
-            "--",
-            "sh",
-            "-c",
-            "echo hello; exit 3",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = roomkeeper_cli(env, "run", "--owner", "me", "--", "sh", "-c", "echo hello; exit 3")
     assert (result.returncode, result.stdout) == (3, "hello\n")
-    listed = subprocess.run(
-        [sys.executable, "-m", "roomkeeper", "jobs", "--owner", "me"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    listed = roomkeeper_cli(env, "jobs", "--owner", "me")
     assert listed.returncode == 0 and "exited" in listed.stdout
 
 

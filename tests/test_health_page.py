@@ -8,12 +8,8 @@ process with its own home and workspace, stopped with SIGTERM whatever happens.
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from tests.gateways import free_port, gateway_env, stop_process, wait_answering
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -55,37 +53,6 @@ class Gateway:
     token: str
     log: Path
 
-    def stop(self) -> None:
-        """SIGTERM, then wait; SIGKILL only if the gateway's own shutdown overran."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_healthy(gw: Gateway) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if gw.proc.poll() is not None:
-            pytest.fail(f"the gateway exited with {gw.proc.returncode}:\n{gw.log.read_text()}")
-        try:
-            if httpx.get(f"{gw.url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"the gateway did not answer /health in {START_TIMEOUT_S} s:\n{gw.log.read_text()}")
-
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
@@ -109,15 +76,8 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Gateway]:
     """A real gateway on a free loopback port, always stopped with SIGTERM."""
-    home, workspace = tmp_path / "home", tmp_path / "ws"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
-    # No job disk estimate, so a small test volume does not refuse the job.
-    env |= {
-        "ROOMKEEPER_HOME": str(home),
-        "ROOMKEEPER_WORKSPACE": str(workspace),
-        "ROOMKEEPER_JOB_DISK_MB": "0",
-    }
-    port = _free_port()
+    env = gateway_env(tmp_path)
+    port = free_port()
     log = tmp_path / "gateway.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -128,11 +88,11 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
         )
     gw = Gateway(proc, f"http://127.0.0.1:{port}", "", log)
     try:
-        _wait_healthy(gw)
-        gw.token = (home / "token").read_text().strip()
+        wait_answering(gw.url, proc, log, START_TIMEOUT_S)
+        gw.token = (tmp_path / "home" / "token").read_text().strip()
         yield gw
     finally:
-        gw.stop()
+        stop_process(proc)
 
 
 def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
@@ -180,7 +140,7 @@ def test_health_page_says_when_the_gateway_is_unreachable(browser: Any, gateway:
         "() => document.querySelector('#headline').textContent !== '…'", timeout=PAGE_TIMEOUT_MS
     )
     assert page.locator("#banner").is_hidden()
-    gateway.stop()
+    stop_process(gateway.proc)
     page.wait_for_selector("#banner", state="visible", timeout=PAGE_TIMEOUT_MS)
     assert "unreachable" in page.locator("#banner").inner_text()
     assert errors == []

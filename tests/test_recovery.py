@@ -14,7 +14,13 @@ import pytest
 from roomkeeper.errors import UsageError
 from roomkeeper.history import HistoryEvent, RecoveryCode
 from roomkeeper.journal import Journal
-from tests.gateways import RunningGateway, kill_whole_tree, running_gateway, wait_until
+from tests.gateways import (
+    RunningGateway,
+    kill_whole_tree,
+    roomkeeper_cli,
+    running_gateway,
+    wait_until,
+)
 
 pytestmark = pytest.mark.kernel
 
@@ -93,7 +99,6 @@ def test_work_in_flight_at_a_crash_is_uncertain_and_never_rerun_blindly(tmp_path
 def test_resolve_succeeded_settles_an_uncertain_job(tmp_path: Path) -> None:
     """An uncertain job shows its start and last output; resolve --succeeded settles it."""
     import os
-    import sys
 
     with running_gateway(tmp_path) as gw:
         job_id = gw.client.post(
@@ -109,23 +114,9 @@ def test_resolve_succeeded_settles_an_uncertain_job(tmp_path: Path) -> None:
         env = {**os.environ, "ROOMKEEPER_HOME": str(gw.home)}
         known = gw.client.get(f"/v1/jobs/{job_id}").json()
         assert known["started_at"] and "step-one-done" in known["last_output"]
-        listed = subprocess.run(
-            [sys.executable, "-m", "roomkeeper", "jobs", "--state", "uncertain"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        listed = roomkeeper_cli(env, "jobs", "--state", "uncertain")
         assert "uncertain" in listed.stdout and "step-one-done" in listed.stdout
-        result = subprocess.run(
-            [sys.executable, "-m", "roomkeeper", "resolve", job_id, "--succeeded"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = roomkeeper_cli(env, "resolve", job_id, "--succeeded")
         assert result.returncode == 0, result.stderr
         job = gw.client.get(f"/v1/jobs/{job_id}").json()
         assert (job["state"], job["resolution"]) == ("resolved", "succeeded")
