@@ -77,15 +77,17 @@ def gateway_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def running_gateway(
-    tmp: Path, *, port: int | None = None, **extra: str
+    tmp: Path, *, port: int | None = None, supervised: bool = False, **extra: str
 ) -> Iterator[RunningGateway]:
-    """Start ``roomkeeper serve``; stop it with SIGTERM (then SIGKILL) whatever happens."""
+    """Start ``roomkeeper gateway`` (``serve``, under its supervisor, when ``supervised``);
+    stop it with SIGTERM (then SIGKILL) whatever happens."""
     port = port or free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     env = gateway_env(tmp, **extra)
+    command = "serve" if supervised else "gateway"
     log = (tmp / f"gateway-{port}.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "roomkeeper", "gateway", "--port", str(port)],
+        [sys.executable, "-m", "roomkeeper", command, "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

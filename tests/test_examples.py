@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateways import free_port, gateway_env, stop_process, wait_answering
+from tests.gateways import gateway_env, running_gateway, stop_process
 
 pytestmark = pytest.mark.kernel
 
@@ -31,22 +31,8 @@ SESSION_BYTES = 4 * MIB
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     """A real ``roomkeeper serve`` on a free port; yields its URL and the environment to use."""
     tmp = tmp_path_factory.mktemp("gateway")
-    env = gateway_env(tmp)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp / "gateway.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "roomkeeper", "serve", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_answering(url, proc, log)
-        yield url, env
-    finally:
-        stop_process(proc)
+    with running_gateway(tmp, supervised=True) as gw:
+        yield gw.url, gateway_env(tmp)
 
 
 @pytest.fixture

@@ -8,17 +8,14 @@ process with its own home and workspace, stopped with SIGTERM whatever happens.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.gateways import free_port, gateway_env, stop_process, wait_answering
+from tests.gateways import RunningGateway, running_gateway, stop_process
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -29,7 +26,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-START_TIMEOUT_S = 30.0
 PAGE_TIMEOUT_MS = 20_000
 
 # The chart has drawn at least one sample, with a path for memory used.
@@ -42,16 +38,6 @@ CHART_DRAWN = """() => {
 # The jobs table has a row for this job, owned by this owner.
 JOB_ROW = """([id, owner]) => [...document.querySelectorAll('#jobs tr[data-job-id]')].some(
     (row) => row.dataset.jobId === id && row.querySelector('td.owner').textContent === owner)"""
-
-
-@dataclass
-class Gateway:
-    """A running ``roomkeeper serve`` child and how to reach it."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    token: str
-    log: Path
 
 
 @pytest.fixture
@@ -74,25 +60,10 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[Gateway]:
-    """A real gateway on a free loopback port, always stopped with SIGTERM."""
-    env = gateway_env(tmp_path)
-    port = free_port()
-    log = tmp_path / "gateway.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "roomkeeper", "serve", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    gw = Gateway(proc, f"http://127.0.0.1:{port}", "", log)
-    try:
-        wait_answering(gw.url, proc, log, START_TIMEOUT_S)
-        gw.token = (tmp_path / "home" / "token").read_text().strip()
+def gateway(tmp_path: Path) -> Iterator[RunningGateway]:
+    """A real supervised gateway on a free loopback port, always stopped with SIGTERM."""
+    with running_gateway(tmp_path, supervised=True) as gw:
         yield gw
-    finally:
-        stop_process(proc)
 
 
 def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
@@ -104,7 +75,7 @@ def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
 
 
 def test_health_page_shows_chart_guard_and_a_submitted_job(
-    browser: Any, gateway: Gateway, tmp_path: Path
+    browser: Any, gateway: RunningGateway, tmp_path: Path
 ) -> None:
     """The page draws the chart, the guard's headline and a submitted job's row with its owner."""
     answer = httpx.post(
@@ -133,7 +104,9 @@ def test_health_page_shows_chart_guard_and_a_submitted_job(
     assert errors == []
 
 
-def test_health_page_says_when_the_gateway_is_unreachable(browser: Any, gateway: Gateway) -> None:
+def test_health_page_says_when_the_gateway_is_unreachable(
+    browser: Any, gateway: RunningGateway
+) -> None:
     """Once the gateway stops answering, the page shows the "gateway unreachable" banner."""
     page, errors = _open(browser, f"{gateway.url}/")
     page.wait_for_function(
