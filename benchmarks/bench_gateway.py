@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from roomkeeper.cgroups import own_memory_cgroup
+from roomkeeper.kernel.job_cgroups import own_memory_cgroup
 from roomkeeper.units import parse_size
 
 HOG = (

@@ -16,9 +16,9 @@ import subprocess
 import tempfile
 import time
 
-from roomkeeper import admission
-from roomkeeper.admission import Guard
-from roomkeeper.resources import DiskReading
+from roomkeeper.guard import admission
+from roomkeeper.guard.admission import Guard
+from roomkeeper.kernel.resources import DiskReading
 
 
 def df_disk(workspace: str | os.PathLike[str] | None = None) -> DiskReading:

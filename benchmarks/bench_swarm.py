@@ -31,8 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from roomkeeper.admission import memory_line
-from roomkeeper.cgroups import own_memory_cgroup
+from roomkeeper.guard.admission import memory_line
+from roomkeeper.kernel.job_cgroups import own_memory_cgroup
 from roomkeeper.units import parse_size
 
 HERE = Path(__file__).resolve().parent

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper import parsers
+from roomkeeper.kernel import parsers
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roomkeeper import Guard, Reason
-from roomkeeper.admission import disk_needed, memory_line
-from roomkeeper.resources import (
+from roomkeeper.guard.admission import disk_needed, memory_line
+from roomkeeper.kernel.resources import (
     DiskReading,
     LimitOrigin,
     MemoryReading,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.resources import read_pressure
+from roomkeeper.kernel.resources import read_pressure
 from tests.cgroups import child_memory_cgroup
 
 pytestmark = pytest.mark.kernel
@@ -33,7 +33,7 @@ held = bytearray(200 * (1 << 20))
 for i in range(0, len(held), 4096):
     held[i] = 1
 from roomkeeper.config import Settings
-from roomkeeper.resources import read_memory
+from roomkeeper.kernel.resources import read_memory
 r = read_memory(settings=Settings())
 group = os.path.dirname(procs)
 name = "memory.current" if os.path.exists(group + "/memory.current") else "memory.usage_in_bytes"
@@ -79,7 +79,7 @@ def test_mount_table_is_parsed_again_when_the_kernel_signals_a_change(tmp_path: 
     """A cgroup mount added or removed is seen on the next reading (POLLPRI on mountinfo)."""
     import os
 
-    from roomkeeper import cgroup_hierarchy
+    from roomkeeper.kernel import cgroup_hierarchy
 
     if os.geteuid() != 0:
         pytest.skip("mounting a cgroup2 file system needs root (CI runs as root)")

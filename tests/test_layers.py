@@ -1,4 +1,4 @@
-"""The package's layering, as its docstring states it, holds in the code."""
+"""The package map, as the package docstring states it, holds in the code."""
 
 from __future__ import annotations
 
@@ -14,76 +14,185 @@ import pytest
 import roomkeeper
 
 PACKAGE = Path(roomkeeper.__file__).parent
-UNLAYERED = {"__init__", "__main__", "testing"}  # the package itself, its entry, the fakes
+BASICS = {"errors", "units", "config", "paths"}
+TOP_LEVEL = {*BASICS, "__init__", "__main__", "ipc", "testing"}
+UNLAYERED = {"__init__", "testing"}  # the public face (lazy names) and the fakes
+WEB_FRAMEWORKS = ("fastapi", "starlette")
 
 
-def layers() -> dict[str, int]:
-    """Module -> layer number, read from the numbered list in the package docstring."""
+def allowed_imports() -> dict[str, set[str]]:
+    """Subpackage -> what it may import beside the basics, read from the package docstring."""
     assert roomkeeper.__doc__ is not None
-    found: dict[str, int] = {}
-    layer = 0
-    for line in roomkeeper.__doc__.splitlines():
-        numbered = re.match(r"(\d+)\. ", line)
-        if numbered:
-            layer = int(numbered.group(1))
-        elif not line.startswith("   "):
-            layer = 0  # the list has ended
-        if layer:
-            for name in re.findall(r"``(\w+)``", line):
-                if name != "roomkeeper":  # the command's name, not a module
-                    found[name] = layer
+    entries = re.findall(
+        r"^- ``(\w+)``:(.*?)(?=^- ``|^\s*$)", roomkeeper.__doc__, flags=re.M | re.S
+    )
+    found: dict[str, set[str]] = {}
+    for name, text in entries:
+        may = text.split("May import:")
+        assert len(may) == 2, f"the entry for {name} must say 'May import:'"
+        found[name] = set(re.findall(r"``(\w+)``", may[1]))
     return found
 
 
-def modules() -> list[str]:
-    return sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in UNLAYERED)
+def subpackages() -> list[str]:
+    return sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+
+
+def all_modules() -> list[str]:
+    """Every module of the package, dotted below ``roomkeeper`` (``kernel.parsers``)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        found.append(".".join(parts))
+    return sorted(found)
+
+
+def unit(module: str) -> str:
+    """The layering unit a module belongs to: its subpackage, or itself at the top."""
+    return module.split(".", maxsplit=1)[0]
+
+
+def source(module: str) -> Path:
+    path = PACKAGE.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def imported(module: str) -> set[str]:
     """The roomkeeper modules ``module`` imports anywhere in its text (lazy imports too)."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    tree = ast.parse(source(module).read_text())
+    known = set(all_modules())
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "roomkeeper":
-                names.update(a.name for a in node.names)
-            elif node.module.startswith("roomkeeper."):
-                names.add(node.module.split(".")[1])
+            if node.module != "roomkeeper" and not node.module.startswith("roomkeeper."):
+                continue
+            base = node.module.removeprefix("roomkeeper").lstrip(".")
+            for alias in node.names:
+                child = f"{base}.{alias.name}" if base else alias.name
+                if child in known:
+                    names.add(child)  # ``from roomkeeper.kernel import parsers``
+                elif base:
+                    names.add(base)  # ``from roomkeeper.kernel.parsers import Pressure``
         elif isinstance(node, ast.Import):
             names.update(
-                a.name.split(".")[1] for a in node.names if a.name.startswith("roomkeeper.")
+                a.name.removeprefix("roomkeeper.")
+                for a in node.names
+                if a.name.startswith("roomkeeper.")
             )
     return names - {module}
 
 
-def test_every_module_has_a_layer() -> None:
-    """A new module must be placed in the docstring's list, and the list names no ghost."""
-    named = layers()
-    assert sorted(named) == modules()
+def third_party(module: str) -> set[str]:
+    tree = ast.parse(source(module).read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+    return names
 
 
-@pytest.mark.parametrize("module", modules())
+def may_import(importer: str) -> set[str]:
+    """The units ``importer``'s unit may import, its own included."""
+    own = unit(importer)
+    if own in BASICS:
+        return set(BASICS)
+    if own == "ipc":
+        return {"ipc"}
+    if own == "__main__":
+        return {"cli"}
+    return {own, *BASICS, *allowed_imports()[own]}
+
+
+def test_the_map_names_every_subpackage() -> None:
+    """A new subpackage must be placed in the docstring's map, and the map names no ghost."""
+    assert sorted(allowed_imports()) == subpackages()
+
+
+def test_the_top_level_holds_only_the_public_face_and_the_basics() -> None:
+    """At most ten modules at the top; everything else lives in a subpackage one level deep."""
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top <= TOP_LEVEL, f"modules at the top that belong in a subpackage: {top - TOP_LEVEL}"
+    assert len(top) <= 10
+    deeper = [m for m in all_modules() if m.count(".") > 1]
+    assert deeper == [], f"subpackages are one level deep: {deeper}"
+
+
+@pytest.mark.parametrize("package", subpackages())
+def test_subpackages_re_export_nothing(package: str) -> None:
+    """A subpackage's ``__init__`` holds its docstring only: public names live in ``roomkeeper``."""
+    tree = ast.parse((PACKAGE / package / "__init__.py").read_text())
+    body = [
+        n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+    ]
+    body = [n for n in body if not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    assert body == []
+
+
+@pytest.mark.parametrize("module", [m for m in all_modules() if m not in UNLAYERED])
 def test_imports_point_down(module: str) -> None:
-    """A module imports only from its own layer or the layers below it."""
-    named = layers()
-    upward = {m: named[m] for m in imported(module) if named.get(m, 0) > named[module]}
-    assert upward == {}, f"{module} (layer {named[module]}) imports from above: {upward}"
+    """A module imports only from its own unit, the basics, or what the map allows its unit."""
+    allowed = may_import(module)
+    upward = sorted(m for m in imported(module) if unit(m) not in allowed)
+    assert upward == [], f"{module} imports what its package may not: {upward}"
 
 
-@pytest.mark.parametrize("layer", sorted(set(layers().values())))
-def test_each_layer_imports_alone(layer: int) -> None:
-    """Importing a layer's modules in a fresh interpreter loads nothing from a higher layer."""
-    named = layers()
-    wanted = [m for m, n in named.items() if n == layer]
+def test_no_import_circle() -> None:
+    """No chain of imports, lazy ones included, leads from a module back to itself."""
+    graph = {m: imported(m) for m in all_modules() if m not in UNLAYERED}
+    circles = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in graph:
+                continue
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+@pytest.mark.parametrize("module", all_modules())
+def test_only_the_api_imports_the_web_framework(module: str) -> None:
+    """FastAPI and Starlette stay inside ``api``: the rest of the code is plain Python."""
+    if unit(module) == "api":
+        return
+    assert third_party(module).isdisjoint(WEB_FRAMEWORKS)
+
+
+@pytest.mark.parametrize("package", subpackages())
+def test_each_package_imports_alone(package: str) -> None:
+    """Importing a package's modules in a fresh interpreter loads nothing it may not import."""
+    wanted = [m for m in all_modules() if unit(m) == package]
     probe = (
         "import importlib, json, sys\n"
         f"for m in {wanted!r}: importlib.import_module('roomkeeper.' + m)\n"
-        "print(json.dumps(sorted(k.split('.')[1] for k in sys.modules"
-        " if k.startswith('roomkeeper.'))))\n"
+        "print(json.dumps(sorted(k for k in sys.modules if k.startswith('roomkeeper.'))))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
-    loaded = json.loads(done.stdout)
-    higher = sorted(m for m in loaded if named.get(m, 0) > layer)
-    assert higher == [], f"layer {layer} pulls in {higher}"
+    loaded = {unit(k.removeprefix("roomkeeper.")) for k in json.loads(done.stdout)}
+    allowed = {package, *BASICS, *allowed_imports()[package]}
+    assert sorted(loaded - allowed) == [], f"{package} pulls in {sorted(loaded - allowed)}"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roomkeeper import parsers
 from roomkeeper.errors import KernelFileError
+from roomkeeper.kernel import parsers
 from tests.trees import FIXTURES
 
 V2 = FIXTURES / "cgroup-v2-host"

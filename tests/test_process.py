@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from roomkeeper.errors import LaunchError, UsageError
-from roomkeeper.launch import LaunchSpec, launch
-from roomkeeper.lifeline import (
+from roomkeeper.jobs.launch import LaunchSpec, launch
+from roomkeeper.jobs.lifeline import (
     Lifeline,
     LifelineStatistics,
     ProcStat,
@@ -28,7 +28,7 @@ from roomkeeper.lifeline import (
     scan_proc,
     tree_members,
 )
-from roomkeeper.process import (
+from roomkeeper.jobs.process import (
     JobCgroup,
     ManagedProcess,
     become_subreaper,
@@ -316,9 +316,9 @@ def test_stop_does_not_wait_for_a_tree_that_obeys_sigterm(tmp_path: Path, reaper
 SCHEDULER = textwrap.dedent(
     """
     import sys, time
-    from roomkeeper.lifeline import Lifeline
-    from roomkeeper.launch import LaunchSpec, launch
-    from roomkeeper.process import become_subreaper
+    from roomkeeper.jobs.lifeline import Lifeline
+    from roomkeeper.jobs.launch import LaunchSpec, launch
+    from roomkeeper.jobs.process import become_subreaper
 
     tmp, tree, with_cgroup = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     become_subreaper()

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from roomkeeper.errors import UsageError
-from roomkeeper.history import HistoryEvent, RecoveryCode
-from roomkeeper.journal import Journal
+from roomkeeper.journal.database import Journal
+from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 from tests.gateways import (
     RunningGateway,
     kill_whole_tree,
@@ -191,7 +191,7 @@ def test_orphans_of_the_previous_run_are_stopped_at_start(tmp_path: Path) -> Non
         gateway = psutil.Process(gw.proc.pid)
         # Kill the gateway and its lifeline but not the job: an orphan that "somehow survived".
         for child in gateway.children():
-            if "roomkeeper.lifeline" in " ".join(child.cmdline()):
+            if "roomkeeper.jobs.lifeline" in " ".join(child.cmdline()):
                 child.kill()
         gateway.kill()
         gw.proc.wait()
@@ -288,7 +288,7 @@ def test_history_is_capped_in_count_and_size(
         events = journal.history(limit=1000)
         assert len(events) == 500
         assert events[0].at == 999.0 and events[-1].at == 21.0
-        monkeypatch.setattr("roomkeeper.journal.MAX_BYTES", 600)
+        monkeypatch.setattr("roomkeeper.journal.database.MAX_BYTES", 600)
         journal.record_history(HistoryEvent(1000.0, RecoveryCode.RESUMED, {})).result()
         kept = journal.history(limit=1000)
         assert sum(len(e.to_json()) for e in kept) <= 600

@@ -11,9 +11,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from roomkeeper import cgroup_hierarchy, resources
 from roomkeeper.config import Settings
-from roomkeeper.resources import LimitOrigin, MemorySource, read_disk, read_memory, read_resources
+from roomkeeper.kernel import cgroup_hierarchy, resources
+from roomkeeper.kernel.resources import (
+    LimitOrigin,
+    MemorySource,
+    read_disk,
+    read_memory,
+    read_resources,
+)
 from tests.trees import FIXTURES, Level, Roots, copy_fixture, fixture_roots, v1_tree, v2_tree
 
 GIB = 2**30

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.admission import Decision, Guard, Reason
 from roomkeeper.config import read_queue_settings
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
-from roomkeeper.jobs import JobSpec, JobState
-from roomkeeper.launch import LaunchSpec
-from roomkeeper.queue import FairQueue, Limits
-from roomkeeper.scheduler import Scheduler
+from roomkeeper.guard.admission import Decision, Guard, Reason
+from roomkeeper.jobs.launch import LaunchSpec
+from roomkeeper.jobs.queue import FairQueue, Limits
+from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.spec import JobSpec, JobState
 from roomkeeper.testing import FakeClock
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from roomkeeper.admission import Guard
-from roomkeeper.jobs import JobSpec, JobState
-from roomkeeper.queue import Limits
-from roomkeeper.scheduler import Scheduler
+from roomkeeper.guard.admission import Guard
+from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.spec import JobSpec, JobState
 
 pytestmark = pytest.mark.kernel
 
@@ -28,9 +28,9 @@ NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0
 # and then waits to be killed.
 SCHEDULER = """
 import json, os, sys, time
-from roomkeeper.admission import Guard
-from roomkeeper.jobs import JobSpec
-from roomkeeper.scheduler import Scheduler
+from roomkeeper.guard.admission import Guard
+from roomkeeper.jobs.spec import JobSpec
+from roomkeeper.jobs.scheduler import Scheduler
 pids_dir = sys.argv[1]
 s = Scheduler(logs_dir=pids_dir + "/logs", guard=Guard(env={"ROOMKEEPER_JOB_DISK_MB": "0"}))
 s.start()

@@ -30,14 +30,14 @@ import httpx
 import psutil
 import pytest
 
-from roomkeeper import restarts
 from roomkeeper.config import WatchdogSettings, read_watchdog_settings
-from roomkeeper.gateway_child import gateway_command
-from roomkeeper.restarts import Backoff, BudgetState, RestartBudget, RestartReason
-from roomkeeper.sdnotify import Notifier, socket_address
-from roomkeeper.supervisor_records import RECORD_NAME, find_supervisor, read_events
+from roomkeeper.supervisor import restarts
+from roomkeeper.supervisor.child import gateway_command
+from roomkeeper.supervisor.records import RECORD_NAME, find_supervisor, read_events
+from roomkeeper.supervisor.restarts import Backoff, BudgetState, RestartBudget, RestartReason
+from roomkeeper.supervisor.sdnotify import Notifier, socket_address
+from roomkeeper.supervisor.watchdog import Action, Stage, Watchdog
 from roomkeeper.testing import FakeClock
-from roomkeeper.watchdog import Action, Stage, Watchdog
 from tests.cgroups import child_memory_cgroup
 from tests.gateways import free_port, gateway_env, roomkeeper_cli, stop_process
 
@@ -971,8 +971,8 @@ def test_bare_gateway_with_supervise_adopts_supervision_once(tmp_path: Path) -> 
 # The real gateway, with one extra route that blocks its event loop: alive, and useless.
 BLOCKING_GATEWAY = """
 import sys, time
-import roomkeeper.gateway_main as gateway_main
-from roomkeeper import api
+import roomkeeper.api.serve as gateway_main
+from roomkeeper.api import app as api
 
 def create_app(gateway, **kw):
     app = api.create_app(gateway, **kw)

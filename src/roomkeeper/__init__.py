@@ -1,31 +1,42 @@
 """roomkeeper: admit work only when the container has room for it.
 
-Layers, bottom to top; each module imports only from its own layer or those below it:
+The package map (``docs/ARCHITECTURE.md`` draws it and follows one request
+through it).  The top level holds the public face (this module), the
+``roomkeeper`` command's entry (``__main__``), the shared basics and the
+test fakes; everything else lives in a subpackage one level deep, one
+family of concepts each.  Subpackages re-export nothing: import public names
+from ``roomkeeper`` itself.
 
-1. ``errors``, ``units``, ``config``, ``paths`` -- words, numbers, variables, places.
-2. ``parsers`` (pure kernel text -> records), ``cgroup_hierarchy`` (finding our
-   own cgroup and its levels), ``resources`` (fresh readings), ``history``
-   (allowlisted recovery events).
-3. ``admission`` (the guard), ``jobs`` (job records, in the guard's words),
-   ``queue`` (the bounded fair queue), ``jobbook`` (the scheduler's records),
-   ``journal`` (SQLite, group commit), ``hooks``.
-4. ``cgroups``, ``lifeline``, ``process`` (managed trees), ``launch`` (starting
-   one), ``runner`` (launch rounds), ``scheduler``, ``leases``, ``calls``,
-   ``recovery``, ``batch``.
-5. ``gateway_samples`` (the chart's samples), ``gateway_jobs``, ``gateway_leases``
-   (durable jobs and leases), ``gateway_link`` (facing the supervisor),
-   ``gateway`` (the service), ``metrics``, ``api_models``, ``bodylimit``,
-   ``api_views`` (records as JSON), ``api_jobs``, ``api_leases`` (route groups),
-   ``api`` (the HTTP app), ``gateway_main``; ``ipc``, ``watchdog``, ``restarts``,
-   ``sdnotify``, ``supervisor_records``, ``gateway_child``, ``supervisor``
-   (watching it from outside); ``client``.
-6. ``cli``, ``cli_gateway`` (running the service), ``cli_client`` (talking to
-   it) -- the ``roomkeeper`` command.
+Basics, importable from anywhere: ``errors``, ``units``, ``config``, ``paths``.
 
-``testing`` holds fakes (a clock) for tests and may import any layer.
+Who may import whom, beside the basics (imports point down; no circle anywhere):
 
-The names below are loaded on first use, so that importing one layer (say
-``roomkeeper.errors``) does not load the layers above it.
+- ``kernel``: parsers, our own cgroup and its levels, fresh readings, job
+  cgroups.  May import: nothing else of ours.
+- ``guard``: the admission rule and its reservations, leases, release hooks.
+  May import: ``kernel``.
+- ``jobs``: specs and states, the fair queue, the scheduler and its launch
+  rounds, launching, managed trees, the lifeline, batch.  May import:
+  ``guard``, ``kernel``.
+- ``journal``: the SQLite journal, one module per table; every SQL string of
+  the project.  May import: ``jobs``, ``guard``, ``kernel``.
+- ``gateway``: the service that owns scheduler, guard and journal; durable
+  jobs and leases, recovery, registered calls, samples, the supervisor link.
+  May import: ``journal``, ``jobs``, ``guard``, ``kernel``, ``ipc``.
+- ``api``: the HTTP app, one module per resource's routes, models, views,
+  metrics, serving.  May import: ``gateway``, ``journal``, ``jobs``,
+  ``guard``, ``kernel``, ``ipc``.
+- ``supervisor``: runs the gateway as its child and watches it from outside;
+  talks to it through ``ipc`` only.  May import: ``ipc``.
+- ``cli``: the ``roomkeeper`` command.  May import: ``api``, ``gateway``,
+  ``journal``, ``jobs``, ``guard``, ``kernel``, ``ipc``, ``supervisor``.
+
+``ipc`` (the supervisor's socketpair protocol) imports nothing of ours.
+``testing`` holds fakes for tests and may import anything.  Only ``api``
+imports FastAPI or Starlette.
+
+The public names below are loaded on first use, so that importing one
+layer (say ``roomkeeper.errors``) does not load the layers above it.
 """
 
 from __future__ import annotations
@@ -34,8 +45,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from roomkeeper.admission import Decision, Guard, GuardStatistics, Reason
-    from roomkeeper.resources import (
+    from roomkeeper.guard.admission import Decision, Guard, GuardStatistics, Reason
+    from roomkeeper.jobs.batch import BatchResult, run_batch
+    from roomkeeper.jobs.queue import Limits
+    from roomkeeper.jobs.scheduler import Scheduler, SchedulerStatistics
+    from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+    from roomkeeper.kernel.resources import (
         DiskReading,
         LimitOrigin,
         MemoryReading,
@@ -45,29 +60,45 @@ if TYPE_CHECKING:
     )
 
 _HOMES = {
-    "Decision": "admission",
-    "Guard": "admission",
-    "GuardStatistics": "admission",
-    "Reason": "admission",
-    "DiskReading": "resources",
-    "LimitOrigin": "resources",
-    "MemoryReading": "resources",
-    "MemorySource": "resources",
-    "Resources": "resources",
-    "read_resources": "resources",
+    "Decision": "guard.admission",
+    "Guard": "guard.admission",
+    "GuardStatistics": "guard.admission",
+    "Reason": "guard.admission",
+    "BatchResult": "jobs.batch",
+    "run_batch": "jobs.batch",
+    "Limits": "jobs.queue",
+    "Scheduler": "jobs.scheduler",
+    "SchedulerStatistics": "jobs.scheduler",
+    "JobSpec": "jobs.spec",
+    "JobState": "jobs.spec",
+    "JobView": "jobs.spec",
+    "DiskReading": "kernel.resources",
+    "LimitOrigin": "kernel.resources",
+    "MemoryReading": "kernel.resources",
+    "MemorySource": "kernel.resources",
+    "Resources": "kernel.resources",
+    "read_resources": "kernel.resources",
 }
 
 __all__ = [
+    "BatchResult",
     "Decision",
     "DiskReading",
     "Guard",
     "GuardStatistics",
+    "JobSpec",
+    "JobState",
+    "JobView",
     "LimitOrigin",
+    "Limits",
     "MemoryReading",
     "MemorySource",
     "Reason",
     "Resources",
+    "Scheduler",
+    "SchedulerStatistics",
     "read_resources",
+    "run_batch",
 ]
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 """``python -m roomkeeper``: the same as the ``roomkeeper`` command."""
 
-from roomkeeper.cli import main
+from roomkeeper.cli.app import main
 
 main()

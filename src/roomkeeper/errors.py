@@ -12,7 +12,7 @@
     └── PersistenceError            the journal could not save (disk full, I/O error)
 
 Readers never let ``KernelFileError`` or ``OSError`` escape to the caller:
-they translate both, at one boundary in :mod:`roomkeeper.resources`, into a
+they translate both, at one boundary in :mod:`roomkeeper.kernel.resources`, into a
 reading marked *unknown* with a reason.  Exceptions carry the fields a caller
 needs to act on them, not only a message.
 """

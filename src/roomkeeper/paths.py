@@ -42,7 +42,7 @@ def workspace_dir(env: Mapping[str, str] | None = None) -> Path:
     gateway's token lies in ROOMKEEPER_HOME and must never lie under the
     workspace, where an agent's tool command could find it.  The workspace
     is not created here: a directory that does not exist yet is judged at
-    its nearest existing parent (see :func:`roomkeeper.resources.read_disk`).
+    its nearest existing parent (see :func:`roomkeeper.kernel.resources.read_disk`).
     """
     env = os.environ if env is None else env
     if env.get("ROOMKEEPER_WORKSPACE"):

@@ -1,0 +1,1 @@
+"""api: see the package map in ``roomkeeper``'s docstring."""

@@ -1,0 +1,175 @@
+"""The HTTP API over :class:`roomkeeper.gateway.service.Gateway` (FastAPI, versioned under /v1).
+
+Every call needs ``Authorization: Bearer <token>`` except ``GET /health``,
+``GET /metrics``, the Health page (``GET /``) and its feed (``GET /v1/feed``),
+which carry no command line, path, environment or output.  Sizes are bytes,
+durations seconds.  Bad input gets a 4xx saying what was wrong; a crafted or
+oversized body never produces a 500.
+
+This module builds the application: the token check, the answers for errors, the
+body limit, the open routes and the service's own (status, shutdown, restart,
+repair).  The work routes are in :mod:`roomkeeper.api.jobs`, the lease routes in
+:mod:`roomkeeper.api.leases`, and the JSON they answer with in
+:mod:`roomkeeper.api.views`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import sqlite3
+from collections.abc import AsyncIterator
+from importlib import resources as package_files
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from roomkeeper import __version__
+from roomkeeper.api.bodylimit import BodyLimit
+from roomkeeper.api.jobs import work_routes
+from roomkeeper.api.leases import lease_routes
+from roomkeeper.api.metrics import render_metrics
+from roomkeeper.api.views import feed_json, status_json
+from roomkeeper.errors import PersistenceError, QueueFullError, UnknownJobError, UsageError
+from roomkeeper.gateway.calls import CallStateError
+from roomkeeper.gateway.service import Gateway
+
+MAX_BODY_BYTES = 1024 * 1024
+BEARER = HTTPBearer(auto_error=False)
+# Module-level so FastAPI can resolve it (this module postpones annotations).
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
+
+
+def _page() -> str:
+    try:
+        return (package_files.files("roomkeeper.api") / "web" / "health.html").read_text()
+    except (FileNotFoundError, OSError):
+        return "<!doctype html><title>roomkeeper</title><p>The Health page is not installed."
+
+
+def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None = None) -> FastAPI:
+    """The FastAPI application for one gateway (``port``/``socket`` are written for the CLI)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start(port=port, socket=socket)
+        try:
+            yield
+        finally:
+            await gateway.shutdown()
+
+    app = FastAPI(title="roomkeeper", version=__version__, lifespan=lifespan)
+    page = _page()
+
+    def authorized(credentials: Credentials) -> None:
+        given = credentials.credentials if credentials else ""
+        if not hmac.compare_digest(given.encode(), gateway.token.encode()):
+            raise HTTPException(
+                401,
+                "a valid token is required: Authorization: Bearer <ROOMKEEPER_HOME/token>",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    auth = [Depends(authorized)]
+
+    @app.exception_handler(UsageError)
+    async def usage_error(request: Request, err: UsageError) -> JSONResponse:
+        status = 503 if err.name == "shutdown" else 422
+        return JSONResponse({"detail": str(err)}, status)
+
+    @app.exception_handler(UnknownJobError)
+    async def unknown(request: Request, err: UnknownJobError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, 404)
+
+    @app.exception_handler(PersistenceError)
+    async def not_saved(request: Request, err: PersistenceError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, 507)
+
+    @app.exception_handler(sqlite3.Error)
+    async def journal_error(request: Request, err: sqlite3.Error) -> JSONResponse:
+        # A journal that cannot save is reported as such, never as a success or a 500.
+        gateway.persistence_error = str(err)
+        return JSONResponse({"detail": f"not saved: the journal could not write ({err})"}, 507)
+
+    @app.exception_handler(CallStateError)
+    async def call_state(request: Request, err: CallStateError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, 409)
+
+    @app.exception_handler(QueueFullError)
+    async def queue_full(request: Request, err: QueueFullError) -> JSONResponse:
+        return JSONResponse({"reason": err.reason, "detail": str(err)}, 429)
+
+    # ------------------------------------------------------------ open
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Liveness for a probe, answered from the event loop without touching disk."""
+        return {"boot_id": gateway.boot_id, "uptime_s": gateway.uptime()}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def health_page() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> Response:
+        """Prometheus text exposition."""
+        body, content_type = render_metrics(gateway)
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/feed")
+    def feed() -> dict[str, Any]:
+        """What the Health page shows: ids, owners, states, reasons and numbers only."""
+        return feed_json(gateway)
+
+    # ---------------------------------------------------- jobs, calls, leases
+
+    app.include_router(work_routes(gateway, auth))
+    app.include_router(lease_routes(gateway, auth))
+
+    # ----------------------------------------------------------- status
+
+    @app.get("/v1/status", dependencies=auth)
+    def status() -> dict[str, Any]:
+        """The guard's reading and last decision, queue and running counts per owner, holds."""
+        return status_json(gateway)
+
+    @app.get("/v1/needs-you", dependencies=auth)
+    def needs_you() -> dict[str, str]:
+        """A headline from a closed vocabulary, and the guard's summary."""
+        return gateway.needs_you()
+
+    @app.post("/v1/shutdown", dependencies=auth)
+    async def shutdown() -> dict[str, str]:
+        """Stop the service (not a restart): the same path as SIGTERM, through both layers."""
+        gateway.closing = True  # stop admitting now, before connections drain
+        gateway.link.tell("stop")  # an explicit stop is never taken for a crash
+        if gateway.server is not None:
+            gateway.server.should_exit = True
+        else:
+            asyncio.get_running_loop().create_task(gateway.shutdown())
+        return {"state": "stopping"}
+
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+
+    @app.post("/v1/restart", dependencies=auth)
+    async def restart() -> JSONResponse:
+        """A fast restart by the supervisor (409 when the gateway runs alone)."""
+        if not gateway.link.tell("restart"):
+            return JSONResponse(
+                {"detail": "no supervisor: restarts need `roomkeeper serve`"},
+                409,
+            )
+        gateway.closing = True
+        if gateway.server is not None:
+            gateway.server.should_exit = True
+        return JSONResponse({"state": "restarting"})
+
+    @app.post("/v1/repair", dependencies=auth)
+    async def repair() -> dict[str, Any]:
+        """Check responsiveness and headroom, then release held work gradually."""
+        return await gateway.link.repair()
+
+    return app

@@ -1,0 +1,194 @@
+"""The work routes of the HTTP API: jobs, registered calls and the recovery history.
+
+:func:`work_routes` builds them for one gateway; :func:`roomkeeper.api.app.create_app`
+includes them with its token check on every one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, params
+from fastapi.responses import Response, StreamingResponse
+
+from roomkeeper.api.models import CallIn, Id, JobIn, OutcomeIn, ResolveIn
+from roomkeeper.api.views import job_json, row_json
+from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
+from roomkeeper.gateway.service import Gateway, job_environment
+from roomkeeper.jobs.spec import JobSpec, JobState
+
+RUNNING_STATES = frozenset({JobState.WAITING.value, JobState.RUNNING.value})
+
+
+def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
+    """``/v1/jobs``, ``/v1/calls`` and ``/v1/history`` for ``gateway``, each behind ``auth``."""
+    router = APIRouter()
+
+    # ------------------------------------------------------------ jobs
+
+    @router.post("/v1/jobs", status_code=201, dependencies=auth)
+    async def submit_job(body: JobIn) -> dict[str, Any]:
+        """Queue a job; 429 with the reason when a queue bound is reached."""
+        spec = JobSpec(
+            argv=body.argv,
+            owner=body.owner,
+            cwd=body.cwd or str(gateway.workspace),
+            env=job_environment(body.env),
+            memory_bytes=body.memory_bytes,
+            disk_bytes=body.disk_bytes,
+            timeout_s=body.timeout_s,
+            resumable=body.resumable,
+        )
+        if body.cwd is None:
+            gateway.workspace.mkdir(parents=True, exist_ok=True)
+        view = await gateway.durable_jobs.submit(
+            spec, body.release.hook() if body.release else None
+        )
+        return {"id": view.id, "state": view.state.value}
+
+    @router.get("/v1/jobs", dependencies=auth)
+    def list_jobs(
+        owner: Annotated[str | None, Query(max_length=200)] = None,
+        state: Annotated[str | None, Query(max_length=40)] = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs of this run and earlier ones, newest first."""
+        live = {v.id: job_json(v) for v in gateway.scheduler.jobs()}
+        rows = {r.id: row_json(r) for r in gateway.journal.jobs(owner=owner, state=state)}
+        rows.update(
+            {
+                i: j
+                for i, j in live.items()
+                if (owner is None or j["owner"] == owner) and (state is None or j["state"] == state)
+            }
+        )
+        for i in [i for i, j in rows.items() if i in live and live[i]["state"] != j["state"]]:
+            del rows[i]
+        return sorted(rows.values(), key=lambda j: j["submitted_at"], reverse=True)
+
+    def _find(job_id: str) -> dict[str, Any]:
+        with contextlib.suppress(UnknownJobError):
+            return job_json(gateway.scheduler.get(job_id))
+        row = gateway.journal.job(job_id)
+        if row is None:
+            raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)
+        return row_json(row)
+
+    @router.get("/v1/jobs/{job_id}", dependencies=auth)
+    def get_job(job_id: Id) -> dict[str, Any]:
+        """One job, live or from an earlier run."""
+        return _find(job_id)
+
+    @router.get("/v1/jobs/{job_id}/output", dependencies=auth, response_model=None)
+    async def job_output(job_id: Id, follow: bool = False) -> Response:
+        """The job's kept output; ``follow=true`` streams it until the job ends."""
+        job = await asyncio.to_thread(_find, job_id)
+        row = await asyncio.to_thread(gateway.journal.job, job_id)
+        path = Path(row.log_path if row else gateway.home / "logs" / f"{job_id}.log")
+        if not follow:
+            data = await asyncio.to_thread(lambda: path.read_bytes() if path.exists() else b"")
+            return Response(data, media_type="text/plain")
+
+        async def stream() -> AsyncIterator[bytes]:
+            offset = 0
+            while True:
+                data = await asyncio.to_thread(_read_from, path, offset)
+                offset += len(data)
+                if data:
+                    yield data
+                state = (await asyncio.to_thread(_find, job_id))["state"]
+                if state not in RUNNING_STATES or gateway.closing:
+                    tail = await asyncio.to_thread(_read_from, path, offset)
+                    if tail:
+                        yield tail
+                    return
+                await asyncio.sleep(0.2)
+
+        del job
+        return StreamingResponse(stream(), media_type="text/plain")
+
+    @router.delete("/v1/jobs/{job_id}", dependencies=auth)
+    def cancel_job(job_id: Id) -> dict[str, Any]:
+        """Cancel a waiting job or stop a running one's whole tree (saved before it is answered)."""
+        return job_json(gateway.durable_jobs.cancel(job_id))
+
+    @router.post("/v1/jobs/{job_id}/resolve", dependencies=auth)
+    def resolve_job(job_id: Id, body: ResolveIn) -> dict[str, Any]:
+        """Settle an uncertain job: succeeded, failed, or run it again."""
+        _guard_saving()
+        gateway.durable_jobs.resolve(job_id, body.resolution)
+        return _find(job_id)
+
+    # ------------------------------------------------------------ calls
+
+    def _guard_saving() -> None:
+        if gateway.persistence_error is not None:
+            raise PersistenceError(f"the journal cannot save: {gateway.persistence_error}")
+
+    @router.post("/v1/calls", status_code=201, dependencies=auth)
+    def register_call(body: CallIn) -> dict[str, Any]:
+        """Register a side-effecting call; answered once its pending marker is durable."""
+        if gateway.closing:
+            raise UsageError("the gateway is shutting down", name="shutdown")
+        try:
+            return gateway.calls.register(body.kind, body.owner, resumable=body.resumable).to_json()
+        except sqlite3.Error as err:
+            raise PersistenceError(f"the call was not registered: {err}") from err
+
+    @router.get("/v1/calls", dependencies=auth)
+    def list_calls(
+        state: Annotated[str | None, Query(max_length=40)] = None,
+    ) -> list[dict[str, Any]]:
+        """Registered calls, newest first."""
+        return [c.to_json() for c in gateway.calls.list(state=state)]
+
+    @router.get("/v1/calls/{call_id}", dependencies=auth)
+    def get_call(call_id: Id) -> dict[str, Any]:
+        """One registered call."""
+        return gateway.calls.get(call_id).to_json()
+
+    @router.post("/v1/calls/{call_id}/outcome", dependencies=auth)
+    def call_outcome(call_id: Id, body: OutcomeIn) -> dict[str, Any]:
+        """Save a call's outcome; only then is its pending marker cleared."""
+        try:
+            return gateway.calls.outcome(
+                call_id,
+                succeeded=body.outcome == "succeeded",
+                numbers=body.numbers,
+                error=body.error,
+            ).to_json()
+        except sqlite3.Error as err:
+            raise PersistenceError(f"the outcome was not saved: {err}") from err
+
+    @router.delete("/v1/calls/{call_id}", dependencies=auth)
+    def cancel_call(call_id: Id) -> dict[str, Any]:
+        """Cancel a pending call; a result arriving later cannot retire its marker."""
+        return gateway.calls.cancel(call_id).to_json()
+
+    @router.post("/v1/calls/{call_id}/resolve", dependencies=auth)
+    def resolve_call(call_id: Id, body: ResolveIn) -> dict[str, Any]:
+        """Settle an uncertain call: succeeded, failed, or pending again (rerun)."""
+        return gateway.calls.resolve(call_id, body.resolution).to_json()
+
+    @router.get("/v1/history", dependencies=auth)
+    def history() -> list[dict[str, Any]]:
+        """Recovery events, newest first: timestamps, reason codes and numbers only."""
+        return [
+            {"at": e.at, "code": e.code.value, "numbers": dict(e.numbers)}
+            for e in gateway.journal.history()
+        ]
+
+    return router
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(1024 * 1024)
+    except FileNotFoundError:
+        return b""

@@ -1,0 +1,58 @@
+"""The lease routes of the HTTP API: grant, release, heartbeat and list memory leases.
+
+:func:`lease_routes` builds them for one gateway; :func:`roomkeeper.api.app.create_app`
+includes them with its token check on every one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, params
+from fastapi.responses import JSONResponse, Response
+
+from roomkeeper.api.models import HeartbeatIn, Id, LeaseIn
+from roomkeeper.api.views import lease_json
+from roomkeeper.gateway.service import Gateway
+
+
+def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
+    """``/v1/leases`` for ``gateway``, each route behind ``auth``."""
+    router = APIRouter()
+
+    @router.post("/v1/leases", status_code=201, dependencies=auth, response_model=None)
+    async def grant_lease(body: LeaseIn) -> Response:
+        """Grant a lease (201; 200 for a retried id) or refuse it (409 with the guard's reason)."""
+        lease, decision, created = await gateway.durable_leases.grant(
+            body.id,
+            owner=body.owner,
+            memory_bytes=body.memory_bytes,
+            disk_bytes=body.disk_bytes,
+            ttl_s=body.ttl_s,
+            wait_s=body.wait_s,
+            release=body.release.hook() if body.release else None,
+        )
+        if lease is None:
+            assert decision is not None
+            return JSONResponse({"reason": decision.reason.value, "summary": decision.summary}, 409)
+        return JSONResponse(lease_json(lease), 201 if created else 200)
+
+    @router.delete("/v1/leases/{lease_id}", dependencies=auth)
+    async def release_lease(lease_id: Id) -> dict[str, Any]:
+        """Release a lease: its hook runs, then its memory is given back."""
+        return lease_json(await gateway.durable_leases.end(lease_id))
+
+    @router.post("/v1/leases/{lease_id}/heartbeat", dependencies=auth)
+    async def heartbeat(lease_id: Id, body: HeartbeatIn | None = None) -> dict[str, Any]:
+        """Extend a lease's ttl from now."""
+        return lease_json(
+            await gateway.durable_leases.heartbeat(lease_id, body.ttl_s if body else None)
+        )
+
+    @router.get("/v1/leases", dependencies=auth)
+    def list_leases() -> list[dict[str, Any]]:
+        """Leases of this run."""
+        return [lease_json(v) for v in gateway.leases.views()]
+
+    return router

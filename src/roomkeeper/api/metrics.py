@@ -1,0 +1,87 @@
+"""``GET /metrics``: Prometheus text exposition, computed at scrape time.
+
+Names follow Prometheus conventions (``_bytes``, ``_seconds``, ``_total``)
+and no label takes unbounded values: no owner, job or lease ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from roomkeeper.gateway.jobs import WAIT_BUCKETS
+from roomkeeper.guard.admission import Reason
+from roomkeeper.jobs.spec import JobState
+
+if TYPE_CHECKING:
+    from roomkeeper.gateway.service import Gateway
+
+
+class GatewayCollector(Collector):
+    """Reads the gateway's state when Prometheus scrapes."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+        g = self._gateway
+        sample = g.samples[-1] if g.samples else g.sample()
+        for suffix, doc, value in (
+            ("memory_used_bytes", "Memory held that cannot be given back.", sample.used_bytes),
+            ("memory_limit_bytes", "The effective memory limit.", sample.limit_bytes),
+            ("memory_line_bytes", "Limit less headroom and reserve.", sample.line_bytes),
+            ("disk_free_bytes", "Free space of the workspace volume.", sample.disk_free_bytes),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(f"roomkeeper_{suffix}", doc, value=value)
+        stats = g.scheduler.statistics()
+        jobs = GaugeMetricFamily("roomkeeper_jobs", "Jobs by state in this run.", labels=["state"])
+        counts = {JobState.WAITING.value: stats.waiting, JobState.RUNNING.value: stats.running}
+        counts.update(stats.ended)
+        for state in JobState:
+            jobs.add_metric([state.value], counts.get(state.value, 0))
+        yield jobs
+        decisions = g.guard.statistics().decisions
+        admitted = CounterMetricFamily(
+            "roomkeeper_admissions",
+            "Admissions by reason (ok, off, no_container).",
+            labels=["reason"],
+        )
+        refused = CounterMetricFamily(
+            "roomkeeper_refusals", "Refusals by reason.", labels=["reason"]
+        )
+        for reason in (Reason.OK, Reason.OFF, Reason.NO_CONTAINER):
+            admitted.add_metric([reason.value], decisions.get(reason.value, 0))
+        for reason in (Reason.MEMORY, Reason.DISK, Reason.UNKNOWN):
+            refused.add_metric([reason.value], decisions.get(reason.value, 0))
+        # CPU pressure holds a launch before the guard is asked: the scheduler counts it.
+        refused.add_metric([Reason.CPU.value], stats.refusals.get(Reason.CPU.value, 0))
+        yield admitted
+        yield refused
+        cumulative = list(
+            zip((str(b) for b in WAIT_BUCKETS), g.durable_jobs.wait_buckets, strict=True)
+        )
+        yield HistogramMetricFamily(
+            "roomkeeper_queue_wait_seconds",
+            "Time from submission to start.",
+            buckets=[*cumulative, ("+Inf", g.durable_jobs.wait_count)],
+            sum_value=g.durable_jobs.wait_sum,
+        )
+        leases = GaugeMetricFamily(
+            "roomkeeper_leases", "Leases by state in this run.", labels=["state"]
+        )
+        for lease_state, count in g.leases.counts().items():
+            leases.add_metric([lease_state], count)
+        yield leases
+
+
+def render_metrics(gateway: Gateway) -> tuple[bytes, str]:
+    """The exposition text and its content type."""
+    registry = CollectorRegistry()
+    registry.register(GatewayCollector(gateway))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,116 @@
+"""The API's request bodies and path ids: strict, bounded, and saying what was wrong when
+they are not.
+
+Every model forbids unknown fields and bounds every string, list and number,
+so a crafted or oversized body gets a 4xx, never a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from roomkeeper.errors import UsageError
+from roomkeeper.guard.hooks import ReleaseHook, parse_hook
+from roomkeeper.guard.leases import DEFAULT_TTL_S
+
+NAME = r"^[A-Za-z0-9._:@-]+$"
+Text = Annotated[str, Field(max_length=65536)]
+Bytes = Annotated[int, Field(ge=0, le=2**62)]
+# Imported at module level by the route modules so FastAPI can resolve it (they postpone
+# annotations).
+Id = Annotated[str, PathParam(max_length=200)]
+"""A job, call or lease id in a route's path."""
+
+
+class ReleaseIn(BaseModel):
+    """A release hook: one loopback HTTP call made when the lease or job ends."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["DELETE", "POST", "PUT", "PATCH", "GET"] = "DELETE"
+    url: Annotated[str, Field(max_length=2048)]
+
+    @field_validator("url")
+    @classmethod
+    def _loopback(cls, url: str) -> str:
+        try:
+            parse_hook({"method": "DELETE", "url": url})
+        except UsageError as err:
+            raise ValueError(str(err)) from None
+        return url
+
+    def hook(self) -> ReleaseHook:
+        """The checked hook."""
+        return parse_hook({"method": self.method, "url": self.url})
+
+
+class JobIn(BaseModel):
+    """A job to run: argv (no shell), for an owner, with what it is expected to take."""
+
+    model_config = ConfigDict(extra="forbid")
+    argv: Annotated[list[Text], Field(min_length=1, max_length=4096)]
+    owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
+    cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    env: (
+        Annotated[dict[Annotated[str, Field(max_length=1024)], Text], Field(max_length=1000)] | None
+    ) = None
+    memory_bytes: Bytes | None = None
+    disk_bytes: Bytes | None = None
+    timeout_s: Annotated[float, Field(gt=0, le=10**7)] | None = None
+    resumable: bool = False
+    release: ReleaseIn | None = None
+
+
+class CallIn(BaseModel):
+    """A client's side-effecting call, registered before it is dispatched."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)]
+    owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
+    resumable: bool = False
+
+
+class OutcomeIn(BaseModel):
+    """How a registered call ended."""
+
+    model_config = ConfigDict(extra="forbid")
+    outcome: Literal["succeeded", "failed"]
+    numbers: (
+        Annotated[
+            dict[
+                Annotated[str, Field(max_length=100)], Annotated[float, Field(allow_inf_nan=False)]
+            ],
+            Field(max_length=50),
+        ]
+        | None
+    ) = None
+    error: Annotated[str, Field(max_length=4096)] | None = None
+
+
+class ResolveIn(BaseModel):
+    """How a person or the client settles uncertain work."""
+
+    model_config = ConfigDict(extra="forbid")
+    resolution: Literal["succeeded", "failed", "rerun"]
+
+
+class LeaseIn(BaseModel):
+    """A lease: admission for a turn that runs elsewhere."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
+    owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
+    memory_bytes: Bytes | None = None
+    disk_bytes: Bytes | None = None
+    ttl_s: Annotated[float, Field(gt=0, le=86400)] = DEFAULT_TTL_S
+    wait_s: Annotated[float, Field(ge=0, le=600)] = 0.0
+    release: ReleaseIn | None = None
+
+
+class HeartbeatIn(BaseModel):
+    """Extend a lease; its ttl from now (the lease's own when omitted)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ttl_s: Annotated[float, Field(gt=0, le=86400)] | None = None

@@ -1,0 +1,88 @@
+"""Running the gateway process: uvicorn, the lifespan, and the supervisor's channel.
+
+``roomkeeper gateway`` runs this alone; ``roomkeeper serve`` runs it as the
+supervisor's child with a private channel (:mod:`roomkeeper.ipc`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from roomkeeper.api.app import create_app
+from roomkeeper.gateway.service import Gateway
+from roomkeeper.ipc import Channel
+
+
+def run_gateway(port: int, socket_path: str | None) -> None:
+    """Serve until stopped (SIGTERM, SIGINT, POST /v1/shutdown, or the supervisor's loss).
+
+    Raises:
+        UsageError: the configuration cannot be used (the message says why).
+    """
+    import uvicorn
+
+    channel = Channel.from_env()
+    gateway = Gateway(channel=channel)
+    app = create_app(gateway, port=None if socket_path else port, socket=socket_path)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        uds=socket_path,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        # Open streams may hold the door for a third of the deadline, no more.
+        timeout_graceful_shutdown=gateway.shutdown_deadline() / 3,  # type: ignore[arg-type]
+    )
+    server = _server_class()(config)
+    server.gateway = gateway
+    gateway.server = server
+    where = socket_path or f"http://127.0.0.1:{port}"
+    click.echo(
+        f"roomkeeper gateway on {where} (Health page at /); journal in {gateway.home}", err=True
+    )
+    server.run()
+    if sys.exc_info()[0] is None and server.started is False:
+        raise SystemExit(1)  # uvicorn could not start (it has said why)
+
+
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but SIGTERM and SIGINT end in exit status 0.
+
+        uvicorn re-raises a captured signal after its graceful shutdown; for us
+        the signal *is* the request to stop, and our one shutdown path has run,
+        so the process ends normally (a supervisor must not see a crash).
+        """
+
+        gateway: Any = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.gateway is not None:
+                self.gateway.closing = True  # stop admitting at once
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return Server

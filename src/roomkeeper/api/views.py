@@ -1,0 +1,229 @@
+"""How records and the gateway's state look over the HTTP API: JSON shaping only.
+
+The routes in :mod:`roomkeeper.api.app`, :mod:`roomkeeper.api.jobs` and
+:mod:`roomkeeper.api.leases` answer with these dicts; nothing here routes,
+authorizes or changes the gateway.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from roomkeeper.gateway.service import HEADLINES, Gateway
+from roomkeeper.guard.leases import LeaseView
+from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.journal.database import JobRow
+
+LAST_OUTPUT_BYTES = 500
+JOB_FIELDS = (
+    "id",
+    "owner",
+    "state",
+    "reason",
+    "exit_code",
+    "argv",
+    "submitted_at",
+    "started_at",
+    "ended_at",
+    "peak_bytes",
+    "error",
+)
+
+
+def job_json(view: JobView) -> dict[str, Any]:
+    """A live job as the API shows it (the same fields as a journal row)."""
+    return {
+        "id": view.id,
+        "owner": view.owner,
+        "state": view.state.value,
+        "reason": view.reason.value if view.reason else None,
+        "exit_code": view.exit_code,
+        "argv": list(view.spec.argv),
+        "submitted_at": view.submitted_at,
+        "started_at": view.started_at,
+        "ended_at": view.ended_at,
+        "peak_bytes": view.peak_bytes,
+        "error": view.error,
+    }
+
+
+def row_json(row: JobRow) -> dict[str, Any]:
+    """A job of an earlier run, from the journal."""
+    fields = {k: getattr(row, k) for k in JOB_FIELDS if k != "argv"}
+    answer = {**fields, "argv": row.spec.get("argv", []), "resolution": row.resolution}
+    if row.state == JobState.UNCERTAIN.value:
+        answer["last_output"] = _tail(row.log_path)  # what is known of work in doubt
+    return answer
+
+
+def _tail(path: str, size: int = LAST_OUTPUT_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def lease_json(lease: LeaseView) -> dict[str, Any]:
+    """A lease as the API shows it."""
+    return {
+        "id": lease.id,
+        "owner": lease.owner,
+        "state": lease.state.value,
+        "memory_bytes": lease.memory_bytes,
+        "disk_bytes": lease.disk_bytes,
+        "ttl_s": lease.ttl_s,
+        "granted_at": lease.granted_at,
+        "expires_at": lease.expires_at,
+        "ended_at": lease.ended_at,
+        "release": lease.release.to_json() if lease.release else None,
+        "hook_outcome": lease.hook_outcome,
+    }
+
+
+def feed_json(gateway: Gateway) -> dict[str, Any]:
+    """What the Health page shows: ids, owners, states, reasons and numbers only."""
+    decision = gateway.check()
+    memory = decision.memory
+    latest = gateway.samples[-1] if gateway.samples else gateway.sample()
+    stats = gateway.scheduler.statistics()
+    jobs = sorted(gateway.scheduler.jobs(), key=lambda v: v.submitted_at, reverse=True)[:50]
+    live = {v.id for v in jobs}
+    # Work in doubt from an earlier run lives only in the journal: show it too.
+    in_doubt = [
+        r
+        for state in (JobState.UNCERTAIN.value, JobState.DEFERRED.value)
+        for r in gateway.journal.jobs(state=state, limit=25)
+        if r.id not in live
+    ]
+    return {
+        "boot_id": gateway.boot_id,
+        "uptime_s": gateway.uptime(),
+        "now": time.time(),
+        "guard": {
+            "admit": decision.admit,
+            "reason": decision.reason.value,
+            "headline": HEADLINES.get(decision.reason, "ok"),
+            "summary": decision.summary,
+        },
+        "memory": {
+            "used_bytes": memory.used_bytes if memory else None,
+            "limit_bytes": memory.limit_bytes if memory else None,
+            "line_bytes": latest.line_bytes,
+            "source": memory.source.value if memory else "not read",
+        },
+        "disk": {"free_bytes": latest.disk_free_bytes, "total_bytes": latest.disk_total_bytes},
+        "history": [
+            {
+                "at": s.at,
+                "used_bytes": s.used_bytes,
+                "limit_bytes": s.limit_bytes,
+                "line_bytes": s.line_bytes,
+                "disk_free_bytes": s.disk_free_bytes,
+                "disk_total_bytes": s.disk_total_bytes,
+                "running": s.running,
+                "waiting": s.waiting,
+            }
+            for s in list(gateway.samples)
+        ],
+        "owners": {o: {"waiting": w, "running": r} for o, (w, r) in stats.by_owner.items()},
+        "jobs": [
+            {
+                "id": v.id,
+                "owner": v.owner,
+                "state": v.state.value,
+                "reason": v.reason.value if v.reason else None,
+                "exit_code": v.exit_code,
+                "submitted_at": v.submitted_at,
+                "started_at": v.started_at,
+                "ended_at": v.ended_at,
+            }
+            for v in jobs
+        ]
+        + [
+            {
+                "id": r.id,
+                "owner": r.owner,
+                "state": r.state,
+                "reason": None,
+                "exit_code": r.exit_code,
+                "submitted_at": r.submitted_at,
+                "started_at": r.started_at,
+                "ended_at": r.ended_at,
+            }
+            for r in in_doubt
+        ]
+        + [
+            {
+                "id": c.id,
+                "owner": c.owner,
+                "state": c.state.value,
+                "reason": None,
+                "exit_code": None,
+                "submitted_at": c.created_at,
+                "started_at": c.created_at,
+                "ended_at": None,
+            }
+            for c in gateway.calls.list(state="uncertain")[:25]
+        ],
+        "refusals": [
+            {"at": at, "reason": reason, "summary": summary}
+            for at, reason, summary, _ in reversed(gateway.refusals)
+        ],
+        "recoveries": [
+            {"at": e.at, "reason": e.code.value} for e in gateway.journal.history(limit=20)
+        ],
+        "leases": gateway.leases.counts(),
+    }
+
+
+def status_json(gateway: Gateway) -> dict[str, Any]:
+    """The guard's reading and last decision, queue and running counts per owner, holds."""
+    decision = gateway.check()
+    memory, disk = decision.memory, decision.disk
+    stats = gateway.scheduler.statistics()
+    guard_stats = gateway.guard.statistics()
+    last = guard_stats.last_decision
+    return {
+        "boot_id": gateway.boot_id,
+        "uptime_s": gateway.uptime(),
+        "guard": {
+            "admit": decision.admit,
+            "reason": decision.reason.value,
+            "summary": decision.summary,
+            "young": guard_stats.young,
+            "reserved_bytes": guard_stats.reserved_bytes,
+            "last_decision": None
+            if last is None
+            else {"admit": last.admit, "reason": last.reason.value, "summary": last.summary},
+        },
+        "memory": {
+            "used_bytes": memory.used_bytes if memory else None,
+            "limit_bytes": memory.limit_bytes if memory else None,
+            "source": memory.source.value if memory else None,
+        },
+        "disk": {
+            "free_bytes": disk.free_bytes if disk else None,
+            "total_bytes": disk.total_bytes if disk else None,
+        },
+        "queue": {
+            "waiting": stats.waiting,
+            "running": stats.running,
+            "by_owner": {o: {"waiting": w, "running": r} for o, (w, r) in stats.by_owner.items()},
+            "refusals": stats.refusals,
+        },
+        "leases": gateway.leases.counts(),
+        "holds": [
+            word
+            for word, on in (
+                ("shutting down", gateway.closing),
+                ("recovery mode", gateway.link.recovery_mode),
+                ("relief", time.monotonic() < gateway.link.relief_until),
+            )
+            if on
+        ],
+    }

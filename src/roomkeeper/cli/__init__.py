@@ -1,0 +1,1 @@
+"""cli: see the package map in ``roomkeeper``'s docstring."""

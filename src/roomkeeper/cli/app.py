@@ -1,0 +1,43 @@
+"""The ``roomkeeper`` command: the click group and the command groups it gathers.
+
+Log lines go to stderr, answers to stdout; a refusal or an unknown reading is
+an answer (exit 0), and only a usage error exits non-zero.  The commands live
+in :mod:`roomkeeper.cli.local` (no gateway needed), :mod:`roomkeeper.cli.remote`
+(requests to a running gateway) and :mod:`roomkeeper.cli.service` (running and
+stopping the service); none of them imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from roomkeeper import __version__
+from roomkeeper.cli import local, remote, service
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("roomkeeper: %(levelname)s %(message)s"))
+    root = logging.getLogger("roomkeeper")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="roomkeeper")
+@click.option("-v", "--verbose", is_flag=True, help="Log more detail to stderr.")
+def main(verbose: bool) -> None:
+    """roomkeeper: admit work only when the container has room for it."""
+    _setup_logging(verbose)
+
+
+for _command in (*local.COMMANDS, *remote.COMMANDS, *service.COMMANDS):
+    main.add_command(_command)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,1 @@
+"""gateway: see the package map in ``roomkeeper``'s docstring."""

@@ -1,0 +1,238 @@
+"""Registered calls: a client's own side-effecting tool calls, with roomkeeper's save-first promise.
+
+A client registers a call before it dispatches it (``POST /v1/calls``); the
+answer comes only once a durable pending marker is written.  Only a persisted
+outcome clears the marker (``succeeded`` or ``failed``).  No kind is assumed
+read-only: every registered call is marked, whatever its kind.  A result that
+arrives after the call was cancelled cannot retire its marker, and a failed
+step stays a failure.  After a crash, a pending call is ``uncertain`` until a
+person or the client resolves it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from roomkeeper.errors import RoomkeeperError, UnknownJobError
+from roomkeeper.journal.database import Journal
+
+
+class CallState(enum.Enum):
+    """Where a registered call stands."""
+
+    PENDING = "pending"  # dispatched, outcome not yet saved
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # its marker stays: what it did is unknown
+    UNCERTAIN = "uncertain"  # pending when the gateway died
+
+
+class CallStateError(RoomkeeperError):
+    """The call is not in a state that allows this; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallView:
+    """A registered call as the API shows it."""
+
+    id: str
+    kind: str
+    owner: str
+    resumable: bool
+    state: CallState
+    created_at: float
+    ended_at: float | None
+    numbers: Mapping[str, float]
+    error: str | None
+    pending_marker: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's JSON form."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "owner": self.owner,
+            "resumable": self.resumable,
+            "state": self.state.value,
+            "created_at": self.created_at,
+            "ended_at": self.ended_at,
+            "numbers": dict(self.numbers),
+            "error": self.error,
+            "pending_marker": self.pending_marker,
+        }
+
+
+class Calls:
+    """Registered calls, kept in the journal (every method waits for durability)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def register(self, kind: str, owner: str, *, resumable: bool = False) -> CallView:
+        """Write the call and its pending marker durably, in one transaction."""
+        call_id = uuid.uuid4().hex[:16]
+        now = time.time()
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO calls VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    call_id,
+                    kind,
+                    owner,
+                    int(resumable),
+                    CallState.PENDING.value,
+                    now,
+                    None,
+                    None,
+                    None,
+                ),
+            )
+            conn.execute("INSERT OR REPLACE INTO markers VALUES ('call', ?, ?)", (call_id, now))
+
+        self._journal.submit(write).result()
+        return self.get(call_id)
+
+    def outcome(
+        self,
+        call_id: str,
+        *,
+        succeeded: bool,
+        numbers: Mapping[str, float] | None = None,
+        error: str | None = None,
+    ) -> CallView:
+        """Save the call's outcome and only then clear its marker.
+
+        Raises:
+            CallStateError: the call is not pending (a late result after a
+                cancel cannot retire its marker), or a success came with error text.
+        """
+        if succeeded and error:
+            raise CallStateError("a succeeded outcome carries no error text; report it as failed")
+        call = self.get(call_id)
+        if call.state is not CallState.PENDING:
+            raise CallStateError(
+                f"call {call_id!r} is {call.state.value}: a result arriving now cannot retire "
+                "its pending marker"
+                + ("; resolve it instead" if call.state is CallState.UNCERTAIN else "")
+            )
+        state = CallState.SUCCEEDED if succeeded else CallState.FAILED
+        if not self._settle(call_id, state, numbers, error, only_from=(CallState.PENDING,)):
+            raise CallStateError(
+                f"call {call_id!r} changed while its result arrived (cancelled?): "
+                "the result cannot retire its pending marker"
+            )
+        return self.get(call_id)
+
+    def cancel(self, call_id: str) -> CallView:
+        """Cancel a pending call; its marker stays, since what it did is unknown."""
+        call = self.get(call_id)
+        if call.state is CallState.PENDING:
+            self._journal.execute(
+                "UPDATE calls SET state='cancelled', ended_at=? WHERE id=? AND state='pending'",
+                (time.time(), call_id),
+            ).result()
+        return self.get(call_id)
+
+    def resolve(self, call_id: str, resolution: str) -> CallView:
+        """A person or the client settles an uncertain call: succeeded, failed, or rerun.
+
+        Raises:
+            CallStateError: the call is not uncertain.
+        """
+        call = self.get(call_id)
+        settleable = (
+            CallState.UNCERTAIN,
+            CallState.CANCELLED,
+        )  # a cancelled call's effect is unknown too
+        if call.state not in settleable or (
+            resolution == "rerun" and call.state is not CallState.UNCERTAIN
+        ):
+            raise CallStateError(
+                f"call {call_id!r} is {call.state.value}: only uncertain calls can be rerun, "
+                "and uncertain or cancelled ones settled"
+            )
+        if resolution == "rerun":  # pending again, under a fresh marker
+            now = time.time()
+
+            def write(conn: sqlite3.Connection) -> None:
+                conn.execute(
+                    "UPDATE calls SET state='pending', ended_at=NULL WHERE id=?", (call_id,)
+                )
+                conn.execute("INSERT OR REPLACE INTO markers VALUES ('call', ?, ?)", (call_id, now))
+
+            self._journal.submit(write).result()
+        else:
+            state = CallState.SUCCEEDED if resolution == "succeeded" else CallState.FAILED
+            if not self._settle(call_id, state, None, None, only_from=settleable):
+                raise CallStateError(f"call {call_id!r} changed while it was being resolved")
+        return self.get(call_id)
+
+    def _settle(
+        self,
+        call_id: str,
+        state: CallState,
+        numbers: Mapping[str, float] | None,
+        error: str | None,
+        *,
+        only_from: tuple[CallState, ...],
+    ) -> bool:
+        """Save the outcome and clear the marker in one transaction; False if the state moved."""
+        numbers_json = json.dumps(dict(numbers or {}))
+        allowed = [s.value for s in only_from]
+
+        def write(conn: sqlite3.Connection) -> bool:
+            changed = conn.execute(
+                "UPDATE calls SET state=?, ended_at=?, numbers=?, error=? "
+                f"WHERE id=? AND state IN ({','.join('?' * len(allowed))})",
+                (state.value, time.time(), numbers_json, error, call_id, *allowed),
+            ).rowcount
+            if changed:  # the outcome is saved in this same transaction
+                conn.execute("DELETE FROM markers WHERE kind='call' AND id=?", (call_id,))
+            return bool(changed)
+
+        return self._journal.submit(write).result()
+
+    def get(self, call_id: str) -> CallView:
+        """One call.
+
+        Raises:
+            UnknownJobError: no call has that id.
+        """
+        rows = self._journal.query("SELECT * FROM calls WHERE id=?", (call_id,))
+        if not rows:
+            raise UnknownJobError(f"no call has the id {call_id!r}", job_id=call_id)
+        marked = self._journal.query("SELECT 1 FROM markers WHERE kind='call' AND id=?", (call_id,))
+        return _view(rows[0], bool(marked))
+
+    def list(self, *, state: str | None = None) -> list[CallView]:
+        """Calls, newest first, optionally in one state."""
+        sql, args = "SELECT * FROM calls", list[Any]()
+        if state is not None:
+            sql += " WHERE state=?"
+            args.append(state)
+        rows = self._journal.query(sql + " ORDER BY created_at DESC LIMIT 500", args)
+        marked = {r["id"] for r in self._journal.query("SELECT id FROM markers WHERE kind='call'")}
+        return [_view(r, r["id"] in marked) for r in rows]
+
+
+def _view(row: sqlite3.Row, marked: bool) -> CallView:
+    return CallView(
+        id=row["id"],
+        kind=row["kind"],
+        owner=row["owner"],
+        resumable=bool(row["resumable"]),
+        state=CallState(row["state"]),
+        created_at=row["created_at"],
+        ended_at=row["ended_at"],
+        numbers=json.loads(row["numbers"]) if row["numbers"] else {},
+        error=row["error"],
+        pending_marker=marked,
+    )

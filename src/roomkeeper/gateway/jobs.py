@@ -1,0 +1,261 @@
+"""Jobs made durable: the gateway's scheduler, with the journal behind every change.
+
+A job's row and pending marker are durable before it is spawned; each change
+of state is recorded (its log synced first once it has ended); a submit is
+answered once its record is durable, and a cancel once the request is.  Work
+a crash left in doubt runs again from its saved spec: deferred jobs one at a
+time, uncertain ones when a person says so.  The scheduler's callbacks also
+keep the refusals for the Health page, the histogram of waiting times for
+``GET /metrics``, and run a job's release hook when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
+from roomkeeper.guard.admission import Decision, Guard
+from roomkeeper.guard.hooks import ReleaseHook, run_hook
+from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+from roomkeeper.journal.database import Journal
+from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+
+log = logging.getLogger("roomkeeper")
+
+STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
+MARKER_TIMEOUT_S = 30.0
+WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+def _fsync_file(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class DurableJobs:
+    """The gateway's scheduler and what it records of each job.
+
+    Args:
+        logs_dir: where the jobs' output is kept.
+        guard: the admission guard the scheduler asks.
+        limits: the scheduler's bounds, with the gateway's holds on top.
+        journal: where each job and each change of state is recorded.
+        refusals: recent refusals for the Health page (shared with the gateway).
+        closing: whether the gateway is shutting down (no new job).
+        watch: told of every journal write, to report one that fails.
+        environment: the environment a job gets, given what its caller asked for.
+    """
+
+    def __init__(
+        self,
+        *,
+        logs_dir: Path,
+        guard: Guard,
+        limits: Callable[[], Limits],
+        journal: Journal,
+        refusals: deque[tuple[float, str, str, str]],
+        closing: Callable[[], bool],
+        watch: Callable[[concurrent.futures.Future[None]], None],
+        environment: Callable[[Mapping[str, str] | None], dict[str, str]],
+    ) -> None:
+        self._journal = journal
+        self._refusals = refusals
+        self._closing = closing
+        self._watch = watch
+        self._environment = environment
+        self._resuming: str | None = None  # the deferred job resumed now (one at a time)
+        self.hooks: dict[str, ReleaseHook] = {}
+        # Cumulative, as Prometheus histograms must be: counts per bucket, sum, count.
+        self.wait_buckets = [0] * len(WAIT_BUCKETS)
+        self.wait_sum = 0.0
+        self.wait_count = 0
+        # The latest journal write of each job; a failed one is kept (see _job_changed).
+        self.writes: dict[str, concurrent.futures.Future[None]] = {}
+        self.scheduler = Scheduler(
+            logs_dir=logs_dir,
+            guard=guard,
+            limits=limits,
+            on_change=self._job_changed,
+            on_end=self._job_ended,
+            on_refusal=self._job_refused,
+            before_launch=self._mark_launch,
+        )
+
+    def _mark_launch(self, view: JobView) -> None:
+        """The job's row and its pending marker, durable before the spawn (scheduler thread)."""
+        write = self._journal.record_job(view, mark_pending=True)
+        self._watch(write)
+        write.result(timeout=MARKER_TIMEOUT_S)  # a stuck disk fails the launch, not the scheduler
+
+    def _job_changed(self, view: JobView) -> None:
+        pid_started = None
+        if view.state is JobState.RUNNING and view.pid is not None:
+            with contextlib.suppress(psutil.Error):
+                pid_started = psutil.Process(view.pid).create_time()
+        if view.state.final:
+            _fsync_file(view.log_path)  # logs before the index
+        write = self._journal.record_job(view, pid_started=pid_started)
+        self._watch(write)
+        self.writes[view.id] = write
+        job_id = view.id
+
+        def forget(done: concurrent.futures.Future[None]) -> None:
+            # A failed write is kept: DurableJobs.submit must see it and answer 507.
+            if (
+                self.writes.get(job_id) is done
+                and not done.cancelled()
+                and done.exception() is None
+            ):
+                self.writes.pop(job_id, None)
+
+        write.add_done_callback(forget)
+        if view.state is JobState.RUNNING and view.started_at is not None:
+            wait = max(0.0, view.started_at - view.submitted_at)
+            self.wait_sum += wait
+            self.wait_count += 1
+            for i, bound in enumerate(WAIT_BUCKETS):
+                if wait <= bound:
+                    self.wait_buckets[i] += 1
+
+    def _job_refused(self, job_id: str, decision: Decision) -> None:
+        """Keep a refusal for the Health page once, not once per retried round."""
+        last = self._refusals[-1] if self._refusals else None
+        if last is None or (last[1], last[3]) != (decision.reason.value, job_id):
+            self._refusals.append((time.time(), decision.reason.value, decision.summary, job_id))
+
+    def _job_ended(self, view: JobView) -> None:
+        """Runs on the scheduler thread before the slot is offered to waiting work."""
+        hook = self.hooks.pop(view.id, None)
+        if hook is not None:
+            outcome = run_hook(hook)
+            if not outcome.startswith("ok"):
+                log.warning("release hook of job %s %s", view.id, outcome)
+
+    async def submit(self, spec: JobSpec, release: ReleaseHook | None) -> JobView:
+        """Queue a job; returns once its record is durable.  Never blocks the event loop."""
+        if self._closing():
+            raise UsageError("the gateway is shutting down", name="shutdown")
+        job_id = uuid.uuid4().hex[:12]
+        if release is not None:
+            self.hooks[job_id] = release  # before the job exists: it may end at once
+        try:
+            view = await asyncio.to_thread(self.scheduler.submit, spec, job_id=job_id)
+        except BaseException:
+            self.hooks.pop(job_id, None)
+            raise
+        write = self.writes.get(job_id)
+        if write is not None:
+            try:
+                await asyncio.wrap_future(write)
+            except Exception as err:  # not saved: it must not run, and must not look saved
+                await asyncio.to_thread(self.scheduler.cancel, job_id)
+                raise PersistenceError(f"the job was not saved, so it will not run: {err}") from err
+        return view
+
+    def cancel(self, job_id: str) -> JobView:
+        """Cancel or stop a job; the request is durable before it is acknowledged or signalled.
+
+        A crash right after the answer must not turn a person's cancel into a
+        deferred job that runs again.
+        """
+        view = self.scheduler.get(job_id)
+        if not view.state.final:
+            self._journal.execute(
+                "UPDATE jobs SET reason=? WHERE id=?", (STOP_REQUESTED, job_id)
+            ).result()
+        view = self.scheduler.cancel(job_id)
+        write = self.writes.get(job_id)
+        if write is not None and view.state.final:
+            write.result(timeout=MARKER_TIMEOUT_S)
+        return view
+
+    def spec_from_row(self, spec: dict[str, Any], owner: str, resumable: bool) -> JobSpec:
+        """The job as it was asked for, to run it again (its deadline counts from now)."""
+        return JobSpec(
+            argv=spec["argv"],
+            owner=owner,
+            cwd=spec.get("cwd"),
+            env=spec.get("env") or self._environment(None),
+            memory_bytes=spec.get("memory_bytes"),
+            disk_bytes=spec.get("disk_bytes"),
+            timeout_s=spec.get("timeout_s"),
+            shell=bool(spec.get("shell")),
+            resumable=resumable,
+        )
+
+    def resume_next(self) -> str | None:
+        """Resume the oldest deferred job if none is resuming now (one at a time).
+
+        The gateway asks only while nothing holds automatic work.
+        """
+        if self._resuming is not None:
+            with contextlib.suppress(UnknownJobError):
+                if not self.scheduler.get(self._resuming).state.final:
+                    return None
+        self._resuming = None
+        rows = self._journal.query(
+            "SELECT id FROM jobs WHERE state='deferred' ORDER BY submitted_at LIMIT 1"
+        )
+        if not rows:
+            return None
+        row = self._journal.job(rows[0]["id"])
+        assert row is not None
+        self.scheduler.submit(self.spec_from_row(row.spec, row.owner, row.resumable), job_id=row.id)
+        self._resuming = row.id
+        self._watch(
+            self._journal.record_history(
+                HistoryEvent(time.time(), RecoveryCode.RESUMED, {"jobs": 1})
+            )
+        )
+        return row.id
+
+    def resolve(self, job_id: str, resolution: str) -> str:
+        """Settle an uncertain job: succeeded or failed, or run it again now."""
+        row = self._journal.job(job_id)
+        if row is None:
+            raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)
+        if row.state != JobState.UNCERTAIN.value:
+            raise UsageError(f"job {job_id!r} is {row.state}, not uncertain", name="state")
+        now = time.time()
+        if resolution == "rerun":
+            self.scheduler.submit(
+                self.spec_from_row(row.spec, row.owner, row.resumable), job_id=job_id
+            )
+        else:
+
+            def settle(conn: Any) -> None:
+                changed = conn.execute(
+                    "UPDATE jobs SET state='resolved', resolution=? "
+                    "WHERE id=? AND state='uncertain'",
+                    (resolution, job_id),
+                ).rowcount
+                if not changed:
+                    raise UsageError(f"job {job_id!r} is no longer uncertain", name="state")
+                conn.execute(
+                    "INSERT INTO job_events VALUES (?,?,?,?)", (job_id, "resolved", None, now)
+                )
+                conn.execute("DELETE FROM markers WHERE kind='job' AND id=?", (job_id,))
+
+            self._journal.submit(settle).result()
+        self._watch(
+            self._journal.record_history(HistoryEvent(now, RecoveryCode.RESOLVED, {"jobs": 1}))
+        )
+        return resolution

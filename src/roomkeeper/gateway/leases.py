@@ -1,0 +1,167 @@
+"""Leases made durable: each grant, heartbeat and end is recorded in the journal.
+
+A grant may wait for room; an end runs the lease's release hook before its
+memory is given back; leases past their ttl are expired by a timer; and a
+restart restores the leases still within their ttl, with their reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+
+from roomkeeper.errors import UsageError
+from roomkeeper.guard.admission import Decision, Guard
+from roomkeeper.guard.hooks import ReleaseHook, run_hook
+from roomkeeper.guard.leases import Leases, LeaseState, LeaseView, guard_key
+from roomkeeper.journal.database import Journal
+
+LEASE_CHECK_EVERY_S = 0.5
+LEASE_RETRY_S = 0.25
+
+
+class DurableLeases:
+    """The gateway's leases, with the journal behind every change.
+
+    Args:
+        leases: the leases in memory.
+        guard: whose reservations restored leases hold again.
+        journal: where each lease and each change of state is recorded.
+        refusals: recent refusals for the Health page (shared with the gateway).
+        closing: whether the gateway is shutting down (no grant, no more waiting).
+        watch: told of every journal write, to report one that fails.
+    """
+
+    def __init__(
+        self,
+        *,
+        leases: Leases,
+        guard: Guard,
+        journal: Journal,
+        refusals: deque[tuple[float, str, str, str]],
+        closing: Callable[[], bool],
+        watch: Callable[[concurrent.futures.Future[None]], None],
+    ) -> None:
+        self.leases = leases
+        self._guard = guard
+        self._journal = journal
+        self._refusals = refusals
+        self._closing = closing
+        self._watch = watch
+
+    def restore(self) -> None:
+        """Leases granted before a restart and not yet past their ttl keep their reservation."""
+        now = time.time()
+        for row in self._journal.query("SELECT * FROM leases WHERE state = 'granted'"):
+            if row["expires_at"] <= now:
+                self._journal.execute(
+                    "UPDATE leases SET state='expired', ended_at=? WHERE id=?", (now, row["id"])
+                )
+                continue
+            release = json.loads(row["release"]) if row["release"] else None
+            hook = ReleaseHook(release["method"], release["url"]) if release else None
+            lease, _ = self.leases.restore(
+                row["id"],
+                row["owner"],
+                row["memory_bytes"],
+                row["disk_bytes"] or None,
+                row["ttl_s"],
+                row["granted_at"],
+                row["expires_at"],
+                hook,
+            )
+            self._guard.hold(
+                guard_key(lease.id), lease.memory_bytes or 0, age_s=now - lease.granted_at
+            )
+
+    def _record(self, lease: LeaseView) -> concurrent.futures.Future[None]:
+        release = json.dumps(lease.release.to_json()) if lease.release else None
+        self._watch(
+            self._journal.execute(
+                "INSERT INTO lease_events VALUES (?,?,?)",
+                (lease.id, lease.state.value, time.time()),
+            )
+        )
+        return self._journal.execute(
+            "INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+            "state=excluded.state, ttl_s=excluded.ttl_s, expires_at=excluded.expires_at, "
+            "ended_at=excluded.ended_at, hook_outcome=excluded.hook_outcome",
+            (
+                lease.id,
+                lease.owner,
+                lease.state.value,
+                lease.memory_bytes or 0,
+                lease.disk_bytes or 0,
+                lease.ttl_s,
+                lease.granted_at,
+                lease.expires_at,
+                lease.ended_at,
+                release,
+                lease.hook_outcome,
+            ),
+        )
+
+    async def grant(
+        self,
+        lease_id: str | None,
+        *,
+        owner: str,
+        memory_bytes: int | None,
+        disk_bytes: int | None,
+        ttl_s: float,
+        wait_s: float,
+        release: ReleaseHook | None,
+    ) -> tuple[LeaseView | None, Decision | None, bool]:
+        """Grant a lease, waiting up to ``wait_s`` for room; (lease, decision, created)."""
+        if self._closing():
+            raise UsageError("the gateway is shutting down", name="shutdown")
+        lease_id = lease_id or uuid.uuid4().hex[:16]
+        deadline = time.monotonic() + wait_s
+        while True:
+            lease, decision = self.leases.grant(
+                lease_id,
+                owner=owner,
+                memory_bytes=memory_bytes,
+                disk_bytes=disk_bytes,
+                ttl_s=ttl_s,
+                release=release,
+            )
+            if lease is not None:
+                if decision is not None:  # a new grant, not a retried request
+                    await asyncio.wrap_future(self._record(lease))
+                return lease, decision, decision is not None
+            assert decision is not None
+            self._refusals.append((time.time(), decision.reason.value, decision.summary, lease_id))
+            if time.monotonic() + LEASE_RETRY_S > deadline or self._closing():
+                return None, decision, False
+            await asyncio.sleep(LEASE_RETRY_S)
+
+    async def end(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView:
+        """End a lease: run its hook, then give its memory back, and record both."""
+        lease = self.leases.end(lease_id, state)
+        if lease is None:  # it had ended already: releasing twice is not an error
+            return self.leases.get(lease_id)
+        outcome = await asyncio.to_thread(run_hook, lease.release) if lease.release else None
+        lease = self.leases.complete(lease_id, outcome)
+        await asyncio.wrap_future(self._record(lease))
+        return lease
+
+    async def heartbeat(self, lease_id: str, ttl_s: float | None) -> LeaseView:
+        """Extend a lease's ttl from now."""
+        lease = self.leases.heartbeat(lease_id, ttl_s)
+        await asyncio.wrap_future(self._record(lease))
+        return lease
+
+    async def expiry_loop(self) -> None:
+        """End leases past their ttl (a timer; runs until cancelled)."""
+        while True:
+            for lease_id in self.leases.due():
+                with contextlib.suppress(Exception):
+                    await self.end(lease_id, LeaseState.EXPIRED)
+            await asyncio.sleep(LEASE_CHECK_EVERY_S)

@@ -1,0 +1,205 @@
+"""The gateway's side of its supervisor: the channel (:mod:`roomkeeper.ipc`) and the holds.
+
+It says hello, listens on a thread for ``relief`` and ``recovery_mode``, and
+sends a heartbeat only after the gateway's own ``GET /health`` answered over
+HTTP.  It keeps the holds the supervisor puts on launches (the recovery mode
+latch, a relief hold) and lifts the latch on a repair, after which held work
+goes out one job at a time.  The channel's loss is handed to the gateway,
+which shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from roomkeeper.config import read_watchdog_settings
+from roomkeeper.guard.admission import Guard
+from roomkeeper.ipc import CAPABILITIES, PROTOCOL, RECOVERY_MODE_VARIABLE, Channel
+from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.spec import JobState
+from roomkeeper.journal.database import Journal
+from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+
+log = logging.getLogger("roomkeeper")
+
+HEALTH_DEADLINE_S = 2.0  # a self-probe slower than this is no heartbeat
+RELIEF_HOLD_S = 60.0  # launches held after the supervisor asks for relief
+REPAIR_PROBES = 3  # consecutive healthy self-probes before a repair
+REPAIR_PROBE_GAP_S = 0.5
+
+
+class SupervisorLink:
+    """What the gateway says to its supervisor, and what it does when asked.
+
+    Args:
+        channel: to the supervisor; None when the gateway runs alone.
+        env: the variables to read.
+        boot_id: this gateway process's boot id, carried by hello and heartbeats.
+        scheduler: whose newest running job relief stops, and whose launches are held.
+        guard: asked for headroom before a repair.
+        journal: where a repair is recorded in the history.
+        closing: whether the gateway is shutting down (heartbeats stop).
+        gone: called on the listener thread when the channel ends.
+        watch: told of every journal write, to report one that fails.
+    """
+
+    def __init__(
+        self,
+        channel: Channel | None,
+        *,
+        env: Mapping[str, str],
+        boot_id: str,
+        scheduler: Scheduler,
+        guard: Guard,
+        journal: Journal,
+        closing: Callable[[], bool],
+        gone: Callable[[], None],
+        watch: Callable[[concurrent.futures.Future[None]], None],
+    ) -> None:
+        self.channel = channel
+        self.boot_id = boot_id
+        self._env = env
+        self._scheduler = scheduler
+        self._guard = guard
+        self._journal = journal
+        self._closing = closing
+        self._gone = gone
+        self._watch = watch
+        # The supervisor's latch: automatic work is held.  Known from the start, so
+        # nothing slips out before the channel's first message.
+        self.recovery_mode = channel is not None and env.get(RECOVERY_MODE_VARIABLE) == "1"
+        self.relief_until = 0.0  # monotonic: launches held after a relief request
+        self.releasing = False  # after a repair: one job at a time until the queue drains
+        self._listen_port: int | None = None
+        self._listen_socket: str | None = None
+
+    def start(self, *, port: int | None, socket: str | None) -> list[asyncio.Task[None]]:
+        """Remember where we listen; when supervised, say hello, listen and send heartbeats.
+
+        Returns:
+            The heartbeat task (none when the gateway runs alone), to cancel at shutdown.
+        """
+        self._listen_port, self._listen_socket = port, socket
+        if self.channel is None:
+            return []
+        self.channel.send(
+            "hello",
+            protocol=PROTOCOL,
+            capabilities=list(CAPABILITIES),
+            boot_id=self.boot_id,
+            pid=os.getpid(),
+        )
+        threading.Thread(target=self._listen, name="supervisor-channel", daemon=True).start()
+        url, transport = self.health_probe()
+        return [asyncio.create_task(self._heartbeat_loop(url, transport))]
+
+    def relief(self) -> str | None:
+        """Hold launches for a while and stop the newest managed tree, keeping its output."""
+        self.relief_until = time.monotonic() + RELIEF_HOLD_S
+        running = [v for v in self._scheduler.jobs() if v.state is JobState.RUNNING]
+        if not running:
+            return None
+        newest = max(running, key=lambda v: v.started_at or 0)
+        self._scheduler.cancel(newest.id)
+        log.warning(
+            "relief requested: launches held for %.0f s, job %s stopped", RELIEF_HOLD_S, newest.id
+        )
+        return newest.id
+
+    def _listen(self) -> None:
+        """The supervisor's messages (a thread); its loss means: shut down."""
+        assert self.channel is not None
+        for message in self.channel.messages():
+            if message["type"] == "relief":
+                self.relief()
+            elif message["type"] == "recovery_mode":
+                self.recovery_mode = bool(message.get("on"))
+                log.warning(
+                    "recovery mode %s",
+                    "on: automatic work is held" if self.recovery_mode else "off",
+                )
+        self._gone()
+
+    async def _heartbeat_loop(self, url: str, transport: Any) -> None:
+        """Probe our own GET /health over HTTP; only a real, fast, own answer is a heartbeat."""
+        import httpx
+
+        interval = min(read_watchdog_settings(self._env).heartbeat_s / 3, 5.0)
+        async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+            while not self._closing():
+                try:
+                    answer = await asyncio.wait_for(client.get(url), HEALTH_DEADLINE_S)
+                    body = answer.json()
+                    if (
+                        answer.status_code == 200
+                        and isinstance(body, dict)
+                        and body.get("boot_id") == self.boot_id
+                    ):
+                        assert self.channel is not None
+                        self.channel.send("heartbeat", boot_id=self.boot_id, at=time.time())
+                except Exception as err:  # no heartbeat this time; the loop must go on
+                    log.debug("health self-probe failed: %s", err)
+                await asyncio.sleep(interval)
+
+    def tell(self, kind: str, **fields: Any) -> bool:
+        """Send one message to the supervisor; False when there is none."""
+        return self.channel is not None and self.channel.send(kind, **fields)
+
+    def health_probe(self) -> tuple[str, Any]:
+        """Where our own GET /health is, as (url, httpx async transport)."""
+        import httpx
+
+        if self._listen_socket is not None:
+            return "http://gateway/health", httpx.AsyncHTTPTransport(uds=self._listen_socket)
+        return f"http://127.0.0.1:{self._listen_port}/health", httpx.AsyncHTTPTransport()
+
+    def holds(self, limits: Limits) -> Limits:
+        """``limits`` with the supervisor's holds on top, and the gentle release after a repair."""
+        if self.recovery_mode or time.monotonic() < self.relief_until:
+            return replace(limits, hold=True)
+        if self.releasing:  # after a repair, held work goes out one job at a time
+            if not self._scheduler.statistics().waiting:
+                self.releasing = False
+            return replace(limits, max_running=1)
+        return limits
+
+    async def repair(self, probes: int = REPAIR_PROBES) -> dict[str, Any]:
+        """Check stable responsiveness and headroom; then clear the latch and release work gently.
+
+        Nothing is reset: no data, no token.  Held work goes out one job at a time.
+        """
+        import httpx
+
+        url, transport = self.health_probe()
+        async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+            for n in range(probes):
+                try:
+                    answer = await client.get(url)
+                    healthy = (
+                        answer.status_code == 200 and answer.json().get("boot_id") == self.boot_id
+                    )
+                except (httpx.HTTPError, ValueError):
+                    healthy = False
+                if not healthy:
+                    return {"repaired": False, "why": f"health probe {n + 1} of {probes} failed"}
+                await asyncio.sleep(REPAIR_PROBE_GAP_S)
+        decision = await asyncio.to_thread(self._guard.check)
+        if not decision.admit:
+            return {"repaired": False, "why": f"no headroom: {decision.summary}"}
+        self.recovery_mode = False
+        self.releasing = True
+        self.relief_until = 0.0
+        self.tell("repaired")
+        self._watch(
+            self._journal.record_history(HistoryEvent(time.time(), RecoveryCode.REPAIRED, {}))
+        )
+        return {"repaired": True, "why": f"{probes} healthy probes in a row and room for a job"}

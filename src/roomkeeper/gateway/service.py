@@ -1,0 +1,320 @@
+"""The gateway service: the scheduler, the guard, leases and the journal behind one object.
+
+:mod:`roomkeeper.api.app` serves it over HTTP.  It keeps room for itself (seed
+002): ROOMKEEPER_GATEWAY_RESERVE_MB is taken off the guard's line so admitted
+work cannot squeeze the process that must stay responsive.  Managed jobs do
+not inherit ``ROOMKEEPER_*`` variables, and the token never lies under the
+workspace, so an agent's tool command does not find the keys by accident.
+
+The Gateway owns its parts and keeps the names :mod:`roomkeeper.api.app` calls:
+:mod:`~roomkeeper.gateway.jobs` and :mod:`~roomkeeper.gateway.leases` (each
+change durable), :mod:`~roomkeeper.gateway.link` (the supervisor, its holds,
+repair) and :mod:`~roomkeeper.gateway.samples` (the Health page's chart).
+
+One idempotent shutdown path serves SIGTERM, SIGINT and ``POST /v1/shutdown``:
+stop admission, stop timers, save state, stop managed trees, close services,
+within ROOMKEEPER_SHUTDOWN_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from roomkeeper.config import (
+    read_gateway_settings,
+    read_journal_synchronous,
+    read_queue_settings,
+    read_watchdog_settings,
+)
+from roomkeeper.errors import UsageError
+from roomkeeper.gateway.calls import Calls
+from roomkeeper.gateway.jobs import DurableJobs
+from roomkeeper.gateway.leases import DurableLeases
+from roomkeeper.gateway.link import SupervisorLink
+from roomkeeper.gateway.recovery import recover
+from roomkeeper.gateway.samples import Sample, Sampler
+from roomkeeper.guard.admission import Decision, Guard, Reason
+from roomkeeper.guard.leases import Leases
+from roomkeeper.ipc import Channel
+from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.scheduler import cpu_pressure_percent
+from roomkeeper.journal.database import Journal
+from roomkeeper.paths import home_dir, load_token, workspace_dir, write_private
+
+log = logging.getLogger("roomkeeper")
+
+RESUME_CHECK_S = 0.5
+
+HEADLINES = {
+    Reason.OK: "ok",
+    Reason.NO_CONTAINER: "ok",
+    Reason.MEMORY: "no room in the container: memory",
+    Reason.DISK: "no room in the container: disk",
+    Reason.CPU: "no room: cpu",
+    Reason.UNKNOWN: "measurements unavailable",
+    Reason.OFF: "guard off",
+}
+
+
+def job_environment(extra: Mapping[str, str] | None) -> dict[str, str]:
+    """The gateway's environment without ``ROOMKEEPER_*``, plus what the caller asked for."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    env.update(extra or {})
+    return env
+
+
+class Gateway:
+    """What ``roomkeeper serve`` runs.
+
+    Args:
+        home: ROOMKEEPER_HOME (journal, logs, token).
+        env: the variables to read; ``os.environ`` when omitted.
+        channel: to the supervisor; None when run alone.
+    """
+
+    def __init__(
+        self,
+        *,
+        home: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        channel: Channel | None = None,
+    ) -> None:
+        self.env = os.environ if env is None else env
+        self.home = home or home_dir(self.env)
+        self.workspace = workspace_dir(self.env)
+        token_path = (self.home / "token").resolve()
+        if token_path.is_relative_to(self.workspace.resolve()):
+            raise UsageError(
+                f"ROOMKEEPER_WORKSPACE ({self.workspace}) contains the gateway's token "
+                f"({token_path}); choose a workspace outside ROOMKEEPER_HOME",
+                name="ROOMKEEPER_WORKSPACE",
+            )
+        self.token = load_token(self.home)
+        self.boot_id = uuid.uuid4().hex
+        self.started = time.monotonic()
+        self.guard = Guard(env=self.env, reserve=self._gateway_reserve)
+        # A gateway.json left behind means the previous run did not stop cleanly;
+        # its pid names the job cgroups that run may have left.
+        crashed, previous_pid = False, None
+        with contextlib.suppress(OSError, ValueError):
+            previous_pid = int(json.loads((self.home / "gateway.json").read_text())["pid"])
+            crashed = True
+        self.journal = Journal(
+            self.home / "journal.db",
+            synchronous=read_journal_synchronous(self.env),
+            history_max_events=read_gateway_settings(self.env).history_max_events,
+        )
+        self.calls = Calls(self.journal)
+        self.persistence_error: str | None = None
+        self.leases = Leases(self.guard)
+        self.refusals: deque[tuple[float, str, str, str]] = deque(maxlen=20)
+        self.closing = False
+        self.durable_jobs = DurableJobs(
+            logs_dir=self.home / "logs",
+            guard=self.guard,
+            limits=self._limits,
+            journal=self.journal,
+            refusals=self.refusals,
+            closing=lambda: self.closing,
+            watch=self._watch,
+            environment=job_environment,
+        )
+        self.scheduler = self.durable_jobs.scheduler
+        self.durable_leases = DurableLeases(
+            leases=self.leases,
+            guard=self.guard,
+            journal=self.journal,
+            refusals=self.refusals,
+            closing=lambda: self.closing,
+            watch=self._watch,
+        )
+        self.sampler = Sampler(guard=self.guard, scheduler=self.scheduler)
+        self.samples = self.sampler.samples  # the Health page's chart, newest last
+        self.link = SupervisorLink(
+            channel,
+            env=self.env,
+            boot_id=self.boot_id,
+            scheduler=self.scheduler,
+            guard=self.guard,
+            journal=self.journal,
+            closing=lambda: self.closing,
+            gone=self._supervisor_gone,
+            watch=self._watch,
+        )
+        self.server: Any = None  # the uvicorn server, to stop it on POST /v1/shutdown
+        self._tasks: list[asyncio.Task[None]] = []
+        self._shutdown_lock = asyncio.Lock()
+        self._shut = False
+        self.durable_leases.restore()
+        # Orphans stopped and interrupted work settled before anything new launches.
+        try:
+            recover(self.journal, crashed=crashed, previous_pid=previous_pid)
+        except Exception as err:  # e.g. a full disk: report it and keep serving
+            log.error("start-up recovery could not be saved: %s", err)
+            self.persistence_error = str(err)
+
+    # ---------------------------------------------------------------- setup
+
+    def _limits(self) -> Limits:
+        """The seed's bounds from the variables, with the gateway's holds on top."""
+        return self.link.holds(Limits.from_settings(read_queue_settings(self.env)))
+
+    def shutdown_deadline(self) -> float:
+        """min(ROOMKEEPER_SHUTDOWN_S, 2/3 of ROOMKEEPER_WATCHDOG_SHUTDOWN), under a supervisor."""
+        own = read_gateway_settings(self.env).shutdown_s
+        if self.link.channel is None:
+            return own
+        return min(own, read_watchdog_settings(self.env).shutdown_s * 2 / 3)
+
+    def _gateway_reserve(self) -> int:
+        return read_gateway_settings(self.env).gateway_reserve_bytes
+
+    async def start(self, *, port: int | None = None, socket: str | None = None) -> None:
+        """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""
+        self.scheduler.start()
+        self._tasks = [
+            asyncio.create_task(self.sampler.loop()),
+            asyncio.create_task(self.durable_leases.expiry_loop()),
+            asyncio.create_task(self._resume_loop()),
+        ]
+        self._tasks += self.link.start(port=port, socket=socket)
+        info = {"pid": os.getpid(), "boot_id": self.boot_id, "port": port, "socket": socket}
+        # Atomic: a client or the next start never reads half of it.
+        write_private(self.home / "gateway.json", json.dumps(info))
+
+    def _watch(self, write: concurrent.futures.Future[None]) -> None:
+        """Remember whether the journal can save: a failed write is reported, never hidden."""
+
+        def done(future: concurrent.futures.Future[None]) -> None:
+            error = future.exception()
+            if error is None:
+                self.persistence_error = None
+            else:
+                if self.persistence_error is None:
+                    log.error("the journal could not save: %s", error)
+                self.persistence_error = str(error)
+
+        write.add_done_callback(done)
+
+    # ----------------------------------------------------------- supervisor
+
+    def _supervisor_gone(self) -> None:
+        """The supervisor's channel ended (listener thread): shut down."""
+        if not self.closing:
+            log.error("the supervisor is gone: shutting down")
+            self.closing = True
+            if self.server is not None:
+                self.server.should_exit = True
+        # If the event loop is blocked, the orderly path never runs: after the deadline
+        # the process ends itself, and its lifeline takes the managed trees down.
+        timer = threading.Timer(self.shutdown_deadline() + 1.0, os._exit, args=(1,))
+        timer.daemon = True
+        timer.start()
+
+    # -------------------------------------------------------- work in doubt
+
+    def resume_next(self) -> str | None:
+        """Resume the oldest deferred job if none is resuming now (one at a time)."""
+        if self.closing or self.persistence_error is not None or self.link.recovery_mode:
+            return None  # recovery mode holds automatic resumption
+        return self.durable_jobs.resume_next()
+
+    async def _resume_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.resume_next)
+            await asyncio.sleep(RESUME_CHECK_S)
+
+    # ------------------------------------------------------------- answers
+
+    def check(self) -> Decision:
+        """The guard's answer for one more job of the default size, now."""
+        return self.guard.check()
+
+    def needs_you(self) -> dict[str, str]:
+        """A headline from a closed vocabulary and the guard's summary: no path, no command."""
+        if self.persistence_error is not None:
+            return {
+                "headline": "persistence failed",
+                "body": "the journal cannot save (the disk may be full); new work is refused",
+            }
+        if self.link.recovery_mode:
+            return {
+                "headline": "recovery mode",
+                "body": "the gateway restarted too often: queued jobs, deferred work and "
+                "automatic resumption are held until roomkeeper repair",
+            }
+        doubt = self.journal.query(
+            "SELECT (SELECT count(*) FROM jobs WHERE state='uncertain') + "
+            "(SELECT count(*) FROM calls WHERE state='uncertain')"
+        )[0][0]
+        if doubt:
+            return {
+                "headline": "uncertain work needs you",
+                "body": f"{doubt} job(s) or call(s) were in flight when the gateway stopped; "
+                "resolve each as succeeded, failed or rerun",
+            }
+        decision = self.check()
+        if decision.admit and self.scheduler.statistics().running:
+            cpu = cpu_pressure_percent()
+            threshold = read_queue_settings(self.env).cpu_pressure_percent
+            if cpu is not None and cpu > threshold:
+                return {
+                    "headline": HEADLINES[Reason.CPU],
+                    "body": f"CPU pressure {cpu:.0f} % is above {threshold:.0f} %: "
+                    "no new job starts until it falls",
+                }
+        return {"headline": HEADLINES.get(decision.reason, "ok"), "body": decision.summary}
+
+    def sample(self) -> Sample:
+        """One reading for the chart: the guard's own numbers, so the line is the guard's."""
+        return self.sampler.sample()
+
+    def uptime(self) -> float:
+        """Seconds since this gateway process started."""
+        return time.monotonic() - self.started
+
+    # ------------------------------------------------------------- shutdown
+
+    async def shutdown(self) -> None:
+        """The one shutdown path; safe to call more than once."""
+        async with self._shutdown_lock:
+            if self._shut:
+                return
+            self._shut = True
+            # uvicorn already spent up to a third of the deadline draining connections.
+            deadline = self.shutdown_deadline() * 2 / 3
+            try:
+                await asyncio.wait_for(self._shutdown_steps(deadline), timeout=deadline)
+            except TimeoutError:
+                log.error("shutdown took longer than ROOMKEEPER_SHUTDOWN_S=%s s", deadline)
+            with contextlib.suppress(OSError):
+                (self.home / "gateway.json").unlink()
+            log.info("roomkeeper gateway stopped")
+
+    async def _shutdown_steps(self, deadline: float) -> None:
+        self.closing = True  # 1. stop admission
+        for task in self._tasks:  # 2. stop timers
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        writes = list(self.durable_jobs.writes.values())
+        pending = [asyncio.wrap_future(f) for f in writes if not f.done()]
+        if pending:  # 3. save state
+            await asyncio.gather(*pending, return_exceptions=True)
+        grace = max(0.5, min(5.0, deadline / 2))  # 4. stop managed trees
+        await asyncio.to_thread(self.scheduler.close, grace=grace)
+        await asyncio.to_thread(self.journal.close)  # 5. close services

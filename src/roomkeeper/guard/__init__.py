@@ -1,0 +1,1 @@
+"""guard: see the package map in ``roomkeeper``'s docstring."""

@@ -1,0 +1,241 @@
+"""Leases: admission for work roomkeeper does not spawn (seed 000's dispatcher).
+
+A dispatcher asks for a lease before it starts a turn in another server and
+gives it back when the turn ends.  A lease holds a young reservation of its
+full estimate (its work runs elsewhere, so nothing is measured) from grant
+until the warm-up window ends, it is released, or it expires, whichever
+comes first.  Leases take no job slot and are capped by memory, never by
+count.  A holder that stops heartbeating lets its lease expire, so a crashed
+dispatcher does not hold memory forever.
+
+Ending is two steps so the release hook runs *before* the memory is offered
+to waiting work: :meth:`Leases.end` marks the lease ended and hands back
+its hook; :meth:`Leases.complete` releases the reservation and records how
+the hook went.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from roomkeeper.errors import UnknownJobError, UsageError
+from roomkeeper.guard.admission import Decision, Guard
+from roomkeeper.guard.hooks import ReleaseHook
+
+DEFAULT_TTL_S = 300.0
+
+
+class LeaseState(enum.Enum):
+    """Where a lease stands."""
+
+    GRANTED = "granted"
+    RELEASED = "released"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseView:
+    """A snapshot of one lease; times are wall-clock seconds."""
+
+    id: str
+    owner: str
+    state: LeaseState
+    memory_bytes: int | None
+    disk_bytes: int | None
+    ttl_s: float
+    granted_at: float
+    expires_at: float
+    ended_at: float | None = None
+    release: ReleaseHook | None = None
+    hook_outcome: str | None = None
+
+
+def guard_key(lease_id: str) -> str:
+    """The guard's reservation key for a lease (kept apart from job ids)."""
+    return f"lease:{lease_id}"
+
+
+class Leases:
+    """Every lease of this gateway run.
+
+    Args:
+        guard: the guard whose young reservations leases hold.
+        clock: monotonic seconds (expiry).
+        wall: wall-clock seconds (timestamps people read).
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._guard = guard
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._leases: dict[str, LeaseView] = {}
+        self._deadlines: dict[str, float] = {}  # monotonic expiry of granted leases
+        self._ended: Counter[str] = Counter()
+
+    def grant(
+        self,
+        lease_id: str,
+        *,
+        owner: str,
+        memory_bytes: int | None = None,
+        disk_bytes: int | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        release: ReleaseHook | None = None,
+    ) -> tuple[LeaseView | None, Decision | None]:
+        """Ask the guard for room; on a yes, hold it as a lease.
+
+        Returns:
+            (the lease, the decision); a lease that is already granted is
+            returned again with no decision (a retried request).
+
+        Raises:
+            UsageError: the id belongs to a lease that already ended, or a value is out of range.
+        """
+        if not ttl_s > 0:
+            raise UsageError(f"ttl_s must be > 0 (got {ttl_s})", name="ttl_s")
+        with self._lock:
+            existing = self._leases.get(lease_id)
+            if existing is not None:
+                if existing.state is LeaseState.GRANTED:
+                    return existing, None
+                raise UsageError(
+                    f"lease {lease_id!r} already ended ({existing.state.value}); use a new id",
+                    name="id",
+                )
+            decision = self._guard.admit(
+                guard_key(lease_id), memory_bytes=memory_bytes, disk_bytes=disk_bytes
+            )
+            if not decision.admit:
+                return None, decision
+            now = self._wall()
+            lease = LeaseView(
+                lease_id,
+                owner,
+                LeaseState.GRANTED,
+                memory_bytes if memory_bytes is not None else decision.estimate_bytes,
+                disk_bytes,
+                ttl_s,
+                now,
+                now + ttl_s,
+                release=release,
+            )
+            self._leases[lease_id] = lease
+            self._deadlines[lease_id] = self._clock() + ttl_s
+            return lease, decision
+
+    def restore(
+        self,
+        lease_id: str,
+        owner: str,
+        memory_bytes: int | None,
+        disk_bytes: int | None,
+        ttl_s: float,
+        granted_at: float,
+        expires_at: float,
+        release: ReleaseHook | None,
+    ) -> tuple[LeaseView, None]:
+        """Take back a lease granted before a restart (the caller re-reserves its memory)."""
+        lease = LeaseView(
+            lease_id,
+            owner,
+            LeaseState.GRANTED,
+            memory_bytes,
+            disk_bytes,
+            ttl_s,
+            granted_at,
+            expires_at,
+            release=release,
+        )
+        with self._lock:
+            self._leases[lease_id] = lease
+            self._deadlines[lease_id] = self._clock() + max(0.0, expires_at - self._wall())
+        return lease, None
+
+    def heartbeat(self, lease_id: str, ttl_s: float | None = None) -> LeaseView:
+        """Extend a granted lease by its ttl (or a new one) from now.
+
+        Raises:
+            UnknownJobError: no such lease.
+            UsageError: the lease already ended.
+        """
+        with self._lock:
+            lease = self._get(lease_id)
+            if lease.state is not LeaseState.GRANTED:
+                raise UsageError(
+                    f"lease {lease_id!r} already ended ({lease.state.value})", name="id"
+                )
+            ttl = lease.ttl_s if ttl_s is None else ttl_s
+            if not ttl > 0:
+                raise UsageError(f"ttl_s must be > 0 (got {ttl})", name="ttl_s")
+            self._deadlines[lease_id] = self._clock() + ttl
+            lease = replace(lease, ttl_s=ttl, expires_at=self._wall() + ttl)
+            self._leases[lease_id] = lease
+            return lease
+
+    def end(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView | None:
+        """Mark a granted lease ended; returns it (its hook still to run), None if it had ended.
+
+        Raises:
+            UnknownJobError: no such lease.
+        """
+        with self._lock:
+            lease = self._get(lease_id)
+            if lease.state is not LeaseState.GRANTED:
+                return None
+            lease = replace(lease, state=state, ended_at=self._wall())
+            self._leases[lease_id] = lease
+            self._deadlines.pop(lease_id, None)
+            self._ended[state.value] += 1
+            return lease
+
+    def complete(self, lease_id: str, hook_outcome: str | None) -> LeaseView:
+        """After the hook ran: release the reservation and record how the hook went."""
+        self._guard.release(guard_key(lease_id))
+        with self._lock:
+            lease = replace(self._get(lease_id), hook_outcome=hook_outcome)
+            self._leases[lease_id] = lease
+            return lease
+
+    def due(self) -> list[str]:
+        """Ids of granted leases whose ttl has passed without a heartbeat."""
+        now = self._clock()
+        with self._lock:
+            return [i for i, deadline in self._deadlines.items() if now >= deadline]
+
+    def get(self, lease_id: str) -> LeaseView:
+        """One lease.
+
+        Raises:
+            UnknownJobError: no such lease.
+        """
+        with self._lock:
+            return self._get(lease_id)
+
+    def views(self) -> list[LeaseView]:
+        """Every lease of this run."""
+        with self._lock:
+            return list(self._leases.values())
+
+    def counts(self) -> dict[str, int]:
+        """How many leases are granted now, and how many ended each way."""
+        with self._lock:
+            granted = sum(1 for v in self._leases.values() if v.state is LeaseState.GRANTED)
+            return {"granted": granted, **dict(self._ended)}
+
+    def _get(self, lease_id: str) -> LeaseView:
+        try:
+            return self._leases[lease_id]
+        except KeyError:
+            raise UnknownJobError(f"no lease has the id {lease_id!r}", job_id=lease_id) from None

@@ -1,0 +1,1 @@
+"""jobs: see the package map in ``roomkeeper``'s docstring."""

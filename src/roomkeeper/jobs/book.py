@@ -1,0 +1,204 @@
+"""The scheduler's job book: every job it knows, by id, and the views and events made of them.
+
+A job's :class:`JobRecord` is mutable and lives under the scheduler's lock
+from submission to its end; callers only ever see frozen
+:class:`~roomkeeper.jobs.spec.JobView` snapshots.  Every state change is a
+:class:`~roomkeeper.jobs.spec.Transition` in the record's history and an event
+handed to ``on_change`` outside the lock, in order.  Finished records are
+forgotten beyond KEEP_FINISHED; the journal keeps every one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from roomkeeper.errors import UnknownJobError
+from roomkeeper.guard.admission import Reason
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition
+
+KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one
+
+
+class Handle(Protocol):
+    """What the scheduler needs of a launched process tree (see :mod:`roomkeeper.jobs.process`)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+    def footprint_bytes(self) -> int: ...
+    def peak_bytes(self) -> int: ...
+    def stop(self, grace: float = ...) -> int | None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """One job as the scheduler keeps it, from submission to its end (under the lock)."""
+
+    id: str
+    spec: JobSpec
+    log_path: str
+    submitted: float
+    deadline: float | None
+    state: JobState = JobState.WAITING
+    reason: Reason | None = Reason.QUEUED
+    handle: Handle | None = None
+    pidfd: int = -1
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    peak_bytes: int | None = None
+    error: str | None = None
+    stop_cause: JobState | None = None
+    stop_reason: Reason | None = None
+    history: list[Transition] = field(default_factory=list)
+
+
+class JobBook:
+    """Every job the scheduler knows, in submission order.
+
+    It shares the scheduler's lock: :meth:`get`, :meth:`jobs`, :meth:`wait`
+    and :meth:`flush` take it; every other method is called with it held.
+
+    Args:
+        lock: the scheduler's lock.
+        wall: wall-clock seconds (timestamps people read).
+        on_change: called with a job's view after each state change, outside the lock.
+    """
+
+    def __init__(
+        self,
+        lock: threading.Lock,
+        *,
+        wall: Callable[[], float],
+        on_change: Callable[[JobView], None] | None,
+    ) -> None:
+        self._lock = lock
+        self._changed = threading.Condition(lock)
+        self._flush_lock = threading.Lock()
+        self._wall = wall
+        self._on_change = on_change
+        self._jobs: dict[str, JobRecord] = {}
+        self._ended: Counter[str] = Counter()
+        self._just_ended: list[JobView] = []
+        self._pending_events: list[JobView] = []
+
+    # ------------------------------------------------------- taking the lock
+
+    def get(self, job_id: str) -> JobView:
+        """The job's current view.
+
+        Raises:
+            UnknownJobError: no job has that id.
+        """
+        with self._lock:
+            return self.view(self.find(job_id))
+
+    def jobs(self) -> list[JobView]:
+        """Every job this scheduler knows, in submission order."""
+        with self._lock:
+            return [self.view(j) for j in self._jobs.values()]
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobView:
+        """Block until the job reaches a final state (or ``timeout`` passes); return its view."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            job = self.find(job_id)
+            while not job.state.final:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._changed.wait(left)
+            return self.view(job)
+
+    def flush(self) -> None:
+        """Hand the change events recorded so far to ``on_change``, outside the lock."""
+        # One flusher at a time, so every job's changes reach on_change in order.
+        with self._flush_lock:
+            with self._lock:
+                events, self._pending_events = self._pending_events, []
+            if self._on_change is not None:
+                for view in events:
+                    self._on_change(view)
+
+    # ------------------------------------------------------ with the lock held
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    def add(self, job: JobRecord) -> None:
+        """Keep a new job's record (its first transition is :meth:`record`'s)."""
+        self._jobs[job.id] = job
+
+    def find(self, job_id: str) -> JobRecord:
+        """The job's record.
+
+        Raises:
+            UnknownJobError: no job has that id.
+        """
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id) from None
+
+    def record(self, job: JobRecord, state: JobState, reason: Reason | None) -> None:
+        """Move the job to ``state``: a transition in its history and a change event."""
+        job.state, job.reason = state, reason
+        job.history.append(Transition(state, self._wall(), reason))
+        self._pending_events.append(self.view(job))
+        self._changed.notify_all()
+
+    def finish(self, job: JobRecord, state: JobState, reason: Reason | None) -> None:
+        """End the job in the final ``state``; it is counted and kept for :meth:`take_ended`."""
+        job.ended = self._wall()
+        self._ended[state.value] += 1
+        self.record(job, state, reason)
+        self._just_ended.append(self.view(job))
+
+    def take_ended(self) -> list[JobView]:
+        """The views of the jobs that ended since the last call."""
+        ended, self._just_ended = self._just_ended, []
+        return ended
+
+    def ended_counts(self) -> dict[str, int]:
+        """How many jobs ended, by final state."""
+        return dict(self._ended)
+
+    def prune(self, running: int) -> bool:
+        """Forget the oldest finished jobs beyond KEEP_FINISHED (the journal keeps them all).
+
+        Args:
+            running: how many jobs run now (they are never counted as finished).
+
+        Returns:
+            Whether the book was over its bound (False: nothing to forget).
+        """
+        excess = len(self._jobs) - KEEP_FINISHED - running
+        if excess <= 0:
+            return False
+        for job_id in [i for i, j in self._jobs.items() if j.state.final][:excess]:
+            del self._jobs[job_id]
+        return True
+
+    def view(self, job: JobRecord) -> JobView:
+        """A frozen snapshot of the record."""
+        return JobView(
+            id=job.id,
+            spec=job.spec,
+            state=job.state,
+            reason=job.reason,
+            exit_code=job.exit_code,
+            submitted_at=job.history[0].at if job.history else self._wall(),
+            started_at=job.started,
+            ended_at=job.ended,
+            log_path=job.log_path,
+            peak_bytes=job.peak_bytes,
+            error=job.error,
+            history=tuple(job.history),
+            pid=job.handle.pid if job.handle is not None else None,
+        )

@@ -1,0 +1,296 @@
+"""The scheduler's rounds: launch what the guard admits, then stop and reap what runs.
+
+The guard is asked before every launch.  As in seed 000, a refusal ends the
+launch round and the refused job keeps its place, so a large job is not
+starved by smaller ones behind it.  The running bounds (4 in all, 2 per
+owner) and CPU pressure hold a round back before the guard is asked.
+
+Cancellation and launch are linearized: the guard is asked without the
+lock held, and the launch re-checks, under the lock, that the job is still
+waiting.  A cancel that lands while the job is being judged therefore
+removes its permission to launch; a cancel after the spawn stops its tree.
+
+A :class:`Runner` owns the running jobs; the queue and the job book are the
+scheduler's, shared with it, and so is the lock.  When and how often rounds
+run is :mod:`roomkeeper.jobs.scheduler`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from roomkeeper.errors import LaunchError
+from roomkeeper.guard.admission import Decision, Guard, Reason
+from roomkeeper.jobs.book import Handle, JobBook, JobRecord
+from roomkeeper.jobs.launch import LaunchSpec, launch
+from roomkeeper.jobs.process import Lifeline, become_subreaper
+from roomkeeper.jobs.queue import FairQueue, Limits
+from roomkeeper.jobs.spec import JobState, JobView
+
+log = logging.getLogger("roomkeeper")
+
+RETRY_SECONDS = 0.5  # how soon a refused round is tried again without any job ending
+STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when roomkeeper stops a tree
+CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
+
+
+Launcher = Callable[[str, LaunchSpec], Handle]
+
+
+class Runner:
+    """Launches the queue's jobs the guard admits, and stops and reaps the running ones.
+
+    Methods are called with the shared lock held, except :meth:`launch_round`
+    (it takes the lock itself) and :meth:`close_handles` (never under it).
+    The arguments are :class:`~roomkeeper.jobs.scheduler.Scheduler`'s, described there.
+
+    Attributes:
+        running: the running jobs by id, in launch order.
+        refusals: refused rounds by reason.
+        launched: how many jobs were started.
+        last_refusal: the guard's last refusal, in words.
+    """
+
+    def __init__(
+        self,
+        *,
+        lock: threading.Lock,
+        book: JobBook,
+        queue: FairQueue[JobRecord],
+        guard: Guard,
+        limits: Callable[[], Limits],
+        launcher: Launcher | None,
+        cpu_percent: Callable[[], float | None],
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+        on_refusal: Callable[[str, Decision], None] | None,
+        before_launch: Callable[[JobView], None] | None,
+        stop_grace: float,
+    ) -> None:
+        self._lock = lock
+        self._book = book
+        self._queue = queue
+        self._guard = guard
+        self._limits = limits
+        self._lifeline: Lifeline | None = None
+        if launcher is None:
+            # Orphans of our jobs reparent to us, so a tree stays findable.
+            become_subreaper()
+            self._lifeline = Lifeline()
+            lifeline = self._lifeline
+            launcher = lambda job_id, spec: launch(job_id, spec, lifeline=lifeline)  # noqa: E731
+        self._launcher = launcher
+        self._cpu_percent = cpu_percent
+        self._cpu_value: float | None = None
+        self._cpu_read_at = float("-inf")
+        self._clock = clock
+        self._wall = wall
+        self._on_refusal = on_refusal
+        self._before_launch = before_launch
+        self._stop_grace = stop_grace
+        self.running: dict[str, JobRecord] = {}
+        self.refusals: Counter[str] = Counter()
+        self.launched = 0
+        self.last_refusal: str | None = None
+        self._stoppers: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start the lifeline, if this runner launches with one."""
+        if self._lifeline is not None:
+            self._lifeline.start()  # now, so the first launch does not wait for it
+
+    def close(self) -> None:
+        """Close the lifeline, if this runner launches with one."""
+        if self._lifeline is not None:
+            self._lifeline.close()
+
+    # ------------------------------------------------------------- the round
+
+    def reap(self) -> list[Handle]:
+        """Record jobs whose leader exited; return their handles, to close outside the lock."""
+        ended: list[Handle] = []
+        for job in list(self.running.values()):
+            assert job.handle is not None
+            code = job.handle.poll()
+            if code is None:
+                continue
+            del self.running[job.id]
+            job.exit_code = code
+            with contextlib.suppress(Exception):
+                job.peak_bytes = job.handle.peak_bytes()
+            ended.append(job.handle)
+            if job.pidfd >= 0:
+                os.close(job.pidfd)
+                job.pidfd = -1
+            self._guard.release(job.id)
+            self._book.finish(job, job.stop_cause or JobState.EXITED, job.stop_reason)
+        return ended
+
+    def close_handles(self, handles: list[Handle]) -> None:
+        """Close reaped trees' handles (without the lock)."""
+        # Closing waits for a stopping tree and removes its cgroup: never under the lock.
+        for handle in handles:
+            try:
+                handle.close()
+            except Exception:
+                log.exception("closing a finished job's process tree failed")
+
+    def expire(self) -> None:
+        """End waiting jobs past their deadline; stop running ones past theirs."""
+        now = self._clock()
+        for job in self._queue.take(lambda j: j.deadline is not None and now >= j.deadline):
+            self._book.finish(job, JobState.EXPIRED, None)
+        for job in self.running.values():
+            if job.deadline is not None and now >= job.deadline and job.stop_cause is None:
+                self.stop(job, JobState.TIMED_OUT)
+
+    def launch_round(self) -> None:
+        """Launch what fits, in the queue's order, until nothing may or the guard refuses."""
+        limits = self._limits()
+        while True:
+            with self._lock:
+                job, blocked = self._next_candidate(limits)
+                if job is None:
+                    self._explain(blocked)
+                    return
+                young = [j for j in self.running.values() if j.handle is not None]
+            for other in young:  # measured reservations: never count a job twice
+                with contextlib.suppress(Exception):
+                    assert other.handle is not None
+                    self._guard.report_measured(other.id, other.handle.footprint_bytes())
+            decision = self._guard.admit(
+                job.id, memory_bytes=job.spec.memory_bytes, disk_bytes=job.spec.disk_bytes
+            )
+            with self._lock:
+                if job.state is not JobState.WAITING:  # cancelled while it was judged
+                    self._guard.release(job.id)
+                    continue
+                if not decision.admit:
+                    self.refusals[decision.reason.value] += 1
+                    self.last_refusal = decision.summary
+                    self._explain(decision.reason)
+                    break
+                self._start(job, limits)
+                continue
+            if self._on_refusal is not None:
+                self._on_refusal(job.id, decision)
+            return
+
+    def _next_candidate(self, limits: Limits) -> tuple[JobRecord | None, Reason]:
+        """The head of the next owner in turn that may launch, or why none may."""
+        if limits.hold:
+            return None, Reason.HELD
+        if len(self.running) >= limits.max_running:
+            return None, Reason.SLOTS
+        blocked = Reason.QUEUED
+        for owner, head in self._queue.heads():
+            running = sum(1 for j in self.running.values() if j.spec.owner == owner)
+            if limits.max_running_per_owner is not None and running >= limits.max_running_per_owner:
+                blocked = Reason.OWNER_SLOTS
+                continue
+            if self.running:
+                cpu = self._cpu_now()
+                if cpu is not None and cpu > limits.cpu_pressure_percent:
+                    self.refusals[Reason.CPU.value] += 1
+                    return None, Reason.CPU
+            return head, blocked
+        return None, blocked
+
+    def _cpu_now(self) -> float | None:
+        """CPU pressure, read at most every CPU_READ_SECONDS.
+
+        PSI's avg10 is itself a ten-second average: reading it again for
+        every launch of a fast batch costs more than it tells.
+        """
+        now = self._clock()
+        if now - self._cpu_read_at >= CPU_READ_SECONDS:
+            self._cpu_value, self._cpu_read_at = self._cpu_percent(), now
+        return self._cpu_value
+
+    def _start(self, job: JobRecord, limits: Limits) -> None:
+        """Spawn the job (lock held, so a cancel is either before or after this)."""
+        self._queue.remove(job.spec.owner, job)
+        spec = LaunchSpec(
+            argv=job.spec.argv,
+            log_path=job.log_path,
+            cwd=job.spec.cwd,
+            env=job.spec.env,
+            nice=limits.worker_nice,
+            shell=job.spec.shell,
+        )
+        try:
+            if self._before_launch is not None:
+                try:
+                    self._before_launch(self._book.view(job))
+                except Exception as err:
+                    raise LaunchError(
+                        job.id, f"not started: its pending marker could not be saved ({err})"
+                    ) from err
+            Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
+            handle = self._launcher(job.id, spec)
+        except (LaunchError, OSError, ValueError) as err:
+            self._guard.release(job.id)
+            job.error = str(err)
+            self._book.finish(job, JobState.FAILED, None)
+            return
+        job.handle = handle
+        job.started = self._wall()
+        try:
+            job.pidfd = os.pidfd_open(handle.pid)
+        except (AttributeError, OSError):
+            job.pidfd = -1  # the loop falls back to polling
+        self.running[job.id] = job
+        self.launched += 1
+        # Rotation: this owner goes to the back of the line.
+        self._queue.rotate(job.spec.owner)
+        self._book.record(job, JobState.RUNNING, None)
+
+    def _explain(self, blocked: Reason) -> None:
+        """Give every waiting job its current reason (state changes only are recorded)."""
+        for job in self._queue:
+            job.reason = blocked
+
+    def prune(self) -> None:
+        """Forget the oldest finished jobs beyond the book's bound, and then idle owners' lines."""
+        if not self._book.prune(len(self.running)):
+            return
+        self._queue.forget_idle({j.spec.owner for j in self.running.values()})
+        self._stoppers = [t for t in self._stoppers if t.is_alive()]
+
+    def next_due(self) -> float | None:
+        """Seconds until a deadline or a retry is due, or None when nothing waits on time."""
+        now = self._clock()
+        live = [*self.running.values(), *self._queue]
+        dues = [j.deadline - now for j in live if j.deadline is not None]
+        if self._queue.waiting():
+            dues.append(RETRY_SECONDS)
+        return max(0.0, min(dues)) if dues else None
+
+    # --------------------------------------------------------------- stopping
+
+    def stop(self, job: JobRecord, cause: JobState) -> None:
+        """Stop the tree on a side thread (SIGTERM, grace, SIGKILL); the round reaps it."""
+        if job.stop_cause is not None or job.handle is None:
+            return
+        job.stop_cause = cause
+        handle = job.handle
+        stopper = threading.Thread(
+            target=handle.stop, args=(self._stop_grace,), name=f"stop-{job.id}", daemon=True
+        )
+        stopper.start()
+        self._stoppers.append(stopper)
+
+    def stop_all(self, grace: float | None) -> list[threading.Thread]:
+        """Stop every running tree for a shutdown; the stopper threads to join."""
+        self._stop_grace = self._stop_grace if grace is None else grace
+        for job in self.running.values():
+            if job.stop_cause is None:
+                job.stop_reason = Reason.SHUTDOWN
+            self.stop(job, JobState.STOPPED)
+        return list(self._stoppers)

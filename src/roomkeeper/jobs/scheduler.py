@@ -1,0 +1,313 @@
+"""The scheduler: a bounded, fair queue that launches only what the guard admits.
+
+Seed 002's "admit work only when there is room".  This module is the service
+that callers hold: it takes calls (submit, cancel, wait, statistics), runs the
+rounds, and shuts down in order.  Its parts: :mod:`roomkeeper.jobs.queue` (the
+bounds and owner rotation), :mod:`roomkeeper.jobs.book` (every job's record and
+change events) and :mod:`roomkeeper.jobs.rounds` (what one round launches, stops
+and reaps).  The next round starts when a job ends (the loop waits on the
+jobs' pidfds) and on a short timer, because memory can come back without any
+of our jobs ending.
+
+The core is :meth:`Scheduler.tick`, one synchronous round driven by an
+injected clock, so every rule is tested without sleeping; :meth:`start`
+runs it on a thread that sleeps until a job ends, a call arrives, or the
+next deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from roomkeeper.config import read_queue_settings
+from roomkeeper.errors import QueueFullError
+from roomkeeper.guard.admission import Decision, Guard, Reason
+from roomkeeper.jobs.book import JobBook, JobRecord
+from roomkeeper.jobs.queue import FairQueue, Limits
+from roomkeeper.jobs.rounds import RETRY_SECONDS, STOP_GRACE_SECONDS, Launcher, Runner
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+
+log = logging.getLogger("roomkeeper")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStatistics:
+    """A snapshot: counts by state and owner, refusals by reason, launches."""
+
+    waiting: int
+    running: int
+    by_owner: Mapping[str, tuple[int, int]]  # owner -> (waiting, running)
+    refusals: Mapping[str, int]
+    launched: int
+    ended: Mapping[str, int]
+    last_refusal: str | None
+    waiting_reason: Reason | None  # why the next job in line waits, if one does
+
+
+def cpu_pressure_percent() -> float | None:
+    """CPU pressure now: PSI ``cpu`` some avg10, else load per core x 100, else None."""
+    from roomkeeper.kernel.resources import load_per_core, read_pressure
+
+    pressure, _ = read_pressure("cpu")
+    if pressure is not None:
+        return pressure.some.avg10
+    load = load_per_core()
+    return None if load is None else load * 100
+
+
+class Scheduler:
+    """Owns the bounded queue and the running trees.
+
+    Args:
+        logs_dir: where each job's output file goes (``<id>.log``).
+        guard: the admission guard; a new :class:`Guard` when omitted.
+        limits: returns the bounds for a round; read from ``ROOMKEEPER_*`` on
+            every round when omitted (no restart to reconfigure).
+        launcher: starts a tree; :func:`roomkeeper.jobs.launch.launch` with a
+            lifeline when omitted.
+        cpu_percent: CPU pressure in percent, or None when unknown.
+        clock: monotonic seconds (deadlines).
+        wall: wall-clock seconds (timestamps people read).
+        on_change: called with a job's view after each state change, outside the lock.
+        on_end: called for each job that ended, outside the lock and before the
+            next launch round (a release hook runs before its slot is offered).
+        on_refusal: called with the job id and the guard's refusal (every refused round).
+        before_launch: called with the job's view just before its spawn, lock held; it
+            writes the durable pending marker (seed 002: save first).  If it
+            raises, the job is not started and ends as failed.
+        stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
+    """
+
+    def __init__(
+        self,
+        *,
+        logs_dir: str | os.PathLike[str],
+        guard: Guard | None = None,
+        limits: Callable[[], Limits] | None = None,
+        launcher: Launcher | None = None,
+        cpu_percent: Callable[[], float | None] = cpu_pressure_percent,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        on_change: Callable[[JobView], None] | None = None,
+        on_end: Callable[[JobView], None] | None = None,
+        on_refusal: Callable[[str, Decision], None] | None = None,
+        before_launch: Callable[[JobView], None] | None = None,
+        stop_grace: float = STOP_GRACE_SECONDS,
+    ) -> None:
+        self._logs_dir = Path(logs_dir)
+        self._guard = guard if guard is not None else Guard()
+        self._limits = limits or (lambda: Limits.from_settings(read_queue_settings()))
+        self._clock = clock
+        self._on_end = on_end
+        self._lock = threading.Lock()
+        self._round = threading.Lock()  # one round at a time
+        self._book = JobBook(self._lock, wall=wall, on_change=on_change)
+        self._queue: FairQueue[JobRecord] = FairQueue()
+        self._runner = Runner(
+            lock=self._lock,
+            book=self._book,
+            queue=self._queue,
+            guard=self._guard,
+            limits=self._limits,
+            launcher=launcher,
+            cpu_percent=cpu_percent,
+            clock=clock,
+            wall=wall,
+            on_refusal=on_refusal,
+            before_launch=before_launch,
+            stop_grace=stop_grace,
+        )
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._closed = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    # ----------------------------------------------------------------- calls
+
+    def submit(self, spec: JobSpec, *, job_id: str | None = None) -> JobView:
+        """Queue a job, or refuse it at once when a waiting bound is reached.
+
+        Raises:
+            QueueFullError: ``queue_full`` or ``owner_queue_full``, with the bound.
+            UsageError: an empty argv, or a duplicate id.
+        """
+        spec.check()
+        limits = self._limits()
+        with self._lock:
+            if self._closing:
+                raise QueueFullError("the scheduler is shutting down", reason="closing")
+            job_id = job_id or uuid.uuid4().hex[:12]
+            if job_id in self._book:
+                raise QueueFullError(f"job id {job_id!r} is already taken", reason="duplicate")
+            self._queue.check_room(spec.owner, limits)
+            now = self._clock()
+            deadline = now + spec.timeout_s if spec.timeout_s is not None else None
+            job = JobRecord(job_id, spec, str(self._logs_dir / f"{job_id}.log"), now, deadline)
+            self._book.add(job)
+            self._queue.push(spec.owner, job)
+            self._book.record(job, JobState.WAITING, Reason.QUEUED)
+        self._book.flush()
+        self._wake()
+        return self.get(job_id)
+
+    def cancel(self, job_id: str) -> JobView:
+        """Cancel a waiting job (it will never launch) or stop a running one's whole tree.
+
+        Raises:
+            UnknownJobError: no job has that id.
+        """
+        with self._lock:
+            job = self._book.find(job_id)
+            if job.state is JobState.WAITING:
+                self._queue.remove(job.spec.owner, job)
+                self._guard.release(job.id)  # in case it was being judged right now
+                self._book.finish(job, JobState.CANCELLED, None)
+            elif job.state is JobState.RUNNING:
+                self._runner.stop(job, JobState.STOPPED)
+        self._book.flush()
+        self._wake()
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> JobView:
+        """The job's current view.
+
+        Raises:
+            UnknownJobError: no job has that id.
+        """
+        return self._book.get(job_id)
+
+    def jobs(self) -> list[JobView]:
+        """Every job this scheduler knows, in submission order."""
+        return self._book.jobs()
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobView:
+        """Block until the job reaches a final state (or ``timeout`` passes); return its view."""
+        return self._book.wait(job_id, timeout)
+
+    def statistics(self) -> SchedulerStatistics:
+        """Counts by state and owner, refusals by reason, launches."""
+        with self._lock:
+            running = self._runner.running
+            owners = self._queue.owners() | {j.spec.owner for j in running.values()}
+            by_owner = {
+                o: (
+                    self._queue.waiting_of(o),
+                    sum(1 for j in running.values() if j.spec.owner == o),
+                )
+                for o in sorted(owners)
+            }
+            first = self._queue.first()
+            return SchedulerStatistics(
+                waiting=self._queue.waiting(),
+                running=len(running),
+                by_owner={o: c for o, c in by_owner.items() if c != (0, 0)},
+                refusals=dict(self._runner.refusals),
+                launched=self._runner.launched,
+                ended=self._book.ended_counts(),
+                last_refusal=self._runner.last_refusal,
+                waiting_reason=first.reason if first is not None else None,
+            )
+
+    # ------------------------------------------------------------- the round
+
+    def tick(self) -> float | None:
+        """Run one round now: reap ended jobs, enforce deadlines, launch what fits.
+
+        Returns:
+            Seconds until the next round is due without any event, or None
+            when nothing is waiting on time.
+        """
+        with self._round:
+            with self._lock:
+                handles = self._runner.reap()
+                self._runner.expire()
+                ended = self._book.take_ended()
+                self._runner.prune()
+            self._runner.close_handles(handles)
+            if self._on_end is not None:
+                for view in ended:
+                    try:
+                        self._on_end(view)
+                    except Exception:  # a failing hook must not stop the scheduler
+                        log.exception("the end-of-job hook failed for job %s", view.id)
+            self._runner.launch_round()
+            with self._lock:
+                due = self._runner.next_due()
+        self._book.flush()
+        return due
+
+    # -------------------------------------------------------------- the loop
+
+    def start(self) -> None:
+        """Run rounds on a thread until :meth:`close`."""
+        self._runner.start()
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name="roomkeeper-scheduler", daemon=True
+            )
+            self._thread.start()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _loop(self) -> None:
+        while not self._closing:
+            try:
+                due = self.tick()
+            except Exception:  # the loop must outlive any one bad round
+                log.exception("a scheduling round failed; trying again shortly")
+                due = RETRY_SECONDS
+            with self._lock:
+                fds = [j.pidfd for j in self._runner.running.values()]
+                polling = any(fd < 0 for fd in fds)
+            poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            for fd in fds:
+                if fd >= 0:
+                    poller.register(fd, select.POLLIN)
+            timeout = 0.05 if polling else due  # no pidfd: poll the processes instead
+            poller.poll(None if timeout is None else max(1, int(timeout * 1000)))
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._wake_r, 4096):
+                    pass
+
+    def close(self, *, grace: float | None = None) -> None:
+        """Stop admitting, cancel waiting jobs, stop every running tree, and wait for them."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._closing = True
+            handles = self._runner.reap()  # a job that already ended is not "stopped"
+            # Reason "shutdown": an orderly stop, not a person's cancel (recovery may defer it).
+            for job in self._queue.take(lambda j: True):
+                self._book.finish(job, JobState.CANCELLED, Reason.SHUTDOWN)
+            stoppers = self._runner.stop_all(grace)
+        self._wake()
+        if self._thread is not None:
+            self._thread.join()
+        for stopper in stoppers:
+            stopper.join()
+        self._runner.close_handles(handles)
+        while True:
+            with self._lock:
+                if not self._runner.running:
+                    break
+            self.tick()
+            time.sleep(0.01)
+        self.tick()  # end-of-job hooks of jobs cancelled above
+        self._runner.close()
+        self._book.flush()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

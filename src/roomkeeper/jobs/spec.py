@@ -1,0 +1,124 @@
+"""Jobs as the scheduler and its callers see them: what to run, and where it stands."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from roomkeeper.errors import UsageError
+from roomkeeper.guard.admission import Reason
+
+
+class JobState(enum.Enum):
+    """Where a job stands; every change is recorded with a timestamp."""
+
+    WAITING = "waiting"  # queued, with a reason
+    RUNNING = "running"
+    EXITED = "exited"  # ended by itself, with an exit code (zero or not)
+    FAILED = "failed"  # could not start
+    CANCELLED = "cancelled"  # cancelled before it started
+    EXPIRED = "expired"  # its deadline passed while it waited
+    TIMED_OUT = "timed_out"  # its deadline passed while it ran: its tree was stopped
+    STOPPED = "stopped"  # stopped by roomkeeper or a person while running
+    UNCERTAIN = "uncertain"  # in flight when the gateway died: never re-run blindly
+    DEFERRED = "deferred"  # resumable work a crash interrupted: resumed one at a time
+    RESOLVED = "resolved"  # uncertain work a person or client settled (succeeded or failed)
+
+    @property
+    def final(self) -> bool:
+        """Whether the job has ended."""
+        return self not in (JobState.WAITING, JobState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What to run, for whom, and what it is expected to take.
+
+    Attributes:
+        argv: the command; never run through a shell unless ``shell`` is set
+            (then ``argv`` is one string of shell text, run with ``/bin/sh -c``).
+        owner: who the job is for; fairness rotates between owners.
+        cwd: working directory; the scheduler's own when None.
+        env: the whole environment of the job; inherited when None.
+        memory_bytes: memory estimate; ROOMKEEPER_JOB_MEMORY_MB when None.
+        disk_bytes: disk estimate; ROOMKEEPER_JOB_DISK_MB when None.
+        timeout_s: deadline counted from submission, waiting time included.
+        shell: run ``argv[0]`` as shell text.
+        resumable: safe to run again if a crash interrupts it (then it is
+            deferred and resumed, instead of shown as uncertain).
+    """
+
+    argv: Sequence[str]
+    owner: str = "default"
+    cwd: str | None = None
+    env: Mapping[str, str] | None = None
+    memory_bytes: int | None = None
+    disk_bytes: int | None = None
+    timeout_s: float | None = None
+    shell: bool = False
+    resumable: bool = False
+
+    def check(self) -> None:
+        """Raise :class:`UsageError` saying what is wrong with this spec, if anything."""
+        if not self.argv or not all(isinstance(a, str) for a in self.argv):
+            raise UsageError("argv must be a non-empty list of strings", name="argv")
+        if self.shell and len(self.argv) != 1:
+            raise UsageError(
+                f"a shell job takes one string of shell text (got {len(self.argv)} items)",
+                name="argv",
+            )
+        texts = [*self.argv, self.cwd or "", *(self.env or {}), *(self.env or {}).values()]
+        if any("\x00" in t for t in texts):
+            raise UsageError("argv, cwd and env must not contain NUL characters", name="argv")
+        if any(not k or "=" in k for k in self.env or {}):
+            raise UsageError("env names must be non-empty and contain no '='", name="env")
+        if not self.owner:
+            raise UsageError("owner must be a non-empty name", name="owner")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise UsageError(f"timeout_s must be > 0 (got {self.timeout_s})", name="timeout_s")
+        for name in ("memory_bytes", "disk_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise UsageError(f"{name} must be >= 0 (got {value})", name=name)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One state change: the new state, when (wall-clock seconds), and why if waiting."""
+
+    state: JobState
+    at: float
+    reason: Reason | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A snapshot of one job.
+
+    Attributes:
+        reason: why it waits (None once it runs or has ended).
+        exit_code: the leader's exit status; negative for a signal, as subprocess reports.
+        peak_bytes: the highest memory its tree held, when measured.
+        error: why it could not start (state ``failed``).
+        history: every state change, oldest first.
+    """
+
+    id: str
+    spec: JobSpec
+    state: JobState
+    reason: Reason | None
+    exit_code: int | None
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    log_path: str
+    peak_bytes: int | None
+    error: str | None
+    history: tuple[Transition, ...]
+    pid: int | None = None
+
+    @property
+    def owner(self) -> str:
+        """Who the job is for."""
+        return self.spec.owner

@@ -1,0 +1,1 @@
+"""journal: see the package map in ``roomkeeper``'s docstring."""

@@ -1,0 +1,1 @@
+"""kernel: see the package map in ``roomkeeper``'s docstring."""

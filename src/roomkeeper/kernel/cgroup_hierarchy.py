@@ -1,0 +1,255 @@
+"""This process's memory cgroup: where it is, and what each level of its path holds and allows.
+
+The kernel's word only, no judgement: :func:`locate` finds the hierarchy the
+process is charged in (v2 first, then v1) from ``/proc/self/cgroup`` and the
+mount table, and :func:`walk` reads every level from the process's own group
+up to the root of the mount, with its limit and what it holds that the
+kernel cannot give back (DESIGN.md's "used").  Which level is tightest, and
+what an unreadable file means, is :mod:`roomkeeper.kernel.resources`' to decide.
+
+The roots (``/proc`` and ``/sys/fs/cgroup``) are parameters so tests can
+point these functions at captured trees (``shared/fixtures``).  Unlike the
+readers of :mod:`roomkeeper.kernel.resources`, everything here raises ``OSError``
+or :class:`~roomkeeper.errors.KernelFileError` when a file cannot be read.
+:func:`read_file`, the one kernel-file reader every module uses, lives here
+because this is the lowest module that reads kernel files.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import threading
+from dataclasses import dataclass
+
+from roomkeeper.kernel import parsers
+
+PROC_ROOT = "/proc"
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+# memory.stat keys that count as "can be given back".  slab_reclaimable is
+# only subtracted on v2 (DESIGN.md); v1's memory.stat has no such key.
+_V2_RECLAIMABLE = ("active_file", "inactive_file", "slab_reclaimable")
+_V1_RECLAIMABLE = ("total_active_file", "total_inactive_file")
+_V2_KEYS = frozenset(_V2_RECLAIMABLE)
+_V1_KEYS = frozenset((*_V1_RECLAIMABLE, "hierarchical_memory_limit"))
+_CHUNK = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level of the path: its limit, and what it holds where that matters."""
+
+    path: str  # the cgroup path, as a person would look it up
+    limit: int | None
+    used: int | None  # None where the level has no limit and is not our own
+
+
+@dataclass(frozen=True, slots=True)
+class Hierarchy:
+    """The memory hierarchy the process is charged in, and its own group there."""
+
+    version: int  # 1 or 2
+    own_dir: str  # the process's own group, as a directory under the (injected) root
+    own_path: str  # the same group as a cgroup path inside the mount
+    mount_dir: str
+
+
+def read_file(path: str) -> bytes:
+    """A kernel file's bytes (the one reader every module uses)."""
+    return _read(path)
+
+
+def _read(path: str) -> bytes:
+    # os.open/os.read: the guard reads about six kernel files per decision,
+    # and the buffered io layer costs more than the syscalls on small files.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, _CHUNK)
+        if len(data) < _CHUNK:  # a short read of a kernel file is its end
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class _MountTable:
+    """The cgroup mounts of ``/proc/self/mountinfo``, parsed again whenever the kernel says so.
+
+    Not a cache of a reading: proc(5) lets a process poll its mountinfo for
+    POLLPRI, which the kernel raises on every change of the mount table, so
+    the parsed table is never stale.  Parsing the file is the single most
+    expensive step of a decision (about 30 us of the guard's budget), and it
+    almost never changes.  Used only for the real ``/proc``; an injected root
+    is a plain file, which cannot signal, and is read on every call.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._fd = -1
+        self._poll = select.poll()
+        self._mounts: list[parsers.Mount] = []
+
+    def mounts(self) -> list[parsers.Mount]:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child must not share our file position
+                self._open()
+            elif self._poll.poll(0):  # the kernel says the mount table changed
+                os.lseek(self._fd, 0, os.SEEK_SET)
+                self._mounts = self._parse()
+            return self._mounts
+
+    def _open(self) -> None:
+        fd = os.open(f"{PROC_ROOT}/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLPRI | select.POLLERR)
+        self._fd, self._pid = fd, os.getpid()
+        self._mounts = self._parse()
+        self._poll.poll(0)  # consume the event that opening may report
+
+    def _parse(self) -> list[parsers.Mount]:
+        chunks = []
+        while chunk := os.read(self._fd, 65536):
+            chunks.append(chunk)
+        return parsers.parse_mountinfo(b"".join(chunks))
+
+
+_mount_table = _MountTable()
+
+
+def _rebase(mount_point: str, cgroup_root: str) -> str:
+    """Map a mount point from mountinfo onto the (possibly injected) cgroup root."""
+    if mount_point == CGROUP_ROOT or mount_point.startswith(CGROUP_ROOT + "/"):
+        return cgroup_root + mount_point[len(CGROUP_ROOT) :]
+    return mount_point
+
+
+def _relative(cgroup_path: str, mount: parsers.Mount) -> str:
+    """The process's cgroup path as seen inside this mount."""
+    root = mount.root.rstrip("/")
+    if root and (cgroup_path == root or cgroup_path.startswith(root + "/")):
+        return cgroup_path[len(root) :] or "/"
+    return cgroup_path
+
+
+def _join(base: str, rel: str) -> str:
+    rel = rel.strip("/")
+    return f"{base}/{rel}" if rel else base
+
+
+def locate(proc_root: str, cgroup_root: str) -> Hierarchy | None:
+    """Find the memory hierarchy the process is charged in: v2 first, then v1.
+
+    Returns None when no cgroup memory controller can be found at all.
+    Raises OSError or KernelFileError when the files cannot be read.
+    """
+    v2_path, v1_path = parsers.parse_proc_self_cgroup(_read(f"{proc_root}/self/cgroup"))
+    if proc_root == PROC_ROOT:
+        mounts = _mount_table.mounts()
+    else:
+        mounts = parsers.parse_mountinfo(_read(f"{proc_root}/self/mountinfo"))
+    missing_v2 = ""
+    if v2_path is not None:
+        for mount in mounts:
+            if mount.fs_type != "cgroup2":
+                continue
+            rel = _relative(v2_path, mount)
+            base = _rebase(mount.mount_point, cgroup_root)
+            own = _join(base, rel)
+            # A v2 group charges memory only where the controller is enabled,
+            # which shows as memory.current (absent on this development
+            # machine, whose memory controller is bound to v1).
+            if os.path.exists(f"{own}/memory.current"):
+                return Hierarchy(2, own, rel, base)
+            missing_v2 = own
+    if v1_path is not None:
+        for mount in mounts:
+            if mount.fs_type == "cgroup" and "memory" in mount.super_options:
+                rel = _relative(v1_path, mount)
+                base = _rebase(mount.mount_point, cgroup_root)
+                return Hierarchy(1, _join(base, rel), rel, base)
+    if missing_v2 and not os.path.isdir(missing_v2):
+        # Our own v2 group must be readable: it vanished, or this mount does
+        # not show it.  Guessing from meminfo would be wrong.
+        raise FileNotFoundError(errno.ENOENT, "the process's own cgroup is gone", missing_v2)
+    return None
+
+
+def _level_used(directory: str, version: int) -> tuple[int, dict[str, int]]:
+    """Memory the level holds that the kernel cannot give back, and the stat keys read."""
+    if version == 2:
+        usage = parsers.parse_single_value(_read(f"{directory}/memory.current"), "memory.current")
+        stat = parsers.parse_flat_keyed(_read(f"{directory}/memory.stat"), "memory.stat", _V2_KEYS)
+        active, inactive = parsers.stat_fields(stat, _V2_RECLAIMABLE[:2], "memory.stat")
+        # slab_reclaimable is in v2's memory.stat since Linux 4.14; a file
+        # without it has nothing more to subtract.
+        reclaimable = active + inactive + stat.get("slab_reclaimable", 0)
+    else:
+        usage = parsers.parse_single_value(
+            _read(f"{directory}/memory.usage_in_bytes"), "memory.usage_in_bytes"
+        )
+        stat = parsers.parse_flat_keyed(_read(f"{directory}/memory.stat"), "memory.stat", _V1_KEYS)
+        reclaimable = sum(parsers.stat_fields(stat, _V1_RECLAIMABLE, "memory.stat"))
+    # v1's usage is batched per CPU and can lag the stat counters a little:
+    # never report less than nothing.
+    return max(0, usage - reclaimable), stat
+
+
+def own_memory_group(
+    proc_root: str = PROC_ROOT, cgroup_root: str = CGROUP_ROOT
+) -> tuple[int, str] | None:
+    """This process's own memory cgroup as (version, directory), None without one.
+
+    Raises:
+        OSError, KernelFileError: the membership files could not be read, or
+            our own v2 group is gone.
+    """
+    hierarchy = locate(proc_root, cgroup_root)
+    return None if hierarchy is None else (hierarchy.version, hierarchy.own_dir)
+
+
+def group_used_bytes(directory: str, version: int) -> int:
+    """What a cgroup holds that the kernel cannot give back (DESIGN.md's "used").
+
+    Raises:
+        OSError, KernelFileError: the group's files could not be read.
+    """
+    return _level_used(directory, version)[0]
+
+
+def _level_limit(directory: str, version: int) -> int | None:
+    """The level's limit, None for no limit or for a level that has no limit file."""
+    name = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    try:
+        raw = _read(f"{directory}/{name}")
+    except FileNotFoundError:
+        return None  # the root of a v2 mount has no memory.max
+    return parsers.parse_v2_limit(raw, name) if version == 2 else parsers.parse_v1_limit(raw, name)
+
+
+def walk(hierarchy: Hierarchy) -> list[Level]:
+    """Every level from the process's own group up to the root of the mount, own first."""
+    version = hierarchy.version
+    own_used, stat = _level_used(hierarchy.own_dir, version)
+    hierarchical = stat.get("hierarchical_memory_limit")
+    if version == 1 and hierarchical is not None and hierarchical >= parsers.V1_UNLIMITED_THRESHOLD:
+        # v1 reports the tightest limit of the whole path in the group's own
+        # memory.stat: when that is "unlimited", no level has a limit and
+        # there is nothing to walk.
+        return [Level(hierarchy.own_path, None, own_used)]
+    levels = [Level(hierarchy.own_path, _level_limit(hierarchy.own_dir, version), own_used)]
+    rel, directory = hierarchy.own_path.rstrip("/"), hierarchy.own_dir
+    while directory != hierarchy.mount_dir and rel:
+        rel, directory = rel.rsplit("/", 1)[0], directory.rsplit("/", 1)[0]
+        try:
+            limit = _level_limit(directory, version)
+        except (PermissionError, NotADirectoryError):
+            continue  # lies outside what this mount lets us read
+        used = _level_used(directory, version)[0] if limit is not None else None
+        levels.append(Level(rel or "/", limit, used))
+    return levels

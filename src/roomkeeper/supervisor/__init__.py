@@ -1,0 +1,1 @@
+"""supervisor: see the package map in ``roomkeeper``'s docstring."""
