@@ -9,7 +9,9 @@
     ├── LaunchError                 a managed process could not be started (``job_id``)
     ├── QueueFullError              a submission met a waiting bound (refused, not queued)
     ├── UnknownJobError             no job has the id asked for (``job_id``)
-    └── PersistenceError            the journal could not save (disk full, I/O error)
+    ├── CallStateError              a registered call's state does not allow this (``call_id``)
+    ├── PersistenceError            the journal could not save (disk full, I/O error)
+    └── NoGatewayError              no gateway answers for this ROOMKEEPER_HOME
 
 Readers never let ``KernelFileError`` or ``OSError`` escape to the caller:
 they translate both, at one boundary in :mod:`roomkeeper.kernel.resources`, into a
@@ -101,3 +103,19 @@ class UnknownJobError(RoomkeeperError, KeyError):
 
 class PersistenceError(RoomkeeperError):
     """The journal could not save something; it is reported, never presented as saved."""
+
+
+class CallStateError(RoomkeeperError):
+    """A registered call is not in a state that allows this; the message says which and why.
+
+    Attributes:
+        call_id: the call asked about (empty where the caller did not say).
+    """
+
+    def __init__(self, message: str, *, call_id: str = "") -> None:
+        super().__init__(message)
+        self.call_id = call_id
+
+
+class NoGatewayError(RoomkeeperError):
+    """No gateway answers for this ROOMKEEPER_HOME; the message says how to start one."""

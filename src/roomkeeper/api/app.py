@@ -33,8 +33,13 @@ from roomkeeper.api.jobs import work_routes
 from roomkeeper.api.leases import lease_routes
 from roomkeeper.api.metrics import render_metrics
 from roomkeeper.api.views import feed_json, status_json
-from roomkeeper.errors import PersistenceError, QueueFullError, UnknownJobError, UsageError
-from roomkeeper.gateway.calls import CallStateError
+from roomkeeper.errors import (
+    CallStateError,
+    PersistenceError,
+    QueueFullError,
+    UnknownJobError,
+    UsageError,
+)
 from roomkeeper.gateway.service import Gateway
 
 MAX_BODY_BYTES = 1024 * 1024

@@ -9,12 +9,8 @@ from typing import Any
 
 import httpx
 
-from roomkeeper.errors import RoomkeeperError
+from roomkeeper.errors import NoGatewayError
 from roomkeeper.paths import home_dir
-
-
-class NoGatewayError(RoomkeeperError):
-    """No gateway answers for this ROOMKEEPER_HOME."""
 
 
 def connect(env: Mapping[str, str] | None = None, *, timeout: float = 30.0) -> httpx.Client:

@@ -19,9 +19,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from roomkeeper.cli.client import NoGatewayError, connect
+from roomkeeper.cli.client import connect
 from roomkeeper.cli.options import parse_size_option
-from roomkeeper.errors import UsageError
+from roomkeeper.errors import NoGatewayError, UsageError
 from roomkeeper.units import format_gb, parse_duration
 
 EXIT_CODES = {"failed": 127, "timed_out": 124, "expired": 124, "cancelled": 130, "stopped": 143}

@@ -20,9 +20,9 @@ import click
 import httpx
 import psutil
 
-from roomkeeper.cli.client import NoGatewayError, connect
+from roomkeeper.cli.client import connect
 from roomkeeper.config import read_gateway_settings
-from roomkeeper.errors import UsageError
+from roomkeeper.errors import NoGatewayError, UsageError
 from roomkeeper.paths import home_dir
 
 STOP_WAIT_S = 30.0

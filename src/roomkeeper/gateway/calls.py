@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from roomkeeper.errors import RoomkeeperError, UnknownJobError
+from roomkeeper.errors import CallStateError, UnknownJobError
 from roomkeeper.journal.database import Journal
 
 
@@ -32,10 +32,6 @@ class CallState(enum.Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"  # its marker stays: what it did is unknown
     UNCERTAIN = "uncertain"  # pending when the gateway died
-
-
-class CallStateError(RoomkeeperError):
-    """The call is not in a state that allows this; the message says which and why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,19 +111,23 @@ class Calls:
                 cancel cannot retire its marker), or a success came with error text.
         """
         if succeeded and error:
-            raise CallStateError("a succeeded outcome carries no error text; report it as failed")
+            raise CallStateError(
+                "a succeeded outcome carries no error text; report it as failed", call_id=call_id
+            )
         call = self.get(call_id)
         if call.state is not CallState.PENDING:
             raise CallStateError(
                 f"call {call_id!r} is {call.state.value}: a result arriving now cannot retire "
                 "its pending marker"
-                + ("; resolve it instead" if call.state is CallState.UNCERTAIN else "")
+                + ("; resolve it instead" if call.state is CallState.UNCERTAIN else ""),
+                call_id=call_id,
             )
         state = CallState.SUCCEEDED if succeeded else CallState.FAILED
         if not self._settle(call_id, state, numbers, error, only_from=(CallState.PENDING,)):
             raise CallStateError(
                 f"call {call_id!r} changed while its result arrived (cancelled?): "
-                "the result cannot retire its pending marker"
+                "the result cannot retire its pending marker",
+                call_id=call_id,
             )
         return self.get(call_id)
 
@@ -157,7 +157,8 @@ class Calls:
         ):
             raise CallStateError(
                 f"call {call_id!r} is {call.state.value}: only uncertain calls can be rerun, "
-                "and uncertain or cancelled ones settled"
+                "and uncertain or cancelled ones settled",
+                call_id=call_id,
             )
         if resolution == "rerun":  # pending again, under a fresh marker
             now = time.time()
@@ -172,7 +173,9 @@ class Calls:
         else:
             state = CallState.SUCCEEDED if resolution == "succeeded" else CallState.FAILED
             if not self._settle(call_id, state, None, None, only_from=settleable):
-                raise CallStateError(f"call {call_id!r} changed while it was being resolved")
+                raise CallStateError(
+                    f"call {call_id!r} changed while it was being resolved", call_id=call_id
+                )
         return self.get(call_id)
 
     def _settle(
