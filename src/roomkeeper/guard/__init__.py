@@ -1,1 +1,6 @@
-"""guard: see the package map in ``roomkeeper``'s docstring."""
+"""Does one more fit: the admission rule and its reservations, leases for work run
+elsewhere, release hooks.  Imports ``kernel``.  Start with
+:class:`roomkeeper.guard.admission.Guard`.
+
+Re-exports nothing: public names live in ``roomkeeper`` itself.
+"""

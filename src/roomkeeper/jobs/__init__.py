@@ -1,1 +1,6 @@
-"""jobs: see the package map in ``roomkeeper``'s docstring."""
+"""Running admitted work: job specs and states, the fair queue, the scheduler and its
+launch rounds, managed process trees, the lifeline, and ``roomkeeper batch``.
+Imports ``guard`` and ``kernel``.  Start with :class:`roomkeeper.jobs.scheduler.Scheduler`.
+
+Re-exports nothing: public names live in ``roomkeeper`` itself.
+"""
