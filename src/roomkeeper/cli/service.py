@@ -7,10 +7,8 @@ The commands that send requests to a running gateway are in :mod:`roomkeeper.cli
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -21,6 +19,7 @@ import httpx
 import psutil
 
 from roomkeeper.cli.client import connect
+from roomkeeper.cli.ports import check_port_free
 from roomkeeper.config import read_gateway_settings
 from roomkeeper.errors import NoGatewayError, UsageError
 from roomkeeper.paths import home_dir
@@ -97,18 +96,10 @@ def _run(start: Any) -> None:
 def _check_port_free(port: int, socket_path: str | None) -> None:
     if socket_path is not None:
         return
-    probe = socket.socket()
     try:
-        probe.bind(("127.0.0.1", port))
-    except OSError as err:
-        if err.errno == errno.EADDRINUSE:
-            raise click.UsageError(
-                f"port {port} on 127.0.0.1 is in use (another gateway?); "
-                "choose another with --port or ROOMKEEPER_PORT"
-            ) from None
-        raise
-    finally:
-        probe.close()
+        check_port_free(port)
+    except UsageError as err:
+        raise click.UsageError(str(err)) from None
 
 
 @click.command()

@@ -1,0 +1,55 @@
+"""Comes back after any crash: SIGKILL of the whole served tree, then ``serve`` again at once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.gateways import (
+    free_port,
+    gateway_env,
+    kill_whole_tree,
+    roomkeeper_cli,
+    running_gateway,
+)
+
+pytestmark = pytest.mark.kernel
+
+CYCLES = 20
+HEALTHY_WITHIN_S = 5.0
+
+
+def test_serve_restarts_at_once_on_the_same_port_after_a_kill(tmp_path: Path) -> None:
+    """20 times: real traffic, SIGKILL of the whole tree, ``serve`` at once on the same port,
+    healthy within 5 s, every acknowledged job still known (TIME_WAIT never blocks the start)."""
+    port = free_port()
+    acknowledged: list[str] = []
+    slowest = 0.0
+    for cycle in range(CYCLES):
+        started = time.monotonic()
+        with running_gateway(tmp_path, port=port, supervised=True) as gw:
+            slowest = max(slowest, time.monotonic() - started)
+            for job_id in acknowledged:
+                assert gw.client.get(f"/v1/jobs/{job_id}").status_code == 200, job_id
+            for _ in range(3):  # traffic that leaves connections behind on the port
+                assert gw.anonymous.get("/health").status_code == 200
+                answer = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]})
+                assert answer.status_code == 201, answer.text
+                acknowledged.append(answer.json()["id"])
+            assert gw.client.get("/v1/jobs").status_code == 200
+            kill_whole_tree(gw)
+        assert slowest < HEALTHY_WITHIN_S, f"cycle {cycle}: healthy after {slowest:.1f} s"
+
+
+def test_serve_names_the_process_that_listens_on_its_port(tmp_path: Path) -> None:
+    """A live listener is refused at once, and the message says which process holds the port."""
+    port = free_port()
+    with running_gateway(tmp_path / "first", port=port) as gw:
+        done = roomkeeper_cli(
+            {**gateway_env(tmp_path / "second"), "ROOMKEEPER_PORT": str(port)}, "serve"
+        )
+        assert done.returncode == 2
+        assert f"port {port} on 127.0.0.1 is in use by pid {gw.proc.pid}" in done.stderr
+        assert "Traceback" not in done.stderr
