@@ -7,7 +7,7 @@
     │   └── SizeError               a size such as ``600M`` could not be read
     ├── KernelFileError             a kernel file did not have the shape we expect
     ├── LaunchError                 a managed process could not be started (``job_id``)
-    ├── QueueFullError              a submission met a waiting bound (refused, not queued)
+    ├── QueueFullError              a submission met a bound (refused, not queued)
     ├── UnknownJobError             no job has the id asked for (``job_id``)
     ├── CallStateError              a registered call's state does not allow this (``call_id``)
     ├── PersistenceError            the journal could not save (disk full, I/O error)
@@ -73,10 +73,11 @@ class LaunchError(RoomkeeperError):
 
 
 class QueueFullError(RoomkeeperError):
-    """A submission was refused at once because a waiting bound was reached.
+    """A submission was refused at once because a bound was reached.
 
     Attributes:
-        reason: ``queue_full`` or ``owner_queue_full`` (or ``closing``, ``duplicate``).
+        reason: ``queue_full`` or ``owner_queue_full`` (or ``closing``, ``duplicate``) for
+            jobs; ``leases_full`` or ``owner_leases_full`` for leases.
         owner: the owner whose submission it was.
     """
 

@@ -4,9 +4,12 @@ A dispatcher asks for a lease before it starts a turn in another server and
 gives it back when the turn ends.  A lease holds a young reservation of its
 full estimate (its work runs elsewhere, so nothing is measured) from grant
 until the warm-up window ends, it is released, or it expires, whichever
-comes first.  Leases take no job slot and are capped by memory, never by
-count.  A holder that stops heartbeating lets its lease expire, so a crashed
-dispatcher does not hold memory forever.
+comes first.  Leases take no job slot; besides the guard's memory line,
+granted leases are capped in total and per owner (a dispatcher that asks for
+zero-byte leases in a loop is refused, not granted without end), and ended
+leases are remembered only up to a cap, like finished jobs (the journal keeps
+every one).  A holder that stops heartbeating lets its lease expire, so a
+crashed dispatcher does not hold memory forever.
 
 Ending is two steps so the release hook runs *before* the memory is offered
 to waiting work: :meth:`Leases.end` marks the lease ended and hands back
@@ -23,11 +26,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from roomkeeper.errors import UnknownJobError, UsageError
+from roomkeeper.errors import QueueFullError, UnknownJobError, UsageError
 from roomkeeper.guard.admission import Decision, Guard
 from roomkeeper.guard.hooks import ReleaseHook
 
 DEFAULT_TTL_S = 300.0
+MAX_GRANTED = 256  # leases granted at once, all owners together
+MAX_GRANTED_PER_OWNER = 64  # leases granted at once to one owner
+KEEP_ENDED = 1000  # ended leases kept in memory; the journal keeps every one
 
 
 class LeaseState(enum.Enum):
@@ -67,6 +73,9 @@ class Leases:
         guard: the guard whose young reservations leases hold.
         clock: monotonic seconds (expiry).
         wall: wall-clock seconds (timestamps people read).
+        max_granted: leases granted at once, in total.
+        max_granted_per_owner: leases granted at once to one owner.
+        keep_ended: ended leases remembered (the oldest are forgotten first).
     """
 
     def __init__(
@@ -75,14 +84,21 @@ class Leases:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        max_granted: int = MAX_GRANTED,
+        max_granted_per_owner: int = MAX_GRANTED_PER_OWNER,
+        keep_ended: int = KEEP_ENDED,
     ) -> None:
         self._guard = guard
+        self._max_granted = max_granted
+        self._max_granted_per_owner = max_granted_per_owner
+        self._keep_ended = keep_ended
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
         self._leases: dict[str, LeaseView] = {}
         self._deadlines: dict[str, float] = {}  # monotonic expiry of granted leases
         self._ended: Counter[str] = Counter()
+        self._completed: dict[str, None] = {}  # ended, hook run: oldest first
 
     def grant(
         self,
@@ -102,6 +118,8 @@ class Leases:
 
         Raises:
             UsageError: the id belongs to a lease that already ended, or a value is out of range.
+            QueueFullError: ``leases_full`` or ``owner_leases_full``: a cap on granted
+                leases is reached (the guard was not asked).
         """
         if not ttl_s > 0:
             raise UsageError(f"ttl_s must be > 0 (got {ttl_s})", name="ttl_s")
@@ -114,6 +132,7 @@ class Leases:
                     f"lease {lease_id!r} already ended ({existing.state.value}); use a new id",
                     name="id",
                 )
+            self._check_caps(owner)
             decision = self._guard.admit(
                 guard_key(lease_id), memory_bytes=memory_bytes, disk_bytes=disk_bytes
             )
@@ -134,6 +153,25 @@ class Leases:
             self._leases[lease_id] = lease
             self._deadlines[lease_id] = self._clock() + ttl_s
             return lease, decision
+
+    def _check_caps(self, owner: str) -> None:
+        """Refuse a new grant past the caps on granted leases (lock held)."""
+        granted = [v for v in self._leases.values() if v.state is LeaseState.GRANTED]
+        if len(granted) >= self._max_granted:
+            raise QueueFullError(
+                f"{len(granted)} leases are granted, the most at once; "
+                "release one or wait for one to end",
+                reason="leases_full",
+                owner=owner,
+            )
+        mine = sum(1 for v in granted if v.owner == owner)
+        if mine >= self._max_granted_per_owner:
+            raise QueueFullError(
+                f"owner {owner!r} holds {mine} granted leases, the most one owner may; "
+                "release one of them first",
+                reason="owner_leases_full",
+                owner=owner,
+            )
 
     def restore(
         self,
@@ -206,7 +244,16 @@ class Leases:
         with self._lock:
             lease = replace(self._get(lease_id), hook_outcome=hook_outcome)
             self._leases[lease_id] = lease
+            self._completed[lease_id] = None
+            self._forget_oldest_ended()
             return lease
+
+    def _forget_oldest_ended(self) -> None:
+        """Keep at most ``keep_ended`` completed leases, forgetting the oldest (lock held)."""
+        while len(self._completed) > self._keep_ended:
+            oldest = next(iter(self._completed))  # dicts keep insertion order
+            del self._completed[oldest]
+            self._leases.pop(oldest, None)
 
     def due(self) -> list[str]:
         """Ids of granted leases whose ttl has passed without a heartbeat."""
