@@ -4,7 +4,8 @@
 
     RoomkeeperError                 base of everything roomkeeper raises on purpose
     ├── UsageError                  a person or caller gave a value we cannot use
-    │   └── SizeError               a size such as ``600M`` could not be read
+    │   ├── SizeError               a size such as ``600M`` could not be read
+    │   └── UnwritablePlaceError    a directory roomkeeper must write to refuses writes
     ├── KernelFileError             a kernel file did not have the shape we expect
     ├── LaunchError                 a managed process could not be started (``job_id``)
     ├── QueueFullError              a submission met a bound (refused, not queued)
@@ -120,3 +121,16 @@ class CallStateError(RoomkeeperError):
 
 class NoGatewayError(RoomkeeperError):
     """No gateway answers for this ROOMKEEPER_HOME; the message says how to start one."""
+
+
+class UnwritablePlaceError(UsageError):
+    """A directory roomkeeper must write to (ROOMKEEPER_HOME, a logs directory) cannot be
+    written; the message names it, why, and how to choose another place.
+
+    Attributes:
+        path: the directory.
+    """
+
+    def __init__(self, message: str, *, path: str, name: str = "") -> None:
+        super().__init__(message, name=name, value=path)
+        self.path = path

@@ -6,8 +6,11 @@ import contextlib
 import logging
 import os
 import secrets
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+from roomkeeper.errors import UnwritablePlaceError
 
 log = logging.getLogger("roomkeeper")
 
@@ -30,7 +33,33 @@ def home_dir(env: Mapping[str, str] | None = None, *, create: bool = True) -> Pa
     else:
         path = Path(env.get("HOME") or Path.home()).expanduser() / ".local/state/roomkeeper"
     if create:
+        writable_dir(
+            path, what="ROOMKEEPER_HOME", fix="choose another place with ROOMKEEPER_HOME=DIR"
+        )
+    return path
+
+
+def writable_dir(path: Path, *, what: str, fix: str) -> Path:
+    """Make ``path`` (mode 0700) if needed and prove it takes a file; say what is wrong if not.
+
+    A directory can exist and still refuse writes (a read-only volume, where
+    even root cannot write): a small file is created and removed to know.
+
+    Raises:
+        UnwritablePlaceError: it cannot be made or written; the message says
+            what it is for, the system's reason, and ``fix``.
+    """
+    try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".roomkeeper-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UnwritablePlaceError(
+            f"cannot write {what} {path}: {err.strerror or err}; {fix}",
+            path=str(path),
+            name=what,
+        ) from None
     return path
 
 

@@ -11,11 +11,27 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import click
 
 from roomkeeper import __version__
 from roomkeeper.cli import local, remote, service
+from roomkeeper.errors import RoomkeeperError
+
+
+class _Commands(click.Group):
+    """The group, with roomkeeper's own errors said in one line (exit 1), never a traceback.
+
+    Commands raise :class:`~roomkeeper.errors.RoomkeeperError` with a message that
+    says what was wrong and how to fix it; this is the one place it is shown.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RoomkeeperError as err:
+            raise click.ClickException(str(err)) from None
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -27,7 +43,7 @@ def _setup_logging(verbose: bool) -> None:
     root.propagate = False
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="roomkeeper")
 @click.option("-v", "--verbose", is_flag=True, help="Log more detail to stderr.")
 def main(verbose: bool) -> None:

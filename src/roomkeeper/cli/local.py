@@ -27,7 +27,7 @@ from roomkeeper.jobs.batch import (
 )
 from roomkeeper.kernel.parsers import Pressure
 from roomkeeper.kernel.resources import Resources, read_resources
-from roomkeeper.paths import home_dir
+from roomkeeper.paths import home_dir, writable_dir
 from roomkeeper.units import format_gb, parse_duration
 
 
@@ -214,8 +214,11 @@ def batch(
         click.echo("roomkeeper batch: no commands to run (every line was empty)", err=True)
         return
     max_running = max_running or read_queue_settings().max_running
-    logs_dir = logs if logs is not None else default_logs_dir(home_dir())
-    logs_dir.mkdir(parents=True, exist_ok=True)
+    logs_dir = writable_dir(
+        logs if logs is not None else default_logs_dir(home_dir()),
+        what="the logs directory",
+        fix="choose another with --logs DIR (or ROOMKEEPER_HOME=DIR)",
+    )
     err_console = Console(stderr=True)
     started = time.monotonic()
     on_terminal = sys.stderr.isatty()
