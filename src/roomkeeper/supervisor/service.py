@@ -45,11 +45,17 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import psutil
 
-from roomkeeper.config import WatchdogSettings, read_watchdog_settings
+from roomkeeper.config import (
+    RESTART_BACKOFF_MAX_S,
+    RESTART_BACKOFF_S,
+    WatchdogSettings,
+    read_watchdog_settings,
+)
 from roomkeeper.ipc import PROTOCOL
 from roomkeeper.paths import home_dir
 from roomkeeper.supervisor.child import Child, gateway_command, kill_tree, start_gateway
@@ -73,6 +79,11 @@ class Supervisor:
         reason: why the first launch happens; by default what the state file says the next
             launch was for (a replaced supervisor's), else START.
         clock: a monotonic clock.
+        backoff_s: the wait before the first restart after a failure, doubling from there.
+        backoff_max_s: the longest wait between failure restarts.
+
+    Raises:
+        ValueError: a backoff that is not a positive number of seconds.
     """
 
     def __init__(
@@ -82,8 +93,15 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         reason: RestartReason | None = None,
         clock: Callable[[], float] = time.monotonic,
+        backoff_s: float = RESTART_BACKOFF_S,
+        backoff_max_s: float = RESTART_BACKOFF_MAX_S,
     ) -> None:
+        for name, value in (("backoff_s", backoff_s), ("backoff_max_s", backoff_max_s)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds (got {value})")
         self.command = list(command)
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
         self.env = dict(os.environ if env is None else env)
         self.home = home_dir(self.env)
         self.clock = clock
@@ -100,8 +118,12 @@ class Supervisor:
         self._persistence_reported: str | None = None
 
     def settings(self) -> WatchdogSettings:
-        """The stages and pacing, read now."""
-        return read_watchdog_settings(self.env)
+        """The stages and pacing: the variables read now, this supervisor's backoff."""
+        return replace(
+            read_watchdog_settings(self.env),
+            backoff_s=self.backoff_s,
+            backoff_max_s=self.backoff_max_s,
+        )
 
     # --------------------------------------------------------------- the loop
 
@@ -377,11 +399,29 @@ class Supervisor:
 
 
 def run_supervisor(
-    port: int, socket_path: str | None, *, env: Mapping[str, str] | None = None
+    port: int,
+    socket_path: str | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    backoff_s: float = RESTART_BACKOFF_S,
+    backoff_max_s: float = RESTART_BACKOFF_MAX_S,
 ) -> int:
-    """Supervise ``roomkeeper gateway`` on ``port`` (or ``socket_path``); the exit status."""
+    """Supervise ``roomkeeper gateway`` on ``port`` (or ``socket_path``); the exit status.
+
+    Args:
+        port: the gateway's loopback port.
+        socket_path: the Unix socket it listens on instead, if any.
+        env: the variables to read, and the base of the child's environment.
+        backoff_s: the wait before the first restart after a failure, doubling from there.
+        backoff_max_s: the longest wait between failure restarts.
+    """
     env = os.environ if env is None else env
-    supervisor = Supervisor(gateway_command(port, socket_path, env), env=env)
+    supervisor = Supervisor(
+        gateway_command(port, socket_path, env),
+        env=env,
+        backoff_s=backoff_s,
+        backoff_max_s=backoff_max_s,
+    )
     where = socket_path or f"http://127.0.0.1:{port}"
     log.info("supervisor (pid %d) watching the gateway on %s", os.getpid(), where)
     return supervisor.run()
