@@ -329,7 +329,7 @@ def test_watchdog_variables_and_their_defaults() -> None:
 
 def test_the_gateway_child_is_a_named_command() -> None:
     """The child runs ``python -m roomkeeper gateway --port P`` (or ``--socket S``)."""
-    assert gateway_command(8765, None, {}) == [
+    assert gateway_command(8765, None) == [
         sys.executable,
         "-m",
         "roomkeeper",
@@ -337,7 +337,7 @@ def test_the_gateway_child_is_a_named_command() -> None:
         "--port",
         "8765",
     ]
-    assert gateway_command(1, "/run/rk.sock", {})[-2:] == ["--socket", "/run/rk.sock"]
+    assert gateway_command(1, "/run/rk.sock")[-2:] == ["--socket", "/run/rk.sock"]
 
 
 def test_event_log_reader_waits_for_a_whole_last_line(tmp_path: Path) -> None:
@@ -506,27 +506,26 @@ def serve(
     tmp: Path,
     *,
     fake_plan: str | None = None,
+    gateway: list[str] | None = None,
     prefix: list[str] | None = None,
     backoff_s: float = 0.2,
     backoff_max_s: float = 2.0,
     **extra: str,
 ) -> Iterator[Served]:
     """Start what ``roomkeeper serve`` runs, with short backoffs (over the fake gateway when
-    ``fake_plan`` is given); whatever happens, stop it and SIGKILL every process it or its
-    gateways left, by pid."""
+    ``fake_plan`` is given, over ``gateway`` when that is); whatever happens, stop it and
+    SIGKILL every process it or its gateways left, by pid."""
     port = free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     env = gateway_env(tmp, **{**FAST, **extra})
     if fake_plan is not None:
-        env.update(
-            FAKE_DIR=str(tmp),
-            FAKE_PLAN=fake_plan,
-            ROOMKEEPER_GATEWAY_COMMAND=json.dumps([sys.executable, "-c", FAKE_GATEWAY]),
-        )
+        env.update(FAKE_DIR=str(tmp), FAKE_PLAN=fake_plan)
+        gateway = [sys.executable, "-c", FAKE_GATEWAY]
     log = tmp / "serve.log"
     code = (
         "from roomkeeper.testing import serve_for_tests; raise SystemExit(serve_for_tests("
-        f"{port}, backoff_s={backoff_s!r}, backoff_max_s={backoff_max_s!r}))"
+        f"{port}, gateway_command={gateway!r},"
+        f" backoff_s={backoff_s!r}, backoff_max_s={backoff_max_s!r}))"
     )
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -1001,8 +1000,8 @@ gateway_main.run_gateway(int(sys.argv[1]), None)
 def test_real_gateway_with_a_blocked_event_loop_is_replaced(tmp_path: Path) -> None:
     """A real gateway whose event loop blocks: relief, SIGTERM, SIGKILL, then a new boot id."""
     port = free_port()
-    command = json.dumps([sys.executable, "-c", BLOCKING_GATEWAY, str(port)])
-    with serve(tmp_path, ROOMKEEPER_GATEWAY_COMMAND=command) as s:
+    command = [sys.executable, "-c", BLOCKING_GATEWAY, str(port)]
+    with serve(tmp_path, gateway=command) as s:
         url = f"http://127.0.0.1:{port}"
         before = wait_healthy(url)
         s.wait_event("healthy")

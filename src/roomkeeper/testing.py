@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Sequence
 
 SHORT_BACKOFF_S = 0.2
 """The first wait before a restart in :func:`serve_for_tests` (production: 1 s)."""
@@ -48,24 +49,33 @@ class FakeClock:
 def serve_for_tests(
     port: int,
     *,
+    gateway_command: Sequence[str] | None = None,
     backoff_s: float = SHORT_BACKOFF_S,
     backoff_max_s: float = SHORT_BACKOFF_MAX_S,
 ) -> int:
     """Run what ``roomkeeper serve --port PORT`` runs, with short restart waits; the exit status.
 
     The real supervisor, reading its variables from the environment, and
-    logging to stderr as the ``roomkeeper`` command does; only the backoff is
-    the test's.
+    logging to stderr as the ``roomkeeper`` command does; only the backoff
+    and, when given, the child's command line are the test's.
 
     Args:
         port: the gateway's loopback port.
+        gateway_command: what to run as the gateway (a stand-in that speaks the
+            channel); the real ``python -m roomkeeper gateway`` when omitted.
         backoff_s: the wait before the first restart after a failure, doubling from there.
         backoff_max_s: the longest wait between failure restarts.
     """
     from roomkeeper.supervisor.service import run_supervisor
 
     _log_to_stderr()
-    return run_supervisor(port, None, backoff_s=backoff_s, backoff_max_s=backoff_max_s)
+    return run_supervisor(
+        port,
+        None,
+        gateway_command=gateway_command,
+        backoff_s=backoff_s,
+        backoff_max_s=backoff_max_s,
+    )
 
 
 def _log_to_stderr() -> None:

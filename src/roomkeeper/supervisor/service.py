@@ -58,7 +58,8 @@ from roomkeeper.config import (
 )
 from roomkeeper.ipc import PROTOCOL
 from roomkeeper.paths import home_dir
-from roomkeeper.supervisor.child import Child, gateway_command, kill_tree, start_gateway
+from roomkeeper.supervisor.child import Child, kill_tree, start_gateway
+from roomkeeper.supervisor.child import gateway_command as roomkeeper_gateway
 from roomkeeper.supervisor.records import EVENT_LOG, EventLog, remove_record, write_record
 from roomkeeper.supervisor.restarts import STATE_NAME, Backoff, RestartBudget, RestartReason
 from roomkeeper.supervisor.sdnotify import Notifier
@@ -403,6 +404,7 @@ def run_supervisor(
     socket_path: str | None,
     *,
     env: Mapping[str, str] | None = None,
+    gateway_command: Sequence[str] | None = None,
     backoff_s: float = RESTART_BACKOFF_S,
     backoff_max_s: float = RESTART_BACKOFF_MAX_S,
 ) -> int:
@@ -412,12 +414,16 @@ def run_supervisor(
         port: the gateway's loopback port.
         socket_path: the Unix socket it listens on instead, if any.
         env: the variables to read, and the base of the child's environment.
+        gateway_command: the child's command line; by default ``python -m roomkeeper
+            gateway`` on ``port`` (or ``socket_path``).  Tests pass a stand-in.
         backoff_s: the wait before the first restart after a failure, doubling from there.
         backoff_max_s: the longest wait between failure restarts.
     """
     env = os.environ if env is None else env
+    if gateway_command is None:
+        gateway_command = roomkeeper_gateway(port, socket_path)
     supervisor = Supervisor(
-        gateway_command(port, socket_path, env),
+        gateway_command,
         env=env,
         backoff_s=backoff_s,
         backoff_max_s=backoff_max_s,
@@ -438,6 +444,6 @@ def adopt(port: int, socket_path: str | None) -> int:
     env = dict(os.environ)
     reason = RestartReason.parse(env.get("ROOMKEEPER_RESTART_REASON"))
     log.warning("supervisor: ROOMKEEPER_SUPERVISE=1 without a channel: taking on supervision")
-    supervisor = Supervisor(gateway_command(port, socket_path, env), env=env, reason=reason)
+    supervisor = Supervisor(roomkeeper_gateway(port, socket_path), env=env, reason=reason)
     supervisor.record("adopted", pid=os.getpid(), reason=supervisor.reason.value)
     return supervisor.run()
