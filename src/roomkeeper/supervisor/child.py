@@ -94,6 +94,7 @@ class Child:
     stop_said: bool = False
     restart_said: bool = False
     exit_code: int | None = None
+    exited_at: float | None = None  # when its exit was seen: its last messages may follow
     eof: bool = False
 
 

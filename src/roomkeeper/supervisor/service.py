@@ -230,94 +230,122 @@ class Supervisor:
 
     def _watch(self, child: Child) -> tuple[RestartReason, float] | None:
         """Run one gateway to its end; what to launch next and its healthy time, or None: stop."""
-        drained_by = float("inf")
         while True:
-            due = child.watchdog.due()
-            event = self._next_event(
-                min(drained_by, self.clock() + MAX_WAIT_S if due is None else due)
-            )
+            event = self._next_event(self._wake_at(child))
             now = self.clock()
             if event is not None:
-                kind, gen, value = event
-                if kind == "signal":
-                    self._stop(child, now, value)
-                elif gen != child.gen:
-                    pass  # a late word from an earlier gateway
-                elif kind == "message":
-                    self._message(child, value, now)
-                elif kind == "eof":
-                    child.eof = True
-                elif kind == "exit":
-                    child.exit_code = value
-                    # Its last words ("stop" just before exit) may still be on their way.
-                    drained_by = now + DRAIN_S
-            if child.exit_code is not None and (child.eof or now >= drained_by):
+                self._handle(child, event, now)
+            if child.exit_code is not None and (child.eof or now >= self._drained_by(child)):
                 return self._exited(child, child.exit_code, now)
-            self._reap_orphans(keep=child.proc.pid)
-            action = child.watchdog.tick(now) if child.exit_code is None else None
-            if action is not None:
-                self._act(child, action, now)
-            if child.watchdog.stage in (Stage.STARTING, Stage.CRASH_ONLY):
-                self._ping(now)
+            self._tend(child, now)
+
+    def _drained_by(self, child: Child) -> float:
+        """When an exited gateway's last messages have had their time to arrive."""
+        # Its last words ("stop" just before exit) may still be on their way.
+        return float("inf") if child.exited_at is None else child.exited_at + DRAIN_S
+
+    def _wake_at(self, child: Child) -> float:
+        """The latest time to look again: the watchdog's next stage, the drain, MAX_WAIT_S."""
+        due = child.watchdog.due()
+        return min(self._drained_by(child), self.clock() + MAX_WAIT_S if due is None else due)
+
+    def _handle(self, child: Child, event: tuple[str, int, Any], now: float) -> None:
+        """One event: a stop signal, or a word, end of channel or exit of this gateway."""
+        kind, gen, value = event
+        if kind == "signal":
+            self._stop(child, now, value)
+        elif gen != child.gen:
+            pass  # a late word from an earlier gateway
+        elif kind == "message":
+            self._message(child, value, now)
+        elif kind == "eof":
+            child.eof = True
+        elif kind == "exit":
+            child.exit_code = value
+            child.exited_at = now
+
+    def _tend(self, child: Child, now: float) -> None:
+        """Between events: reap orphans, move the watchdog's stages, keep systemd's fed."""
+        self._reap_orphans(keep=child.proc.pid)
+        action = child.watchdog.tick(now) if child.exit_code is None else None
+        if action is not None:
+            self._act(child, action, now)
+        if child.watchdog.stage in (Stage.STARTING, Stage.CRASH_ONLY):
+            self._ping(now)
 
     def _message(self, child: Child, message: dict[str, Any], now: float) -> None:
+        """A message from the gateway: hello, heartbeat, stop or restart, repaired."""
         kind = message["type"]
         if kind == "hello":
-            caps = message.get("capabilities")
-            child.capabilities = (
-                frozenset(c for c in caps if isinstance(c, str))
-                if isinstance(caps, list)
-                else frozenset()
-            )
-            child.boot_id = str(message.get("boot_id") or "") or None
-            child.watchdog.hello(child.capabilities, now)
-            self.record(
-                "hello",
-                gen=child.gen,
-                boot_id=child.boot_id,
-                protocol=message.get("protocol"),
-                heartbeat="heartbeat" in child.capabilities,
-            )
-            protocol = message.get("protocol")
-            if protocol != PROTOCOL:
-                # Upgraded in place: a newer gateway under this older supervisor (or the
-                # reverse).  Capabilities, not the version, decide what is supervised.
-                self.record(
-                    "protocol_differs",
-                    f"the gateway speaks channel protocol {protocol!r}, this supervisor"
-                    f" {PROTOCOL}: supervising by its capabilities; restart `roomkeeper serve`"
-                    " to run one release",
-                    gen=child.gen,
-                    gateway=protocol if isinstance(protocol, int) else None,
-                    supervisor=PROTOCOL,
-                )
-            if "heartbeat" not in child.capabilities:
-                self.record("crash_only", "the gateway sends no heartbeats: crash supervision only")
-                self.notifier.ready("gateway running (crash supervision only)")
-            if self.budget.recovery_mode:
-                child.channel.send("recovery_mode", on=True)
-                self.record("recovery_mode_sent", gen=child.gen, on=True)
+            self._hello(child, message, now)
         elif kind == "heartbeat":
-            if child.boot_id is not None and message.get("boot_id") != child.boot_id:
-                return  # not this gateway's own answer
-            was = child.watchdog.stage
-            if child.watchdog.heartbeat(now):
-                event = "recovered" if was is Stage.RELIEF else "healthy"
-                self.record(event, gen=child.gen, boot_id=child.boot_id)
-                self.notifier.ready("gateway healthy")
-            if child.watchdog.stage is Stage.HEALTHY:
-                self.notifier.watchdog()
+            self._heartbeat(child, message, now)
         elif kind in ("stop", "restart"):
-            child.stop_said |= kind == "stop"
-            child.restart_said |= kind == "restart"
-            child.watchdog.leaving(now)
-            self.record(f"{kind}_requested", gen=child.gen)
+            self._leaving(child, kind, now)
         elif kind == "repaired":
-            self.budget.repaired()
-            self._report_persistence()
-            self.backoff.reset()
-            child.channel.send("recovery_mode", on=False)
-            self.record("repaired", "repaired: restart budget cleared, recovery mode off")
+            self._repaired(child)
+
+    def _hello(self, child: Child, message: dict[str, Any], now: float) -> None:
+        """Its first message: who it is and what it can do, which decides how it is watched."""
+        child.capabilities = _capabilities(message)
+        child.boot_id = str(message.get("boot_id") or "") or None
+        child.watchdog.hello(child.capabilities, now)
+        protocol = message.get("protocol")
+        self.record(
+            "hello",
+            gen=child.gen,
+            boot_id=child.boot_id,
+            protocol=protocol,
+            heartbeat="heartbeat" in child.capabilities,
+        )
+        if protocol != PROTOCOL:
+            self._protocol_differs(child, protocol)
+        if "heartbeat" not in child.capabilities:
+            self.record("crash_only", "the gateway sends no heartbeats: crash supervision only")
+            self.notifier.ready("gateway running (crash supervision only)")
+        if self.budget.recovery_mode:
+            child.channel.send("recovery_mode", on=True)
+            self.record("recovery_mode_sent", gen=child.gen, on=True)
+
+    def _protocol_differs(self, child: Child, protocol: Any) -> None:
+        """Upgraded in place: a newer gateway under this older supervisor (or the reverse)."""
+        # Capabilities, not the version, decide what is supervised.
+        self.record(
+            "protocol_differs",
+            f"the gateway speaks channel protocol {protocol!r}, this supervisor"
+            f" {PROTOCOL}: supervising by its capabilities; restart `roomkeeper serve`"
+            " to run one release",
+            gen=child.gen,
+            gateway=protocol if isinstance(protocol, int) else None,
+            supervisor=PROTOCOL,
+        )
+
+    def _heartbeat(self, child: Child, message: dict[str, Any], now: float) -> None:
+        """A heartbeat (the gateway's own health probe): healthy again, or still healthy."""
+        if child.boot_id is not None and message.get("boot_id") != child.boot_id:
+            return  # not this gateway's own answer
+        was = child.watchdog.stage
+        if child.watchdog.heartbeat(now):
+            event = "recovered" if was is Stage.RELIEF else "healthy"
+            self.record(event, gen=child.gen, boot_id=child.boot_id)
+            self.notifier.ready("gateway healthy")
+        if child.watchdog.stage is Stage.HEALTHY:
+            self.notifier.watchdog()
+
+    def _leaving(self, child: Child, kind: str, now: float) -> None:
+        """The gateway said ``stop`` or ``restart``: it gets SHUTDOWN s to exit."""
+        child.stop_said |= kind == "stop"
+        child.restart_said |= kind == "restart"
+        child.watchdog.leaving(now)
+        self.record(f"{kind}_requested", gen=child.gen)
+
+    def _repaired(self, child: Child) -> None:
+        """A repair passed its checks: the budget, the backoff and recovery mode start over."""
+        self.budget.repaired()
+        self._report_persistence()
+        self.backoff.reset()
+        child.channel.send("recovery_mode", on=False)
+        self.record("repaired", "repaired: restart budget cleared, recovery mode off")
 
     def _report_persistence(self) -> None:
         error = self.budget.persistence_error
@@ -447,3 +475,11 @@ def adopt(port: int, socket_path: str | None) -> int:
     supervisor = Supervisor(roomkeeper_gateway(port, socket_path), env=env, reason=reason)
     supervisor.record("adopted", pid=os.getpid(), reason=supervisor.reason.value)
     return supervisor.run()
+
+
+def _capabilities(hello: dict[str, Any]) -> frozenset[str]:
+    """The capabilities a hello declares (anything but a list of strings declares none)."""
+    caps = hello.get("capabilities")
+    if not isinstance(caps, list):
+        return frozenset()
+    return frozenset(c for c in caps if isinstance(c, str))
