@@ -47,8 +47,6 @@ FAST = {
     "ROOMKEEPER_WATCHDOG_HEARTBEAT": "1",
     "ROOMKEEPER_WATCHDOG_RELIEF": "1",
     "ROOMKEEPER_WATCHDOG_SHUTDOWN": "1",
-    "ROOMKEEPER_RESTART_BACKOFF_S": "0.2",
-    "ROOMKEEPER_RESTART_BACKOFF_MAX_S": "2",
 }
 
 
@@ -331,7 +329,7 @@ def test_watchdog_variables_and_their_defaults() -> None:
 
 def test_the_gateway_child_is_a_named_command() -> None:
     """The child runs ``python -m roomkeeper gateway --port P`` (or ``--socket S``)."""
-    assert gateway_command(8765, None, {}) == [
+    assert gateway_command(8765, None) == [
         sys.executable,
         "-m",
         "roomkeeper",
@@ -339,7 +337,7 @@ def test_the_gateway_child_is_a_named_command() -> None:
         "--port",
         "8765",
     ]
-    assert gateway_command(1, "/run/rk.sock", {})[-2:] == ["--socket", "/run/rk.sock"]
+    assert gateway_command(1, "/run/rk.sock")[-2:] == ["--socket", "/run/rk.sock"]
 
 
 def test_event_log_reader_waits_for_a_whole_last_line(tmp_path: Path) -> None:
@@ -505,23 +503,33 @@ def _kill_ours(procs: list[psutil.Process]) -> None:
 
 @contextlib.contextmanager
 def serve(
-    tmp: Path, *, fake_plan: str | None = None, prefix: list[str] | None = None, **extra: str
+    tmp: Path,
+    *,
+    fake_plan: str | None = None,
+    gateway: list[str] | None = None,
+    prefix: list[str] | None = None,
+    backoff_s: float = 0.2,
+    backoff_max_s: float = 2.0,
+    **extra: str,
 ) -> Iterator[Served]:
-    """Start ``roomkeeper serve`` (over the fake gateway when ``fake_plan`` is given); whatever
-    happens, stop it and SIGKILL every process it or its gateways left, by pid."""
+    """Start what ``roomkeeper serve`` runs, with short backoffs (over the fake gateway when
+    ``fake_plan`` is given, over ``gateway`` when that is); whatever happens, stop it and
+    SIGKILL every process it or its gateways left, by pid."""
     port = free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     env = gateway_env(tmp, **{**FAST, **extra})
     if fake_plan is not None:
-        env.update(
-            FAKE_DIR=str(tmp),
-            FAKE_PLAN=fake_plan,
-            ROOMKEEPER_GATEWAY_COMMAND=json.dumps([sys.executable, "-c", FAKE_GATEWAY]),
-        )
+        env.update(FAKE_DIR=str(tmp), FAKE_PLAN=fake_plan)
+        gateway = [sys.executable, "-c", FAKE_GATEWAY]
     log = tmp / "serve.log"
+    code = (
+        "from roomkeeper.testing import serve_for_tests; raise SystemExit(serve_for_tests("
+        f"{port}, gateway_command={gateway!r},"
+        f" backoff_s={backoff_s!r}, backoff_max_s={backoff_max_s!r}))"
+    )
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [*(prefix or []), sys.executable, "-m", "roomkeeper", "serve", "--port", str(port)],
+            [*(prefix or []), sys.executable, "-c", code],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -651,7 +659,7 @@ def test_recovery_mode_is_sent_and_a_repair_clears_it(tmp_path: Path) -> None:
         events = s.wait_event("repaired")
         assert names(events).count("recovery_mode_on") == 1
         delays = [e["delay_s"] for e in events if e["event"] == "restart_scheduled"]
-        assert delays == [0.2, 0.4, 0.8, 1.6]  # doubling from ROOMKEEPER_RESTART_BACKOFF_S
+        assert delays == [0.2, 0.4, 0.8, 1.6]  # doubling from serve()'s 0.2 s backoff
         launches = [e["mono"] for e in events if e["event"] == "launched"]
         exits = [e["mono"] for e in events if e["event"] == "exited"]
         for delay, ended, started in zip(delays, exits, launches[1:], strict=True):
@@ -794,7 +802,7 @@ def test_roomkeeper_stop_is_a_clean_exit_with_no_restart_and_no_survivors(tmp_pa
 def test_roomkeeper_stop_reaches_a_supervisor_waiting_to_restart(tmp_path: Path) -> None:
     """The gateway crashed and the supervisor waits out a long backoff: ``roomkeeper stop`` has
     no gateway to ask, so it stops the supervisor itself, and nothing is launched again."""
-    with serve(tmp_path, fake_plan="crash", ROOMKEEPER_RESTART_BACKOFF_S="60") as s:
+    with serve(tmp_path, fake_plan="crash", backoff_s=60) as s:
         s.wait_event("restart_scheduled")
         record = json.loads((s.home / RECORD_NAME).read_text())
         assert record["pid"] == s.proc.pid
@@ -858,8 +866,8 @@ def test_a_gateway_that_crashes_at_start_every_time_meets_the_budget(tmp_path: P
     with serve(
         tmp_path,
         ROOMKEEPER_WORKSPACE=str(home),
-        ROOMKEEPER_RESTART_BACKOFF_S="0.1",
-        ROOMKEEPER_RESTART_BACKOFF_MAX_S="1",
+        backoff_s=0.1,
+        backoff_max_s=1,
         ROOMKEEPER_RESTART_COOLDOWN="4",
     ) as s:
         events = s.wait_event("cooldown", count=1, timeout=40)
@@ -992,8 +1000,8 @@ gateway_main.run_gateway(int(sys.argv[1]), None)
 def test_real_gateway_with_a_blocked_event_loop_is_replaced(tmp_path: Path) -> None:
     """A real gateway whose event loop blocks: relief, SIGTERM, SIGKILL, then a new boot id."""
     port = free_port()
-    command = json.dumps([sys.executable, "-c", BLOCKING_GATEWAY, str(port)])
-    with serve(tmp_path, ROOMKEEPER_GATEWAY_COMMAND=command) as s:
+    command = [sys.executable, "-c", BLOCKING_GATEWAY, str(port)]
+    with serve(tmp_path, gateway=command) as s:
         url = f"http://127.0.0.1:{port}"
         before = wait_healthy(url)
         s.wait_event("healthy")

@@ -282,13 +282,19 @@ def read_journal_synchronous(env: Mapping[str, str]) -> str:
     return value
 
 
+RESTART_BACKOFF_S = 1.0
+"""The wait before the first restart after a failure (seed 002), doubling from there."""
+RESTART_BACKOFF_MAX_S = 60.0
+"""The longest wait between failure restarts (seed 002)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WatchdogSettings:
     """The supervisor's stages and restart pacing (seed 002), in seconds.
 
-    ``backoff_s`` and ``backoff_max_s`` (ROOMKEEPER_RESTART_BACKOFF_S and
-    ROOMKEEPER_RESTART_BACKOFF_MAX_S, 1 and 60) exist so tests can shrink the
-    backoff; nobody needs to set them in production.
+    The stages and the cooldown are variables; the backoff (``backoff_s``,
+    ``backoff_max_s``: 1 s doubling to 60 s) is not: only the supervisor's
+    constructor changes it (a test that needs short waits passes its own).
     """
 
     start_s: float = 120.0
@@ -296,12 +302,14 @@ class WatchdogSettings:
     relief_s: float = 20.0
     shutdown_s: float = 15.0
     cooldown_s: float = 900.0
-    backoff_s: float = 1.0
-    backoff_max_s: float = 60.0
+    backoff_s: float = RESTART_BACKOFF_S
+    backoff_max_s: float = RESTART_BACKOFF_MAX_S
 
 
 def read_watchdog_settings(env: Mapping[str, str] | None = None) -> WatchdogSettings:
-    """Read ROOMKEEPER_WATCHDOG_START/_HEARTBEAT/_RELIEF/_SHUTDOWN and the restart pacing now.
+    """Read ROOMKEEPER_WATCHDOG_START/_HEARTBEAT/_RELIEF/_SHUTDOWN and the cooldown now.
+
+    The cooldown is ROOMKEEPER_RESTART_COOLDOWN; the backoff keeps its defaults.
 
     Args:
         env: the environment to read; ``os.environ`` when omitted.
@@ -317,9 +325,5 @@ def read_watchdog_settings(env: Mapping[str, str] | None = None) -> WatchdogSett
         shutdown_s=_variable(env, "ROOMKEEPER_WATCHDOG_SHUTDOWN", d.shutdown_s, stage, rule),
         cooldown_s=_variable(
             env, "ROOMKEEPER_RESTART_COOLDOWN", d.cooldown_s, _SECONDS, "a number of seconds >= 0"
-        ),
-        backoff_s=_variable(env, "ROOMKEEPER_RESTART_BACKOFF_S", d.backoff_s, stage, rule),
-        backoff_max_s=_variable(
-            env, "ROOMKEEPER_RESTART_BACKOFF_MAX_S", d.backoff_max_s, stage, rule
         ),
     )

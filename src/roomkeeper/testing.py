@@ -1,12 +1,25 @@
-"""Fakes for tests: a clock that moves only when told to.
+"""Fakes for tests: a clock that moves only when told to, and a supervisor with short waits.
 
 Timeouts and windows are tested on a fake clock, never by sleeping for real
-(HOUSE_STYLE 7).
+(HOUSE_STYLE 7).  Where a test needs the real supervisor as a separate
+process, it runs :func:`serve_for_tests` in a child::
+
+    python -c "import roomkeeper.testing as t; raise SystemExit(t.serve_for_tests(8765))"
+
+This module may import any layer; it imports them only when a fake needs them.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
+from collections.abc import Sequence
+
+SHORT_BACKOFF_S = 0.2
+"""The first wait before a restart in :func:`serve_for_tests` (production: 1 s)."""
+SHORT_BACKOFF_MAX_S = 2.0
+"""The longest wait between restarts in :func:`serve_for_tests` (production: 60 s)."""
 
 
 class FakeClock:
@@ -31,3 +44,45 @@ class FakeClock:
             raise ValueError(f"a monotonic clock cannot go back (got {seconds})")
         with self._lock:
             self._now += seconds
+
+
+def serve_for_tests(
+    port: int,
+    *,
+    gateway_command: Sequence[str] | None = None,
+    backoff_s: float = SHORT_BACKOFF_S,
+    backoff_max_s: float = SHORT_BACKOFF_MAX_S,
+) -> int:
+    """Run what ``roomkeeper serve --port PORT`` runs, with short restart waits; the exit status.
+
+    The real supervisor, reading its variables from the environment, and
+    logging to stderr as the ``roomkeeper`` command does; only the backoff
+    and, when given, the child's command line are the test's.
+
+    Args:
+        port: the gateway's loopback port.
+        gateway_command: what to run as the gateway (a stand-in that speaks the
+            channel); the real ``python -m roomkeeper gateway`` when omitted.
+        backoff_s: the wait before the first restart after a failure, doubling from there.
+        backoff_max_s: the longest wait between failure restarts.
+    """
+    from roomkeeper.supervisor.service import run_supervisor
+
+    _log_to_stderr()
+    return run_supervisor(
+        port,
+        None,
+        gateway_command=gateway_command,
+        backoff_s=backoff_s,
+        backoff_max_s=backoff_max_s,
+    )
+
+
+def _log_to_stderr() -> None:
+    """The ``roomkeeper`` command's log lines: ``roomkeeper: LEVEL message`` on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("roomkeeper: %(levelname)s %(message)s"))
+    root = logging.getLogger("roomkeeper")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False

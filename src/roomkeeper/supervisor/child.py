@@ -14,8 +14,6 @@ When and why it is started, stopped or killed is :mod:`roomkeeper.supervisor.ser
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -29,17 +27,9 @@ from roomkeeper.supervisor.restarts import RestartReason
 from roomkeeper.supervisor.sdnotify import NOTIFY_VARIABLES
 from roomkeeper.supervisor.watchdog import Watchdog
 
-COMMAND_VARIABLE = "ROOMKEEPER_GATEWAY_COMMAND"  # tests: run this instead of the gateway
 
-
-def gateway_command(
-    port: int, socket_path: str | None, env: Mapping[str, str] | None = None
-) -> list[str]:
-    """The child's command: ``python -m roomkeeper gateway`` (or ROOMKEEPER_GATEWAY_COMMAND)."""
-    env = os.environ if env is None else env
-    injected = env.get(COMMAND_VARIABLE)
-    if injected:
-        return [str(part) for part in json.loads(injected)]
+def gateway_command(port: int, socket_path: str | None) -> list[str]:
+    """The child's command: ``python -m roomkeeper gateway --port P`` (or ``--socket S``)."""
     where = ["--socket", socket_path] if socket_path else ["--port", str(port)]
     return [sys.executable, "-m", "roomkeeper", "gateway", *where]
 
@@ -64,8 +54,7 @@ def start_gateway(
     """
     ours, theirs = pair()
     child_env = {k: v for k, v in env.items() if k not in NOTIFY_VARIABLES}
-    for name in ("ROOMKEEPER_SUPERVISE", COMMAND_VARIABLE):
-        child_env.pop(name, None)
+    child_env.pop("ROOMKEEPER_SUPERVISE", None)  # the child has a channel: it never adopts
     child_env.update(
         {
             ENV_FD: str(theirs.fileno()),
@@ -105,6 +94,7 @@ class Child:
     stop_said: bool = False
     restart_said: bool = False
     exit_code: int | None = None
+    exited_at: float | None = None  # when its exit was seen: its last messages may follow
     eof: bool = False
 
 

@@ -45,14 +45,21 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import psutil
 
-from roomkeeper.config import WatchdogSettings, read_watchdog_settings
+from roomkeeper.config import (
+    RESTART_BACKOFF_MAX_S,
+    RESTART_BACKOFF_S,
+    WatchdogSettings,
+    read_watchdog_settings,
+)
 from roomkeeper.ipc import PROTOCOL
 from roomkeeper.paths import home_dir
-from roomkeeper.supervisor.child import Child, gateway_command, kill_tree, start_gateway
+from roomkeeper.supervisor.child import Child, kill_tree, start_gateway
+from roomkeeper.supervisor.child import gateway_command as roomkeeper_gateway
 from roomkeeper.supervisor.records import EVENT_LOG, EventLog, remove_record, write_record
 from roomkeeper.supervisor.restarts import STATE_NAME, Backoff, RestartBudget, RestartReason
 from roomkeeper.supervisor.sdnotify import Notifier
@@ -73,6 +80,11 @@ class Supervisor:
         reason: why the first launch happens; by default what the state file says the next
             launch was for (a replaced supervisor's), else START.
         clock: a monotonic clock.
+        backoff_s: the wait before the first restart after a failure, doubling from there.
+        backoff_max_s: the longest wait between failure restarts.
+
+    Raises:
+        ValueError: a backoff that is not a positive number of seconds.
     """
 
     def __init__(
@@ -82,8 +94,15 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         reason: RestartReason | None = None,
         clock: Callable[[], float] = time.monotonic,
+        backoff_s: float = RESTART_BACKOFF_S,
+        backoff_max_s: float = RESTART_BACKOFF_MAX_S,
     ) -> None:
+        for name, value in (("backoff_s", backoff_s), ("backoff_max_s", backoff_max_s)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds (got {value})")
         self.command = list(command)
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
         self.env = dict(os.environ if env is None else env)
         self.home = home_dir(self.env)
         self.clock = clock
@@ -100,8 +119,12 @@ class Supervisor:
         self._persistence_reported: str | None = None
 
     def settings(self) -> WatchdogSettings:
-        """The stages and pacing, read now."""
-        return read_watchdog_settings(self.env)
+        """The stages and pacing: the variables read now, this supervisor's backoff."""
+        return replace(
+            read_watchdog_settings(self.env),
+            backoff_s=self.backoff_s,
+            backoff_max_s=self.backoff_max_s,
+        )
 
     # --------------------------------------------------------------- the loop
 
@@ -207,94 +230,122 @@ class Supervisor:
 
     def _watch(self, child: Child) -> tuple[RestartReason, float] | None:
         """Run one gateway to its end; what to launch next and its healthy time, or None: stop."""
-        drained_by = float("inf")
         while True:
-            due = child.watchdog.due()
-            event = self._next_event(
-                min(drained_by, self.clock() + MAX_WAIT_S if due is None else due)
-            )
+            event = self._next_event(self._wake_at(child))
             now = self.clock()
             if event is not None:
-                kind, gen, value = event
-                if kind == "signal":
-                    self._stop(child, now, value)
-                elif gen != child.gen:
-                    pass  # a late word from an earlier gateway
-                elif kind == "message":
-                    self._message(child, value, now)
-                elif kind == "eof":
-                    child.eof = True
-                elif kind == "exit":
-                    child.exit_code = value
-                    # Its last words ("stop" just before exit) may still be on their way.
-                    drained_by = now + DRAIN_S
-            if child.exit_code is not None and (child.eof or now >= drained_by):
+                self._handle(child, event, now)
+            if child.exit_code is not None and (child.eof or now >= self._drained_by(child)):
                 return self._exited(child, child.exit_code, now)
-            self._reap_orphans(keep=child.proc.pid)
-            action = child.watchdog.tick(now) if child.exit_code is None else None
-            if action is not None:
-                self._act(child, action, now)
-            if child.watchdog.stage in (Stage.STARTING, Stage.CRASH_ONLY):
-                self._ping(now)
+            self._tend(child, now)
+
+    def _drained_by(self, child: Child) -> float:
+        """When an exited gateway's last messages have had their time to arrive."""
+        # Its last words ("stop" just before exit) may still be on their way.
+        return float("inf") if child.exited_at is None else child.exited_at + DRAIN_S
+
+    def _wake_at(self, child: Child) -> float:
+        """The latest time to look again: the watchdog's next stage, the drain, MAX_WAIT_S."""
+        due = child.watchdog.due()
+        return min(self._drained_by(child), self.clock() + MAX_WAIT_S if due is None else due)
+
+    def _handle(self, child: Child, event: tuple[str, int, Any], now: float) -> None:
+        """One event: a stop signal, or a word, end of channel or exit of this gateway."""
+        kind, gen, value = event
+        if kind == "signal":
+            self._stop(child, now, value)
+        elif gen != child.gen:
+            pass  # a late word from an earlier gateway
+        elif kind == "message":
+            self._message(child, value, now)
+        elif kind == "eof":
+            child.eof = True
+        elif kind == "exit":
+            child.exit_code = value
+            child.exited_at = now
+
+    def _tend(self, child: Child, now: float) -> None:
+        """Between events: reap orphans, move the watchdog's stages, keep systemd's fed."""
+        self._reap_orphans(keep=child.proc.pid)
+        action = child.watchdog.tick(now) if child.exit_code is None else None
+        if action is not None:
+            self._act(child, action, now)
+        if child.watchdog.stage in (Stage.STARTING, Stage.CRASH_ONLY):
+            self._ping(now)
 
     def _message(self, child: Child, message: dict[str, Any], now: float) -> None:
+        """A message from the gateway: hello, heartbeat, stop or restart, repaired."""
         kind = message["type"]
         if kind == "hello":
-            caps = message.get("capabilities")
-            child.capabilities = (
-                frozenset(c for c in caps if isinstance(c, str))
-                if isinstance(caps, list)
-                else frozenset()
-            )
-            child.boot_id = str(message.get("boot_id") or "") or None
-            child.watchdog.hello(child.capabilities, now)
-            self.record(
-                "hello",
-                gen=child.gen,
-                boot_id=child.boot_id,
-                protocol=message.get("protocol"),
-                heartbeat="heartbeat" in child.capabilities,
-            )
-            protocol = message.get("protocol")
-            if protocol != PROTOCOL:
-                # Upgraded in place: a newer gateway under this older supervisor (or the
-                # reverse).  Capabilities, not the version, decide what is supervised.
-                self.record(
-                    "protocol_differs",
-                    f"the gateway speaks channel protocol {protocol!r}, this supervisor"
-                    f" {PROTOCOL}: supervising by its capabilities; restart `roomkeeper serve`"
-                    " to run one release",
-                    gen=child.gen,
-                    gateway=protocol if isinstance(protocol, int) else None,
-                    supervisor=PROTOCOL,
-                )
-            if "heartbeat" not in child.capabilities:
-                self.record("crash_only", "the gateway sends no heartbeats: crash supervision only")
-                self.notifier.ready("gateway running (crash supervision only)")
-            if self.budget.recovery_mode:
-                child.channel.send("recovery_mode", on=True)
-                self.record("recovery_mode_sent", gen=child.gen, on=True)
+            self._hello(child, message, now)
         elif kind == "heartbeat":
-            if child.boot_id is not None and message.get("boot_id") != child.boot_id:
-                return  # not this gateway's own answer
-            was = child.watchdog.stage
-            if child.watchdog.heartbeat(now):
-                event = "recovered" if was is Stage.RELIEF else "healthy"
-                self.record(event, gen=child.gen, boot_id=child.boot_id)
-                self.notifier.ready("gateway healthy")
-            if child.watchdog.stage is Stage.HEALTHY:
-                self.notifier.watchdog()
+            self._heartbeat(child, message, now)
         elif kind in ("stop", "restart"):
-            child.stop_said |= kind == "stop"
-            child.restart_said |= kind == "restart"
-            child.watchdog.leaving(now)
-            self.record(f"{kind}_requested", gen=child.gen)
+            self._leaving(child, kind, now)
         elif kind == "repaired":
-            self.budget.repaired()
-            self._report_persistence()
-            self.backoff.reset()
-            child.channel.send("recovery_mode", on=False)
-            self.record("repaired", "repaired: restart budget cleared, recovery mode off")
+            self._repaired(child)
+
+    def _hello(self, child: Child, message: dict[str, Any], now: float) -> None:
+        """Its first message: who it is and what it can do, which decides how it is watched."""
+        child.capabilities = _capabilities(message)
+        child.boot_id = str(message.get("boot_id") or "") or None
+        child.watchdog.hello(child.capabilities, now)
+        protocol = message.get("protocol")
+        self.record(
+            "hello",
+            gen=child.gen,
+            boot_id=child.boot_id,
+            protocol=protocol,
+            heartbeat="heartbeat" in child.capabilities,
+        )
+        if protocol != PROTOCOL:
+            self._protocol_differs(child, protocol)
+        if "heartbeat" not in child.capabilities:
+            self.record("crash_only", "the gateway sends no heartbeats: crash supervision only")
+            self.notifier.ready("gateway running (crash supervision only)")
+        if self.budget.recovery_mode:
+            child.channel.send("recovery_mode", on=True)
+            self.record("recovery_mode_sent", gen=child.gen, on=True)
+
+    def _protocol_differs(self, child: Child, protocol: Any) -> None:
+        """Upgraded in place: a newer gateway under this older supervisor (or the reverse)."""
+        # Capabilities, not the version, decide what is supervised.
+        self.record(
+            "protocol_differs",
+            f"the gateway speaks channel protocol {protocol!r}, this supervisor"
+            f" {PROTOCOL}: supervising by its capabilities; restart `roomkeeper serve`"
+            " to run one release",
+            gen=child.gen,
+            gateway=protocol if isinstance(protocol, int) else None,
+            supervisor=PROTOCOL,
+        )
+
+    def _heartbeat(self, child: Child, message: dict[str, Any], now: float) -> None:
+        """A heartbeat (the gateway's own health probe): healthy again, or still healthy."""
+        if child.boot_id is not None and message.get("boot_id") != child.boot_id:
+            return  # not this gateway's own answer
+        was = child.watchdog.stage
+        if child.watchdog.heartbeat(now):
+            event = "recovered" if was is Stage.RELIEF else "healthy"
+            self.record(event, gen=child.gen, boot_id=child.boot_id)
+            self.notifier.ready("gateway healthy")
+        if child.watchdog.stage is Stage.HEALTHY:
+            self.notifier.watchdog()
+
+    def _leaving(self, child: Child, kind: str, now: float) -> None:
+        """The gateway said ``stop`` or ``restart``: it gets SHUTDOWN s to exit."""
+        child.stop_said |= kind == "stop"
+        child.restart_said |= kind == "restart"
+        child.watchdog.leaving(now)
+        self.record(f"{kind}_requested", gen=child.gen)
+
+    def _repaired(self, child: Child) -> None:
+        """A repair passed its checks: the budget, the backoff and recovery mode start over."""
+        self.budget.repaired()
+        self._report_persistence()
+        self.backoff.reset()
+        child.channel.send("recovery_mode", on=False)
+        self.record("repaired", "repaired: restart budget cleared, recovery mode off")
 
     def _report_persistence(self) -> None:
         error = self.budget.persistence_error
@@ -377,11 +428,34 @@ class Supervisor:
 
 
 def run_supervisor(
-    port: int, socket_path: str | None, *, env: Mapping[str, str] | None = None
+    port: int,
+    socket_path: str | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    gateway_command: Sequence[str] | None = None,
+    backoff_s: float = RESTART_BACKOFF_S,
+    backoff_max_s: float = RESTART_BACKOFF_MAX_S,
 ) -> int:
-    """Supervise ``roomkeeper gateway`` on ``port`` (or ``socket_path``); the exit status."""
+    """Supervise ``roomkeeper gateway`` on ``port`` (or ``socket_path``); the exit status.
+
+    Args:
+        port: the gateway's loopback port.
+        socket_path: the Unix socket it listens on instead, if any.
+        env: the variables to read, and the base of the child's environment.
+        gateway_command: the child's command line; by default ``python -m roomkeeper
+            gateway`` on ``port`` (or ``socket_path``).  Tests pass a stand-in.
+        backoff_s: the wait before the first restart after a failure, doubling from there.
+        backoff_max_s: the longest wait between failure restarts.
+    """
     env = os.environ if env is None else env
-    supervisor = Supervisor(gateway_command(port, socket_path, env), env=env)
+    if gateway_command is None:
+        gateway_command = roomkeeper_gateway(port, socket_path)
+    supervisor = Supervisor(
+        gateway_command,
+        env=env,
+        backoff_s=backoff_s,
+        backoff_max_s=backoff_max_s,
+    )
     where = socket_path or f"http://127.0.0.1:{port}"
     log.info("supervisor (pid %d) watching the gateway on %s", os.getpid(), where)
     return supervisor.run()
@@ -398,6 +472,14 @@ def adopt(port: int, socket_path: str | None) -> int:
     env = dict(os.environ)
     reason = RestartReason.parse(env.get("ROOMKEEPER_RESTART_REASON"))
     log.warning("supervisor: ROOMKEEPER_SUPERVISE=1 without a channel: taking on supervision")
-    supervisor = Supervisor(gateway_command(port, socket_path, env), env=env, reason=reason)
+    supervisor = Supervisor(roomkeeper_gateway(port, socket_path), env=env, reason=reason)
     supervisor.record("adopted", pid=os.getpid(), reason=supervisor.reason.value)
     return supervisor.run()
+
+
+def _capabilities(hello: dict[str, Any]) -> frozenset[str]:
+    """The capabilities a hello declares (anything but a list of strings declares none)."""
+    caps = hello.get("capabilities")
+    if not isinstance(caps, list):
+        return frozenset()
+    return frozenset(c for c in caps if isinstance(c, str))
