@@ -802,7 +802,7 @@ def test_roomkeeper_stop_is_a_clean_exit_with_no_restart_and_no_survivors(tmp_pa
 def test_roomkeeper_stop_reaches_a_supervisor_waiting_to_restart(tmp_path: Path) -> None:
     """The gateway crashed and the supervisor waits out a long backoff: ``roomkeeper stop`` has
     no gateway to ask, so it stops the supervisor itself, and nothing is launched again."""
-    with serve(tmp_path, fake_plan="crash", backoff_s=60) as s:
+    with serve(tmp_path, fake_plan="crash", backoff_s=60, backoff_max_s=60) as s:
         s.wait_event("restart_scheduled")
         record = json.loads((s.home / RECORD_NAME).read_text())
         assert record["pid"] == s.proc.pid
