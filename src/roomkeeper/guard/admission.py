@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from roomkeeper.config import Settings, read_settings
-from roomkeeper.kernel.cgroup_hierarchy import CGROUP_ROOT, PROC_ROOT
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 from roomkeeper.kernel.resources import (
     DiskReading,
     LimitOrigin,

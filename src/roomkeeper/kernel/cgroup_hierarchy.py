@@ -24,9 +24,7 @@ import threading
 from dataclasses import dataclass
 
 from roomkeeper.kernel import parsers
-
-PROC_ROOT = "/proc"
-CGROUP_ROOT = "/sys/fs/cgroup"
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 
 # memory.stat keys that count as "can be given back".  slab_reclaimable is
 # only subtracted on v2 (DESIGN.md); v1's memory.stat has no such key.

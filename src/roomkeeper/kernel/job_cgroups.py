@@ -14,13 +14,9 @@ from dataclasses import dataclass
 
 from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
-from roomkeeper.kernel.cgroup_hierarchy import (
-    CGROUP_ROOT,
-    PROC_ROOT,
-    group_used_bytes,
-    own_memory_group,
-)
+from roomkeeper.kernel.cgroup_hierarchy import group_used_bytes, own_memory_group
 from roomkeeper.kernel.cgroup_hierarchy import read_file as _read
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 
 
 @dataclass(frozen=True, slots=True)

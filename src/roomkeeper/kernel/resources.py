@@ -28,15 +28,9 @@ import psutil
 from roomkeeper.config import Settings, read_settings, warn_once
 from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
-from roomkeeper.kernel.cgroup_hierarchy import (
-    CGROUP_ROOT,
-    PROC_ROOT,
-    Hierarchy,
-    Level,
-    locate,
-    walk,
-)
+from roomkeeper.kernel.cgroup_hierarchy import Hierarchy, Level, locate, walk
 from roomkeeper.kernel.cgroup_hierarchy import read_file as _read
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 from roomkeeper.paths import workspace_dir
 from roomkeeper.units import format_gb
 
