@@ -205,10 +205,32 @@ def read_memory(
     settings = read_settings() if settings is None else settings
     if not platform.startswith("linux"):
         return _portable_memory()
+    return _kernel_memory(_find(proc_root, cgroup_root), proc_root, settings)
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What :func:`locate` found: the hierarchy (None without one), or why it could not look."""
+
+    hierarchy: Hierarchy | None
+    error: OSError | KernelFileError | None = None
+
+
+def _find(proc_root: str, cgroup_root: str) -> _Found:
+    """Locate the hierarchy once for a whole reading; memory and pressure share the answer."""
+    try:
+        return _Found(locate(proc_root, cgroup_root))
+    except (OSError, KernelFileError) as err:
+        return _Found(None, err)
+
+
+def _kernel_memory(found: _Found, proc_root: str, settings: Settings) -> MemoryReading:
+    """The memory reading from the kernel's files, the hierarchy already located."""
+    if found.error is not None:
+        return _unreadable(found.error)
     stated = settings.memory_limit_bytes
     try:
-        hierarchy = locate(proc_root, cgroup_root)
-        if hierarchy is None:
+        if found.hierarchy is None:
             if stated is not None:
                 return MemoryReading.unknown(
                     "no cgroup could be read, and /proc/meminfo measures the whole machine, "
@@ -216,13 +238,18 @@ def read_memory(
                 )
             total, used = _meminfo(proc_root)
             return MemoryReading(MemorySource.MEMINFO, used, total, LimitOrigin.MACHINE)
-        return _judge_levels(hierarchy, walk(hierarchy), stated, proc_root)
-    except OSError as err:
+        return _judge_levels(found.hierarchy, walk(found.hierarchy), stated, proc_root)
+    except (OSError, KernelFileError) as err:
+        return _unreadable(err)
+
+
+def _unreadable(err: OSError | KernelFileError) -> MemoryReading:
+    """The unknown reading for a file that could not be read or parsed."""
+    if isinstance(err, OSError):
         # Name the file, never its path: the reason ends up in summaries.
         name = os.path.basename(str(err.filename)) if err.filename else "a kernel file"
         return MemoryReading.unknown(f"could not read {name}: {err.strerror or err}")
-    except KernelFileError as err:
-        return MemoryReading.unknown(f"malformed kernel file: {err}")
+    return MemoryReading.unknown(f"malformed kernel file: {err}")
 
 
 def read_disk(workspace: str | os.PathLike[str] | None = None) -> DiskReading:
@@ -261,10 +288,13 @@ def read_pressure(
 
     Returns the pressure (None where PSI is not available) and where it came from.
     """
-    try:
-        hierarchy = locate(proc_root, cgroup_root)
-    except (OSError, KernelFileError):
-        hierarchy = None
+    return _pressure(kind, _find(proc_root, cgroup_root).hierarchy, proc_root)
+
+
+def _pressure(
+    kind: str, hierarchy: Hierarchy | None, proc_root: str
+) -> tuple[parsers.Pressure | None, str]:
+    """PSI for ``kind``, the hierarchy already located (None: the machine's file only)."""
     if hierarchy is not None and hierarchy.version == 2:
         found = _read_pressure_file(f"{hierarchy.own_dir}/{kind}.pressure")
         if found is not None:
@@ -304,15 +334,13 @@ def read_resources(
     settings = read_settings() if settings is None else settings
     if workspace is None and settings.workspace is not None:
         workspace = settings.workspace
-    memory = read_memory(
-        proc_root=proc_root, cgroup_root=cgroup_root, settings=settings, platform=platform
-    )
     if platform.startswith("linux"):
-        memory_pressure, source = read_pressure(
-            "memory", proc_root=proc_root, cgroup_root=cgroup_root
-        )
-        cpu_pressure, _ = read_pressure("cpu", proc_root=proc_root, cgroup_root=cgroup_root)
+        found = _find(proc_root, cgroup_root)  # once: memory and both pressures share it
+        memory = _kernel_memory(found, proc_root, settings)
+        memory_pressure, source = _pressure("memory", found.hierarchy, proc_root)
+        cpu_pressure, _ = _pressure("cpu", found.hierarchy, proc_root)
     else:
+        memory = _portable_memory()
         memory_pressure, cpu_pressure, source = None, None, "not available"
     return Resources(
         memory=memory,
