@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from roomkeeper.config import Settings, read_settings
-from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, Platform
 from roomkeeper.kernel.resources import (
     DiskReading,
     LimitOrigin,
@@ -184,7 +184,7 @@ class Guard:
         self._cgroup_root = cgroup_root
         self._workspace = workspace
         self._clock = clock
-        self._platform = platform
+        self._platform = Platform.named(platform)  # the platform choice, made once
         self._lock = threading.Lock()
         self._young: dict[str, _Reservation] = {}
         self._last: Decision | None = None
@@ -323,11 +323,11 @@ class Guard:
                 settings=settings,
                 platform=self._platform,
             )
-        if not self._platform.startswith("linux"):
+        if not self._platform.linux:
             self._announce(
-                "portable", f"roomkeeper guard: no container to protect on {self._platform}"
+                "portable", f"roomkeeper guard: no container to protect on {self._platform.name}"
             )
-            summary = f"no container to protect on {self._platform}: admitted"
+            summary = f"no container to protect on {self._platform.name}: admitted"
             if memory.used_bytes is not None and memory.limit_bytes is not None:
                 summary += (
                     f"; {format_gb(memory.used_bytes)} used of {format_gb(memory.limit_bytes)}"

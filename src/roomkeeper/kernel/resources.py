@@ -30,7 +30,7 @@ from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
 from roomkeeper.kernel.cgroup_hierarchy import Hierarchy, Level, locate, walk
 from roomkeeper.kernel.cgroup_hierarchy import read_file as _read
-from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, THIS_PLATFORM, Platform
 from roomkeeper.paths import workspace_dir
 from roomkeeper.units import format_gb
 
@@ -189,7 +189,7 @@ def read_memory(
     proc_root: str = PROC_ROOT,
     cgroup_root: str = CGROUP_ROOT,
     settings: Settings | None = None,
-    platform: str = sys.platform,
+    platform: Platform = THIS_PLATFORM,
 ) -> MemoryReading:
     """Read memory used and the effective limit now.
 
@@ -199,11 +199,12 @@ def read_memory(
     against the process's own group, else the machine is the container
     (``/proc/meminfo``).  The stated limit can only lower the kernel's line.
 
-    Never raises: an unreadable or malformed file gives an unknown reading
-    with a reason.
+    Off Linux (``platform``, chosen once by the caller) the reading is
+    psutil's portable one.  Never raises: an unreadable or malformed file
+    gives an unknown reading with a reason.
     """
     settings = read_settings() if settings is None else settings
-    if not platform.startswith("linux"):
+    if not platform.linux:
         return _portable_memory()
     return _kernel_memory(_find(proc_root, cgroup_root), proc_root, settings)
 
@@ -334,7 +335,7 @@ def read_resources(
     settings = read_settings() if settings is None else settings
     if workspace is None and settings.workspace is not None:
         workspace = settings.workspace
-    if platform.startswith("linux"):
+    if Platform.named(platform).linux:
         found = _find(proc_root, cgroup_root)  # once: memory and both pressures share it
         memory = _kernel_memory(found, proc_root, settings)
         memory_pressure, source = _pressure("memory", found.hierarchy, proc_root)
