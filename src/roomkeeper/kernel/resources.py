@@ -314,6 +314,15 @@ def load_per_core() -> float | None:
     return load / max(1, cores or 1)
 
 
+def cpu_pressure_percent() -> float | None:
+    """CPU pressure now: PSI ``cpu`` some avg10, else load per core x 100, else None."""
+    pressure, _ = read_pressure("cpu")
+    if pressure is not None:
+        return pressure.some.avg10
+    load = load_per_core()
+    return None if load is None else load * 100
+
+
 def read_resources(
     *,
     proc_root: str = PROC_ROOT,
