@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from roomkeeper.kernel.job_cgroups import own_memory_cgroup
+from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 from roomkeeper.units import parse_size
 
 HOG = (
@@ -57,7 +57,7 @@ def gateway(tmp: Path, limit: int | None) -> Iterator[tuple[str, str]]:
     env["ROOMKEEPER_MAX_RUNNING"] = "8"  # so the fifth job meets the guard, not the slot cap
     argv = [sys.executable, "-m", "roomkeeper", "serve", "--port", str(port)]
     group = None
-    own = own_memory_cgroup() if limit and os.geteuid() == 0 else None
+    own = job_cgroup_parent() if limit and os.geteuid() == 0 else None
     if own is not None and limit:
         group = Path(own.directory) / f"rkbench-gw-{os.getpid()}"
         group.mkdir()

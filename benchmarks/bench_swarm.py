@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from roomkeeper.guard.admission import memory_line
-from roomkeeper.kernel.job_cgroups import own_memory_cgroup
+from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 from roomkeeper.units import parse_size
 
 HERE = Path(__file__).resolve().parent
@@ -97,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("parallel") is None:
         sys.exit("GNU parallel is needed: apt-get install -y parallel")
-    own = own_memory_cgroup()
+    own = job_cgroup_parent()
     if own is None or os.geteuid() != 0:
         sys.exit("needs root and a cgroup memory controller")
     parent, version = Path(own.directory), own.version

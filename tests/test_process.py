@@ -33,7 +33,7 @@ from roomkeeper.jobs.process import (
     ManagedProcess,
     become_subreaper,
     create_job_cgroup,
-    own_memory_cgroup,
+    job_cgroup_parent,
 )
 from roomkeeper.testing import FakeClock
 from tests.trees import FIXTURES
@@ -508,7 +508,7 @@ def test_bad_cwd_is_a_failed_launch(tmp_path: Path, reaper: Reaper) -> None:
 def test_cgroup_is_removed_after_close(tmp_path: Path, reaper: Reaper, cgroup_ok: None) -> None:
     """The job's own cgroup sits under ours while it runs and is gone after close()."""
     job = reaper.launch("cg", LaunchSpec(["sleep", "60"], str(tmp_path / "cg.log")))
-    own = own_memory_cgroup()
+    own = job_cgroup_parent()
     assert own is not None and job.cgroup_dir is not None
     assert os.path.dirname(job.cgroup_dir) == own.directory
     procs = Path(job.cgroup_dir, "cgroup.procs")
@@ -522,7 +522,7 @@ def test_cgroup_is_removed_after_close(tmp_path: Path, reaper: Reaper, cgroup_ok
 
 
 def _our_cgroups() -> list[str]:
-    own = own_memory_cgroup()
+    own = job_cgroup_parent()
     if own is None:
         return []
     prefix = f"roomkeeper-{os.getpid()}-"
@@ -541,7 +541,7 @@ def test_cgroup_readings_on_captured_hosts(
 ) -> None:
     """The own group is found from /proc/self, and the footprint leaves the file cache out."""
     root = FIXTURES / host
-    found = own_memory_cgroup(str(root / "proc"), str(root / "sys/fs/cgroup"))
+    found = job_cgroup_parent(str(root / "proc"), str(root / "sys/fs/cgroup"))
     assert found == JobCgroup(str(root / directory), version)
     assert found.footprint_bytes() == used
     expected_peak = (root / directory / (peak or "memory.max_usage_in_bytes")).read_text()

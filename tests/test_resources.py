@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from roomkeeper.config import Settings
 from roomkeeper.kernel import cgroup_hierarchy, resources
+from roomkeeper.kernel.host import Platform
 from roomkeeper.kernel.resources import (
     LimitOrigin,
     MemorySource,
@@ -262,7 +263,7 @@ def test_disk_read_failure_is_unknown(tmp_path: Path) -> None:
 
 def test_not_linux_gets_the_portable_reading() -> None:
     """Off Linux the reading is psutil's, and says so."""
-    reading = read_memory(settings=NO_VARS, platform="darwin")
+    reading = read_memory(settings=NO_VARS, platform=Platform.named("darwin"))
     assert reading.source is MemorySource.PORTABLE
     assert reading.limit_bytes and reading.used_bytes is not None
 

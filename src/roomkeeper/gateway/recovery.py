@@ -30,7 +30,7 @@ from roomkeeper.errors import KernelFileError
 from roomkeeper.jobs.lifeline import cgroup_members, kill_cgroup
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
-from roomkeeper.kernel.job_cgroups import own_memory_cgroup
+from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 
 log = logging.getLogger("roomkeeper")
 
@@ -77,7 +77,7 @@ def _kill_stale_groups(previous_pid: int | None) -> tuple[int, int]:
     if previous_pid is None or previous_pid == os.getpid():
         return 0, 0
     try:
-        own = own_memory_cgroup()
+        own = job_cgroup_parent()
     except (OSError, KernelFileError):
         return 0, 0
     if own is None:

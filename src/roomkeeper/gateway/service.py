@@ -49,8 +49,8 @@ from roomkeeper.guard.admission import Decision, Guard, Reason
 from roomkeeper.guard.leases import Leases
 from roomkeeper.ipc import Channel
 from roomkeeper.jobs.queue import Limits
-from roomkeeper.jobs.scheduler import cpu_pressure_percent
 from roomkeeper.journal.database import Journal
+from roomkeeper.kernel.resources import cpu_pressure_percent
 from roomkeeper.paths import home_dir, load_token, workspace_dir, write_private
 
 log = logging.getLogger("roomkeeper")

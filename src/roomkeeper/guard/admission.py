@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from roomkeeper.config import Settings, read_settings
-from roomkeeper.kernel.cgroup_hierarchy import CGROUP_ROOT, PROC_ROOT
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, Platform
 from roomkeeper.kernel.resources import (
     DiskReading,
     LimitOrigin,
@@ -184,7 +184,7 @@ class Guard:
         self._cgroup_root = cgroup_root
         self._workspace = workspace
         self._clock = clock
-        self._platform = platform
+        self._platform = Platform.named(platform)  # the platform choice, made once
         self._lock = threading.Lock()
         self._young: dict[str, _Reservation] = {}
         self._last: Decision | None = None
@@ -296,87 +296,157 @@ class Guard:
         disk_bytes: int | None,
         resources: Resources | None = None,
     ) -> Decision:
-        estimate = settings.job_memory_bytes if memory_bytes is None else max(0, memory_bytes)
-        job_disk = settings.job_disk_bytes if disk_bytes is None else max(0, disk_bytes)
-        self._expire(settings.job_warmup_seconds)
-        young = [r for j, r in self._young.items() if j != job_id]
-        reserved = sum(r.held for r in young)
-
+        """Judge one job: the guard's switch, the platform, then memory, then disk."""
+        ask = self._ask(job_id, settings, memory_bytes, disk_bytes)
         if not settings.guard_on:
             self._announce("off", "roomkeeper guard is off: jobs start without a check")
-            return Decision(
-                job_id,
-                True,
-                Reason.OFF,
-                "guard off: admitted without a check",
-                None,
-                None,
-                estimate,
+            return _decision(
+                ask, admit=True, reason=Reason.OFF, summary="guard off: admitted without a check"
             )
-
-        if resources is not None:
-            memory = resources.memory
-        else:
-            memory = read_memory(
-                proc_root=self._proc_root,
-                cgroup_root=self._cgroup_root,
-                settings=settings,
-                platform=self._platform,
-            )
-        if not self._platform.startswith("linux"):
-            self._announce(
-                "portable", f"roomkeeper guard: no container to protect on {self._platform}"
-            )
-            summary = f"no container to protect on {self._platform}: admitted"
-            if memory.used_bytes is not None and memory.limit_bytes is not None:
-                summary += (
-                    f"; {format_gb(memory.used_bytes)} used of {format_gb(memory.limit_bytes)}"
-                )
-            return Decision(
-                job_id, True, Reason.NO_CONTAINER, _fit(summary), memory, None, estimate
-            )
-
+        memory = resources.memory if resources is not None else self._read_memory(settings)
+        if not self._platform.linux:
+            return self._no_container(ask, memory)
         disk = None
         if memory.known:
             disk = resources.disk if resources is not None else read_disk(self._volume(settings))
+        self._announce_readings(memory, disk)
+        if memory.used_bytes is None or memory.limit_bytes is None:
+            summary = f"measurements unavailable: memory unknown ({memory.unknown_reason})"
+            return _decision(
+                ask, admit=False, reason=Reason.UNKNOWN, summary=summary, memory=memory
+            )
+        reserve = max(0, self._reserve()) if self._reserve is not None else 0
+        room = _memory_room(ask, memory, memory.used_bytes, memory.limit_bytes, settings, reserve)
+        if room.total > room.line:
+            summary = f"no room for memory (GB): {room.figures % '>'}"
+            return _decision(
+                ask, admit=False, reason=Reason.MEMORY, summary=summary, memory=memory, room=room
+            )
+        assert disk is not None
+        reason, summary = _disk_rule(ask, disk, room, settings.disk_headroom_percent)
+        return _decision(
+            ask,
+            admit=reason is Reason.OK,
+            reason=reason,
+            summary=summary,
+            memory=memory,
+            disk=disk,
+            room=room,
+        )
+
+    def _ask(
+        self, job_id: str, settings: Settings, memory_bytes: int | None, disk_bytes: int | None
+    ) -> _Ask:
+        """The question for one job: its sizes, and what the other young jobs hold now."""
+        self._expire(settings.job_warmup_seconds)
+        # Judged again in place: the job's own old reservation is not held against it.
+        young = [r for j, r in self._young.items() if j != job_id]
+        return _Ask(
+            job_id=job_id,
+            estimate=settings.job_memory_bytes if memory_bytes is None else max(0, memory_bytes),
+            job_disk=settings.job_disk_bytes if disk_bytes is None else max(0, disk_bytes),
+            reserved=sum(r.held for r in young),
+            young=len(young),
+        )
+
+    def _read_memory(self, settings: Settings) -> MemoryReading:
+        return read_memory(
+            proc_root=self._proc_root,
+            cgroup_root=self._cgroup_root,
+            settings=settings,
+            platform=self._platform,
+        )
+
+    def _no_container(self, ask: _Ask, memory: MemoryReading) -> Decision:
+        """Off Linux there is no container to protect: admitted, with the numbers psutil has."""
+        name = self._platform.name
+        self._announce("portable", f"roomkeeper guard: no container to protect on {name}")
+        summary = f"no container to protect on {name}: admitted"
+        if memory.used_bytes is not None and memory.limit_bytes is not None:
+            summary += f"; {format_gb(memory.used_bytes)} used of {format_gb(memory.limit_bytes)}"
+        return _decision(
+            ask, admit=True, reason=Reason.NO_CONTAINER, summary=summary, memory=memory
+        )
+
+    def _announce_readings(self, memory: MemoryReading, disk: DiskReading | None) -> None:
+        """Say which files the guard judges and which volume, when that changes."""
         reads = memory.describe()
         volume = disk.path if disk else "not read"
         if (reads, volume) != self._announced:
             self._announce(
                 (reads, volume), f'roomkeeper guard is on {{reads: "{reads}", volume: "{volume}"}}'
             )
-        if memory.used_bytes is None or memory.limit_bytes is None:
-            summary = f"measurements unavailable: memory unknown ({memory.unknown_reason})"
-            return Decision(job_id, False, Reason.UNKNOWN, _fit(summary), memory, None, estimate)
 
-        used, limit = memory.used_bytes, memory.limit_bytes
-        line = memory_line(limit, settings.memory_headroom_percent)
-        if self._reserve is not None:
-            line -= max(0, self._reserve())
-        total = used + reserved + estimate
-        stated = " stated" if memory.limit_origin is LimitOrigin.STATED else ""
-        figures = (
-            f"used {_g(used)} + young {_g(reserved)} ({len(young)}) + job {_g(estimate)} "
-            f"= {_g(total)} %s line {_g(line)} (limit {_g(limit)}{stated}, {memory.source.value})"
-        )
-        if total > line:
-            summary = f"no room for memory (GB): {figures % '>'}"
-            return Decision(
-                job_id, False, Reason.MEMORY, _fit(summary), memory, None, estimate, reserved, line
-            )
 
-        assert disk is not None
-        common = (memory, disk, estimate, reserved, line)
-        if disk.free_bytes is None or disk.total_bytes is None:
-            summary = f"measurements unavailable: disk unknown ({disk.unknown_reason})"
-            return Decision(job_id, False, Reason.UNKNOWN, _fit(summary), *common)
-        needed = disk_needed(job_disk, disk.total_bytes, settings.disk_headroom_percent)
-        disk_figures = (
-            f"free {_g(disk.free_bytes)}, needs {_g(needed)} (job {_g(job_disk)}) "
-            f"of {_g(disk.total_bytes)}"
-        )
-        if disk.free_bytes < needed:
-            summary = f"no room on disk (GB): {disk_figures}; memory {figures % '<='}"
-            return Decision(job_id, False, Reason.DISK, _fit(summary), *common)
-        summary = f"room (GB): memory {figures % '<='}; disk {disk_figures}"
-        return Decision(job_id, True, Reason.OK, _fit(summary), *common)
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One admission question: the job, its sizes, and what young jobs hold besides it."""
+
+    job_id: str
+    estimate: int
+    job_disk: int
+    reserved: int  # what the other young jobs hold now
+    young: int  # how many other young jobs hold it
+
+
+@dataclass(frozen=True, slots=True)
+class _MemoryRoom:
+    """The memory rule's numbers for one job, and the words that show them."""
+
+    line: int  # limit - headroom - the caller's reserve
+    total: int  # used + reserved + estimate
+    figures: str  # every number, with ``%s`` where the comparison goes
+
+
+def _memory_room(
+    ask: _Ask, memory: MemoryReading, used: int, limit: int, settings: Settings, reserve: int
+) -> _MemoryRoom:
+    """The memory rule's line and total for ``ask``, from a known reading."""
+    line = memory_line(limit, settings.memory_headroom_percent) - reserve
+    total = used + ask.reserved + ask.estimate
+    stated = " stated" if memory.limit_origin is LimitOrigin.STATED else ""
+    figures = (
+        f"used {_g(used)} + young {_g(ask.reserved)} ({ask.young}) + job {_g(ask.estimate)} "
+        f"= {_g(total)} %s line {_g(line)} (limit {_g(limit)}{stated}, {memory.source.value})"
+    )
+    return _MemoryRoom(line=line, total=total, figures=figures)
+
+
+def _disk_rule(
+    ask: _Ask, disk: DiskReading, room: _MemoryRoom, headroom_percent: float
+) -> tuple[Reason, str]:
+    """The disk rule, once memory has room: the reason (unknown, disk or ok) and the summary."""
+    if disk.free_bytes is None or disk.total_bytes is None:
+        return Reason.UNKNOWN, f"measurements unavailable: disk unknown ({disk.unknown_reason})"
+    needed = disk_needed(ask.job_disk, disk.total_bytes, headroom_percent)
+    disk_figures = (
+        f"free {_g(disk.free_bytes)}, needs {_g(needed)} (job {_g(ask.job_disk)}) "
+        f"of {_g(disk.total_bytes)}"
+    )
+    if disk.free_bytes < needed:
+        return Reason.DISK, f"no room on disk (GB): {disk_figures}; memory {room.figures % '<='}"
+    return Reason.OK, f"room (GB): memory {room.figures % '<='}; disk {disk_figures}"
+
+
+def _decision(
+    ask: _Ask,
+    *,
+    admit: bool,
+    reason: Reason,
+    summary: str,
+    memory: MemoryReading | None = None,
+    disk: DiskReading | None = None,
+    room: _MemoryRoom | None = None,
+) -> Decision:
+    """The decision for ``ask``; the young jobs' hold and the line once memory was judged."""
+    return Decision(
+        job_id=ask.job_id,
+        admit=admit,
+        reason=reason,
+        summary=_fit(summary),
+        memory=memory,
+        disk=disk,
+        estimate_bytes=ask.estimate,
+        young_reserved_bytes=ask.reserved if room is not None else 0,
+        memory_line_bytes=room.line if room is not None else None,
+    )

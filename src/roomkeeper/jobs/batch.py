@@ -131,44 +131,29 @@ def run_batch(
         limits=lambda: _limits(max_running),
         on_change=events.put,
     )
-    results: dict[str, BatchResult] = {}
-    next_line = 0
+    run = _BatchRun(
+        commands,
+        scheduler,
+        events,
+        job_memory=job_memory,
+        max_running=max_running,
+        timeout_s=timeout_s,
+        quiet=quiet,
+        progress=progress,
+    )
     try:
         scheduler.start()
-        while len(results) < len(commands):
-            waiting = scheduler.statistics().waiting
-            # Feed as room frees: keep a few lines ready, never the whole file.
-            while next_line < len(commands) and waiting < max(2, max_running):
-                scheduler.submit(
-                    JobSpec(
-                        argv=[commands[next_line]],
-                        owner="batch",
-                        memory_bytes=job_memory,
-                        timeout_s=timeout_s,
-                        shell=True,
-                    ),
-                    job_id=str(next_line + 1),
-                )
-                next_line += 1
-                waiting += 1
-            with contextlib.suppress(queue.Empty):
-                view = events.get(timeout=0.2)
-                _drain(view, events, results, commands, quiet, progress)
-            stats = scheduler.statistics()
-            progress.update(
-                done=len(results),
-                running=stats.running,
-                waiting=stats.waiting + len(commands) - next_line,
-                reason=stats.waiting_reason.value if stats.waiting_reason else "ok",
-            )
+        while not run.done:
+            run.feed()
+            run.collect()
+            run.show()
     except KeyboardInterrupt:
         scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
-        while not events.empty():
-            _drain(events.get(), events, results, commands, quiet, progress)
+        run.collect_rest()
         raise
     finally:
         scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
-    return [results[str(i + 1)] for i in range(len(commands)) if str(i + 1) in results]
+    return run.results()
 
 
 def _limits(max_running: int) -> Limits:
@@ -176,30 +161,103 @@ def _limits(max_running: int) -> Limits:
     return batch_limits(max_running, settings.worker_nice, settings.cpu_pressure_percent)
 
 
-def _drain(
-    view: JobView,
-    events: queue.Queue[JobView],
-    results: dict[str, BatchResult],
-    commands: Sequence[str],
-    quiet: bool,
-    progress: BatchProgress,
-) -> None:
-    pending = [view]
-    while True:
-        try:
-            pending.append(events.get_nowait())
-        except queue.Empty:
-            break
-    for v in pending:
-        if not v.state.final or v.id in results:
-            continue
-        wall = (v.ended_at - v.started_at) if v.ended_at and v.started_at else 0.0
-        results[v.id] = BatchResult(
-            int(v.id), commands[int(v.id) - 1], v.state, v.exit_code, wall, v.peak_bytes, v.log_path
+class _BatchRun:
+    """One batch under way: the lines fed so far, and how each one that ended ended."""
+
+    def __init__(
+        self,
+        commands: Sequence[str],
+        scheduler: Scheduler,
+        events: queue.Queue[JobView],
+        *,
+        job_memory: int | None,
+        max_running: int,
+        timeout_s: float | None,
+        quiet: bool,
+        progress: BatchProgress,
+    ) -> None:
+        self._commands = commands
+        self._scheduler = scheduler
+        self._events = events
+        self._job_memory = job_memory
+        self._max_running = max_running
+        self._timeout_s = timeout_s
+        self._quiet = quiet
+        self._progress = progress
+        self._results: dict[str, BatchResult] = {}
+        self._next_line = 0  # index of the first line not yet submitted
+
+    @property
+    def done(self) -> bool:
+        """Whether every line has ended."""
+        return len(self._results) >= len(self._commands)
+
+    def feed(self) -> None:
+        """Submit lines as room frees: keep a few lines ready, never the whole file."""
+        waiting = self._scheduler.statistics().waiting
+        while self._next_line < len(self._commands) and waiting < max(2, self._max_running):
+            self._scheduler.submit(
+                JobSpec(
+                    argv=[self._commands[self._next_line]],
+                    owner="batch",
+                    memory_bytes=self._job_memory,
+                    timeout_s=self._timeout_s,
+                    shell=True,
+                ),
+                job_id=str(self._next_line + 1),
+            )
+            self._next_line += 1
+            waiting += 1
+
+    def collect(self) -> None:
+        """Wait a little for a change, then record every job that ended."""
+        with contextlib.suppress(queue.Empty):
+            self._record(self._events.get(timeout=0.2))
+
+    def collect_rest(self) -> None:
+        """Record what already ended, without waiting (after an interrupt)."""
+        while not self._events.empty():
+            self._record(self._events.get())
+
+    def show(self) -> None:
+        """Show counts and the guard's current reason; lines not yet fed count as waiting."""
+        stats = self._scheduler.statistics()
+        self._progress.update(
+            done=len(self._results),
+            running=stats.running,
+            waiting=stats.waiting + len(self._commands) - self._next_line,
+            reason=stats.waiting_reason.value if stats.waiting_reason else "ok",
         )
-        if not quiet:
-            with contextlib.suppress(OSError):
-                progress.output(Path(v.log_path).read_bytes())
+
+    def results(self) -> list[BatchResult]:
+        """How each line that ended ended, in line order."""
+        ended = (str(i + 1) for i in range(len(self._commands)))
+        return [self._results[job_id] for job_id in ended if job_id in self._results]
+
+    def _record(self, view: JobView) -> None:
+        """Record ``view`` and every change already queued behind it; print what ended."""
+        pending = [view]
+        while True:
+            try:
+                pending.append(self._events.get_nowait())
+            except queue.Empty:
+                break
+        for v in pending:
+            if not v.state.final or v.id in self._results:
+                continue
+            wall = (v.ended_at - v.started_at) if v.ended_at and v.started_at else 0.0
+            self._results[v.id] = BatchResult(
+                line=int(v.id),
+                command=self._commands[int(v.id) - 1],
+                state=v.state,
+                exit_code=v.exit_code,
+                wall_seconds=wall,
+                peak_bytes=v.peak_bytes,
+                log_path=v.log_path,
+            )
+            if not self._quiet:
+                with contextlib.suppress(OSError):
+                    self._progress.output(Path(v.log_path).read_bytes())
 
 
 def summary_table(results: Sequence[BatchResult], elapsed: float) -> str:

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roomkeeper.errors import RoomkeeperError
+from roomkeeper.kernel.host import PROC_ROOT
 
-PROC_ROOT = "/proc"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _READY = b"ready\n"

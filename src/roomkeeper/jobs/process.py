@@ -37,7 +37,7 @@ from roomkeeper.jobs.lifeline import (
     scan_proc,
     tree_members,
 )
-from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, own_memory_cgroup
+from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, job_cgroup_parent
 
 __all__ = [
     "JobCgroup",
@@ -47,7 +47,7 @@ __all__ = [
     "ProcessStatistics",
     "become_subreaper",
     "create_job_cgroup",
-    "own_memory_cgroup",
+    "job_cgroup_parent",
 ]
 
 _KILL_ROUNDS = 100

@@ -35,6 +35,7 @@ from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.rounds import RETRY_SECONDS, STOP_GRACE_SECONDS, Launcher, Runner
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+from roomkeeper.kernel.resources import cpu_pressure_percent
 
 log = logging.getLogger("roomkeeper")
 
@@ -51,17 +52,6 @@ class SchedulerStatistics:
     ended: Mapping[str, int]
     last_refusal: str | None
     waiting_reason: Reason | None  # why the next job in line waits, if one does
-
-
-def cpu_pressure_percent() -> float | None:
-    """CPU pressure now: PSI ``cpu`` some avg10, else load per core x 100, else None."""
-    from roomkeeper.kernel.resources import load_per_core, read_pressure
-
-    pressure, _ = read_pressure("cpu")
-    if pressure is not None:
-        return pressure.some.avg10
-    load = load_per_core()
-    return None if load is None else load * 100
 
 
 class Scheduler:

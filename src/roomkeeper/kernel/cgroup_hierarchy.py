@@ -24,9 +24,7 @@ import threading
 from dataclasses import dataclass
 
 from roomkeeper.kernel import parsers
-
-PROC_ROOT = "/proc"
-CGROUP_ROOT = "/sys/fs/cgroup"
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 
 # memory.stat keys that count as "can be given back".  slab_reclaimable is
 # only subtracted on v2 (DESIGN.md); v1's memory.stat has no such key.
@@ -200,10 +198,14 @@ def _level_used(directory: str, version: int) -> tuple[int, dict[str, int]]:
     return max(0, usage - reclaimable), stat
 
 
-def own_memory_group(
+def own_memory_level(
     proc_root: str = PROC_ROOT, cgroup_root: str = CGROUP_ROOT
 ) -> tuple[int, str] | None:
-    """This process's own memory cgroup as (version, directory), None without one.
+    """The level of the memory hierarchy this process is charged at, None without one.
+
+    Returns:
+        (cgroup version, directory of our own group): the first of the
+        levels :func:`walk` reads, without reading them.
 
     Raises:
         OSError, KernelFileError: the membership files could not be read, or

@@ -14,13 +14,9 @@ from dataclasses import dataclass
 
 from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
-from roomkeeper.kernel.cgroup_hierarchy import (
-    CGROUP_ROOT,
-    PROC_ROOT,
-    group_used_bytes,
-    own_memory_group,
-)
+from roomkeeper.kernel.cgroup_hierarchy import group_used_bytes, own_memory_level
 from roomkeeper.kernel.cgroup_hierarchy import read_file as _read
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +54,19 @@ class JobCgroup:
         return False
 
 
-def own_memory_cgroup(
+def job_cgroup_parent(
     proc_root: str = PROC_ROOT, cgroup_root: str = CGROUP_ROOT
 ) -> JobCgroup | None:
-    """This process's own memory cgroup (v2 first, then v1), None without one.
+    """Where job cgroups are made: this process's own memory group (v2 first, then v1).
+
+    None where there is no cgroup memory controller.  Each job's group is
+    made directly under it (:func:`create_job_cgroup`), so its listing is
+    where a job group is found again.
 
     Raises:
         OSError, KernelFileError: the membership files could not be read.
     """
-    found = own_memory_group(proc_root, cgroup_root)
+    found = own_memory_level(proc_root, cgroup_root)
     return None if found is None else JobCgroup(found[1], found[0])
 
 
@@ -75,7 +75,7 @@ def create_job_cgroup(
 ) -> JobCgroup | str:
     """Make the job's memory cgroup under our own group; a sentence saying why not otherwise."""
     try:
-        parent = own_memory_cgroup(proc_root, cgroup_root)
+        parent = job_cgroup_parent(proc_root, cgroup_root)
         if parent is None:
             return "no cgroup memory controller"
         if (

@@ -28,15 +28,9 @@ import psutil
 from roomkeeper.config import Settings, read_settings, warn_once
 from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
-from roomkeeper.kernel.cgroup_hierarchy import (
-    CGROUP_ROOT,
-    PROC_ROOT,
-    Hierarchy,
-    Level,
-    locate,
-    walk,
-)
+from roomkeeper.kernel.cgroup_hierarchy import Hierarchy, Level, locate, walk
 from roomkeeper.kernel.cgroup_hierarchy import read_file as _read
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, THIS_PLATFORM, Platform
 from roomkeeper.paths import workspace_dir
 from roomkeeper.units import format_gb
 
@@ -195,7 +189,7 @@ def read_memory(
     proc_root: str = PROC_ROOT,
     cgroup_root: str = CGROUP_ROOT,
     settings: Settings | None = None,
-    platform: str = sys.platform,
+    platform: Platform = THIS_PLATFORM,
 ) -> MemoryReading:
     """Read memory used and the effective limit now.
 
@@ -205,16 +199,39 @@ def read_memory(
     against the process's own group, else the machine is the container
     (``/proc/meminfo``).  The stated limit can only lower the kernel's line.
 
-    Never raises: an unreadable or malformed file gives an unknown reading
-    with a reason.
+    Off Linux (``platform``, chosen once by the caller) the reading is
+    psutil's portable one.  Never raises: an unreadable or malformed file
+    gives an unknown reading with a reason.
     """
     settings = read_settings() if settings is None else settings
-    if not platform.startswith("linux"):
+    if not platform.linux:
         return _portable_memory()
+    return _kernel_memory(_find(proc_root, cgroup_root), proc_root, settings)
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What :func:`locate` found: the hierarchy (None without one), or why it could not look."""
+
+    hierarchy: Hierarchy | None
+    error: OSError | KernelFileError | None = None
+
+
+def _find(proc_root: str, cgroup_root: str) -> _Found:
+    """Locate the hierarchy once for a whole reading; memory and pressure share the answer."""
+    try:
+        return _Found(locate(proc_root, cgroup_root))
+    except (OSError, KernelFileError) as err:
+        return _Found(None, err)
+
+
+def _kernel_memory(found: _Found, proc_root: str, settings: Settings) -> MemoryReading:
+    """The memory reading from the kernel's files, the hierarchy already located."""
+    if found.error is not None:
+        return _unreadable(found.error)
     stated = settings.memory_limit_bytes
     try:
-        hierarchy = locate(proc_root, cgroup_root)
-        if hierarchy is None:
+        if found.hierarchy is None:
             if stated is not None:
                 return MemoryReading.unknown(
                     "no cgroup could be read, and /proc/meminfo measures the whole machine, "
@@ -222,13 +239,18 @@ def read_memory(
                 )
             total, used = _meminfo(proc_root)
             return MemoryReading(MemorySource.MEMINFO, used, total, LimitOrigin.MACHINE)
-        return _judge_levels(hierarchy, walk(hierarchy), stated, proc_root)
-    except OSError as err:
+        return _judge_levels(found.hierarchy, walk(found.hierarchy), stated, proc_root)
+    except (OSError, KernelFileError) as err:
+        return _unreadable(err)
+
+
+def _unreadable(err: OSError | KernelFileError) -> MemoryReading:
+    """The unknown reading for a file that could not be read or parsed."""
+    if isinstance(err, OSError):
         # Name the file, never its path: the reason ends up in summaries.
         name = os.path.basename(str(err.filename)) if err.filename else "a kernel file"
         return MemoryReading.unknown(f"could not read {name}: {err.strerror or err}")
-    except KernelFileError as err:
-        return MemoryReading.unknown(f"malformed kernel file: {err}")
+    return MemoryReading.unknown(f"malformed kernel file: {err}")
 
 
 def read_disk(workspace: str | os.PathLike[str] | None = None) -> DiskReading:
@@ -267,10 +289,13 @@ def read_pressure(
 
     Returns the pressure (None where PSI is not available) and where it came from.
     """
-    try:
-        hierarchy = locate(proc_root, cgroup_root)
-    except (OSError, KernelFileError):
-        hierarchy = None
+    return _pressure(kind, _find(proc_root, cgroup_root).hierarchy, proc_root)
+
+
+def _pressure(
+    kind: str, hierarchy: Hierarchy | None, proc_root: str
+) -> tuple[parsers.Pressure | None, str]:
+    """PSI for ``kind``, the hierarchy already located (None: the machine's file only)."""
     if hierarchy is not None and hierarchy.version == 2:
         found = _read_pressure_file(f"{hierarchy.own_dir}/{kind}.pressure")
         if found is not None:
@@ -287,6 +312,15 @@ def load_per_core() -> float | None:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return load / max(1, cores or 1)
+
+
+def cpu_pressure_percent() -> float | None:
+    """CPU pressure now: PSI ``cpu`` some avg10, else load per core x 100, else None."""
+    pressure, _ = read_pressure("cpu")
+    if pressure is not None:
+        return pressure.some.avg10
+    load = load_per_core()
+    return None if load is None else load * 100
 
 
 def read_resources(
@@ -310,15 +344,13 @@ def read_resources(
     settings = read_settings() if settings is None else settings
     if workspace is None and settings.workspace is not None:
         workspace = settings.workspace
-    memory = read_memory(
-        proc_root=proc_root, cgroup_root=cgroup_root, settings=settings, platform=platform
-    )
-    if platform.startswith("linux"):
-        memory_pressure, source = read_pressure(
-            "memory", proc_root=proc_root, cgroup_root=cgroup_root
-        )
-        cpu_pressure, _ = read_pressure("cpu", proc_root=proc_root, cgroup_root=cgroup_root)
+    if Platform.named(platform).linux:
+        found = _find(proc_root, cgroup_root)  # once: memory and both pressures share it
+        memory = _kernel_memory(found, proc_root, settings)
+        memory_pressure, source = _pressure("memory", found.hierarchy, proc_root)
+        cpu_pressure, _ = _pressure("cpu", found.hierarchy, proc_root)
     else:
+        memory = _portable_memory()
         memory_pressure, cpu_pressure, source = None, None, "not available"
     return Resources(
         memory=memory,
