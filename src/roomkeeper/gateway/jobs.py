@@ -101,7 +101,7 @@ class DurableJobs:
 
     def _mark_launch(self, view: JobView) -> None:
         """The job's row and its pending marker, durable before the spawn (scheduler thread)."""
-        write = self._journal.record_job(view, mark_pending=True)
+        write = self._journal.record_launch(view)
         self._watch(write)
         write.result(timeout=MARKER_TIMEOUT_S)  # a stuck disk fails the launch, not the scheduler
 
