@@ -28,8 +28,10 @@ import psutil
 
 from roomkeeper.errors import KernelFileError
 from roomkeeper.jobs.lifeline import cgroup_members, kill_cgroup
+from roomkeeper.jobs.spec import JobState
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+from roomkeeper.journal.jobs import STOP_REQUESTED
 from roomkeeper.kernel.job_cgroups import own_memory_cgroup
 
 log = logging.getLogger("roomkeeper")
@@ -108,65 +110,32 @@ def _kill_stale_groups(previous_pid: int | None) -> tuple[int, int]:
 def recover(journal: Journal, *, crashed: bool, previous_pid: int | None = None) -> RecoveryReport:
     """Stop orphans, then settle the previous run's work in flight; record what happened."""
     now = time.time()
-    leaders = journal.query(
-        "SELECT pid, pid_started FROM jobs WHERE state = 'running' AND pid IS NOT NULL"
-    )
-    orphan_pids = sum(_kill_recorded_leader(r["pid"], r["pid_started"] or 0) for r in leaders)
+    leaders = journal.running_leaders()
+    orphan_pids = sum(_kill_recorded_leader(r.pid, r.started or 0) for r in leaders)
     group_pids, groups = _kill_stale_groups(previous_pid)
     orphan_pids += group_pids
 
-    launched = {r["id"] for r in journal.query("SELECT id FROM markers WHERE kind = 'job'")}
     uncertain = deferred = 0
     writes = []
-    rows = journal.query(
-        "SELECT id, state, reason, resumable FROM jobs WHERE state IN ('waiting', 'running') "
-        "OR (reason = 'shutdown' AND state IN ('cancelled', 'stopped'))"
-    )
-    for row in rows:
-        was_launched = row["id"] in launched or row["state"] in ("running", "stopped")
-        if row["reason"] == "stop_requested":  # a person asked: it stays stopped
-            state = "cancelled" if row["state"] == "waiting" and not was_launched else "stopped"
-            writes.append(
-                journal.execute(
-                    "UPDATE jobs SET state=?, ended_at=? WHERE id=?", (state, now, row["id"])
-                )
-            )
-            writes.append(
-                journal.execute("DELETE FROM markers WHERE kind='job' AND id=?", (row["id"],))
-            )
-            continue
-        if row["reason"] == "shutdown" and row["state"] == "stopped" and not row["resumable"]:
+    for job in journal.jobs_in_flight():
+        was_launched = job.marked or job.state in ("running", "stopped")
+        if job.reason == STOP_REQUESTED:  # a person asked: it stays stopped
+            state = JobState.STOPPED
+            if job.state == "waiting" and not was_launched:
+                state = JobState.CANCELLED
+            writes.append(journal.settle_stop_request(job.id, state=state, at=now))
+        elif job.reason == "shutdown" and job.state == "stopped" and not job.resumable:
             # Stopped by an orderly shutdown, and not safe to run again: it stays stopped.
-            writes.append(journal.execute("UPDATE jobs SET reason=NULL WHERE id=?", (row["id"],)))
-            continue
-        if was_launched and not row["resumable"]:
-            state = "uncertain"
+            writes.append(journal.keep_stopped(job.id))
+        elif was_launched and not job.resumable:
+            writes.append(journal.mark_uncertain(job.id, at=now))
             uncertain += 1
-        else:
-            state = "deferred"  # resumable, or never started: safe to run (again)
+        else:  # resumable, or never started: safe to run (again), under a new marker
+            writes.append(journal.defer_job(job.id, at=now))
             deferred += 1
-        # ended_at stays empty: an uncertain job's end is not known.
-        writes.append(
-            journal.execute(
-                "UPDATE jobs SET state=?, reason=NULL, ended_at=NULL WHERE id=?", (state, row["id"])
-            )
-        )
-        writes.append(
-            journal.execute(
-                "INSERT INTO job_events VALUES (?,?,?,?)", (row["id"], state, None, now)
-            )
-        )
-        if state == "deferred":  # it will be launched again under a new marker
-            writes.append(
-                journal.execute("DELETE FROM markers WHERE kind='job' AND id=?", (row["id"],))
-            )
-    calls = journal.query("SELECT id FROM calls WHERE state = 'pending'")
-    for row in calls:
-        writes.append(
-            journal.execute("UPDATE calls SET state='uncertain' WHERE id=?", (row["id"],))
-        )
+    calls = journal.mark_calls_uncertain().result()
 
-    report = RecoveryReport(crashed, orphan_pids, groups, uncertain, deferred, len(calls))
+    report = RecoveryReport(crashed, orphan_pids, groups, uncertain, deferred, calls)
     events = [HistoryEvent(now, RecoveryCode.GATEWAY_STARTED, {})]
     if crashed:
         events.append(HistoryEvent(now, RecoveryCode.CRASH_DETECTED, {}))
@@ -176,9 +145,7 @@ def recover(journal: Journal, *, crashed: bool, previous_pid: int | None = None)
         )
     if uncertain or calls:
         events.append(
-            HistoryEvent(
-                now, RecoveryCode.MARKED_UNCERTAIN, {"jobs": uncertain, "calls": len(calls)}
-            )
+            HistoryEvent(now, RecoveryCode.MARKED_UNCERTAIN, {"jobs": uncertain, "calls": calls})
         )
     if deferred:
         events.append(HistoryEvent(now, RecoveryCode.DEFERRED, {"jobs": deferred}))
@@ -192,6 +159,6 @@ def recover(journal: Journal, *, crashed: bool, previous_pid: int | None = None)
             orphan_pids,
             uncertain,
             deferred,
-            len(calls),
+            calls,
         )
     return report
