@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -110,11 +111,29 @@ def _kill_stale_groups(previous_pid: int | None) -> tuple[int, int]:
 def recover(journal: Journal, *, crashed: bool, previous_pid: int | None = None) -> RecoveryReport:
     """Stop orphans, then settle the previous run's work in flight; record what happened."""
     now = time.time()
+    orphan_pids, groups = _stop_orphans(journal, previous_pid)
+    uncertain, deferred, writes = _settle_jobs_in_flight(journal, now)
+    calls = journal.mark_calls_uncertain()
+    report = RecoveryReport(crashed, orphan_pids, groups, uncertain, deferred, calls.result())
+    history = [journal.record_history(e) for e in _events(report, now)]
+    for future in [*writes, *history]:
+        future.result()  # start-up waits: what it decided must be durable (or it raises)
+    _log(report)
+    return report
+
+
+def _stop_orphans(journal: Journal, previous_pid: int | None) -> tuple[int, int]:
+    """Stop the previous run's surviving trees: by recorded leader, then by its job cgroups."""
     leaders = journal.running_leaders()
     orphan_pids = sum(_kill_recorded_leader(r.pid, r.started or 0) for r in leaders)
     group_pids, groups = _kill_stale_groups(previous_pid)
-    orphan_pids += group_pids
+    return orphan_pids + group_pids, groups
 
+
+def _settle_jobs_in_flight(
+    journal: Journal, now: float
+) -> tuple[int, int, list[concurrent.futures.Future[None]]]:
+    """Settle each job the previous run left in flight; (uncertain, deferred, the writes)."""
     uncertain = deferred = 0
     writes = []
     for job in journal.jobs_in_flight():
@@ -133,32 +152,37 @@ def recover(journal: Journal, *, crashed: bool, previous_pid: int | None = None)
         else:  # resumable, or never started: safe to run (again), under a new marker
             writes.append(journal.defer_job(job.id, at=now))
             deferred += 1
-    calls = journal.mark_calls_uncertain().result()
+    return uncertain, deferred, writes
 
-    report = RecoveryReport(crashed, orphan_pids, groups, uncertain, deferred, calls)
+
+def _events(report: RecoveryReport, now: float) -> list[HistoryEvent]:
+    """The recovery events of this start: codes and numbers only."""
     events = [HistoryEvent(now, RecoveryCode.GATEWAY_STARTED, {})]
-    if crashed:
+    if report.crashed:
         events.append(HistoryEvent(now, RecoveryCode.CRASH_DETECTED, {}))
-    if orphan_pids or groups:
-        events.append(
-            HistoryEvent(now, RecoveryCode.ORPHANS_STOPPED, {"pids": orphan_pids, "groups": groups})
-        )
-    if uncertain or calls:
-        events.append(
-            HistoryEvent(now, RecoveryCode.MARKED_UNCERTAIN, {"jobs": uncertain, "calls": calls})
-        )
-    if deferred:
-        events.append(HistoryEvent(now, RecoveryCode.DEFERRED, {"jobs": deferred}))
-    futures = writes + [journal.record_history(e) for e in events]
-    for future in futures:
-        future.result()  # start-up waits: what it decided must be durable (or it raises)
-    if orphan_pids or uncertain or deferred or calls:
+    if report.orphan_pids or report.orphan_groups:
+        numbers = {"pids": report.orphan_pids, "groups": report.orphan_groups}
+        events.append(HistoryEvent(now, RecoveryCode.ORPHANS_STOPPED, numbers))
+    if report.uncertain_jobs or report.uncertain_calls:
+        numbers = {"jobs": report.uncertain_jobs, "calls": report.uncertain_calls}
+        events.append(HistoryEvent(now, RecoveryCode.MARKED_UNCERTAIN, numbers))
+    if report.deferred_jobs:
+        events.append(HistoryEvent(now, RecoveryCode.DEFERRED, {"jobs": report.deferred_jobs}))
+    return events
+
+
+def _log(report: RecoveryReport) -> None:
+    if (
+        report.orphan_pids
+        or report.uncertain_jobs
+        or report.deferred_jobs
+        or report.uncertain_calls
+    ):
         log.warning(
             "recovered the previous run: %d orphan process(es) stopped, %d job(s) uncertain, "
             "%d deferred, %d call(s) uncertain",
-            orphan_pids,
-            uncertain,
-            deferred,
-            calls,
+            report.orphan_pids,
+            report.uncertain_jobs,
+            report.deferred_jobs,
+            report.uncertain_calls,
         )
-    return report
