@@ -21,7 +21,7 @@ import logging
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -116,15 +116,6 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable):
         self._commit(batch)
         return True
 
-    def execute(self, sql: str, params: Iterable[Any] = ()) -> concurrent.futures.Future[None]:
-        """Queue one statement (leases and later tables use this)."""
-        args = tuple(params)
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(sql, args)
-
-        return self.submit(write)
-
     def _commit(
         self,
         batch: list[tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]]],
@@ -162,10 +153,6 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable):
             conn.row_factory = sqlite3.Row
             self._local.conn = conn
         return conn
-
-    def query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
-        """Run a read now on the calling thread (not for the event loop)."""
-        return list(self._reader().execute(sql, tuple(params)).fetchall())
 
     def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run a read now on the calling thread (not for the event loop)."""
