@@ -196,3 +196,47 @@ def test_each_package_imports_alone(package: str) -> None:
     loaded = {unit(k.removeprefix("roomkeeper.")) for k in json.loads(done.stdout)}
     allowed = {package, *BASICS, *allowed_imports()[package]}
     assert sorted(loaded - allowed) == [], f"{package} pulls in {sorted(loaded - allowed)}"
+
+
+# SQL as this project writes it; an HTTP method alone ("DELETE") is not SQL.
+SQL = re.compile(
+    r"\bSELECT\b.+\bFROM\b"
+    r"|\bINSERT\s+(?:OR\s+\w+\s+)?INTO\b"
+    r"|\bUPDATE\s+\w+\s+SET\b"
+    r"|\bDELETE\s+FROM\b"
+    r"|\bCREATE\s+(?:TABLE|INDEX)\b"
+    r"|\bPRAGMA\b",
+    flags=re.S,
+)
+
+
+def sql_strings(module: str) -> list[str]:
+    """The string constants of a module (f-strings' literal parts too) that read as SQL."""
+    tree = ast.parse(source(module).read_text())
+    return [
+        f"line {node.lineno}: {node.value[:60]!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL.search(node.value)
+    ]
+
+
+def test_no_sql_outside_the_journal() -> None:
+    """Every SQL string lives in ``journal``, behind named operations; nobody else writes SQL."""
+    found = {m: sql_strings(m) for m in all_modules() if unit(m) != "journal"}
+    leaks = {m: s for m, s in found.items() if s}
+    assert leaks == {}, f"SQL outside the journal (give it a named operation there): {leaks}"
+
+
+def test_the_sql_check_tells_sql_from_http() -> None:
+    """The check above finds each form of SQL, and lets an HTTP method or prose through."""
+    for text in (
+        "SELECT id FROM jobs",
+        "INSERT OR REPLACE INTO markers (kind) VALUES (?)",
+        "UPDATE jobs SET state=?",
+        "DELETE FROM markers WHERE id=?",
+        "CREATE TABLE IF NOT EXISTS jobs (id TEXT)",
+        "PRAGMA journal_mode=WAL",
+    ):
+        assert SQL.search(text), text
+    for text in ("DELETE", "an HTTP DELETE of the agent's session", "update the settings"):
+        assert not SQL.search(text), text

@@ -288,7 +288,7 @@ def test_history_is_capped_in_count_and_size(
         events = journal.history(limit=1000)
         assert len(events) == 500
         assert events[0].at == 999.0 and events[-1].at == 21.0
-        monkeypatch.setattr("roomkeeper.journal.database.MAX_BYTES", 600)
+        monkeypatch.setattr("roomkeeper.journal.history.MAX_BYTES", 600)
         journal.record_history(HistoryEvent(1000.0, RecoveryCode.RESUMED, {})).result()
         kept = journal.history(limit=1000)
         assert sum(len(e.to_json()) for e in kept) <= 600

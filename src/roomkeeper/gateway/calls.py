@@ -12,8 +12,6 @@ person or the client resolves it.
 from __future__ import annotations
 
 import enum
-import json
-import sqlite3
 import time
 import uuid
 from collections.abc import Mapping
@@ -21,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roomkeeper.errors import CallStateError, UnknownJobError
+from roomkeeper.journal.calls import CallRow
 from roomkeeper.journal.database import Journal
 
 
@@ -74,26 +73,9 @@ class Calls:
     def register(self, kind: str, owner: str, *, resumable: bool = False) -> CallView:
         """Write the call and its pending marker durably, in one transaction."""
         call_id = uuid.uuid4().hex[:16]
-        now = time.time()
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO calls VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    call_id,
-                    kind,
-                    owner,
-                    int(resumable),
-                    CallState.PENDING.value,
-                    now,
-                    None,
-                    None,
-                    None,
-                ),
-            )
-            conn.execute("INSERT OR REPLACE INTO markers VALUES ('call', ?, ?)", (call_id, now))
-
-        self._journal.submit(write).result()
+        self._journal.register_call(
+            call_id, kind=kind, owner=owner, resumable=resumable, at=time.time()
+        ).result()
         return self.get(call_id)
 
     def outcome(
@@ -135,10 +117,7 @@ class Calls:
         """Cancel a pending call; its marker stays, since what it did is unknown."""
         call = self.get(call_id)
         if call.state is CallState.PENDING:
-            self._journal.execute(
-                "UPDATE calls SET state='cancelled', ended_at=? WHERE id=? AND state='pending'",
-                (time.time(), call_id),
-            ).result()
+            self._journal.cancel_call(call_id, at=time.time()).result()
         return self.get(call_id)
 
     def resolve(self, call_id: str, resolution: str) -> CallView:
@@ -161,15 +140,7 @@ class Calls:
                 call_id=call_id,
             )
         if resolution == "rerun":  # pending again, under a fresh marker
-            now = time.time()
-
-            def write(conn: sqlite3.Connection) -> None:
-                conn.execute(
-                    "UPDATE calls SET state='pending', ended_at=NULL WHERE id=?", (call_id,)
-                )
-                conn.execute("INSERT OR REPLACE INTO markers VALUES ('call', ?, ?)", (call_id, now))
-
-            self._journal.submit(write).result()
+            self._journal.rerun_call(call_id, at=time.time()).result()
         else:
             state = CallState.SUCCEEDED if resolution == "succeeded" else CallState.FAILED
             if not self._settle(call_id, state, None, None, only_from=settleable):
@@ -188,20 +159,14 @@ class Calls:
         only_from: tuple[CallState, ...],
     ) -> bool:
         """Save the outcome and clear the marker in one transaction; False if the state moved."""
-        numbers_json = json.dumps(dict(numbers or {}))
-        allowed = [s.value for s in only_from]
-
-        def write(conn: sqlite3.Connection) -> bool:
-            changed = conn.execute(
-                "UPDATE calls SET state=?, ended_at=?, numbers=?, error=? "
-                f"WHERE id=? AND state IN ({','.join('?' * len(allowed))})",
-                (state.value, time.time(), numbers_json, error, call_id, *allowed),
-            ).rowcount
-            if changed:  # the outcome is saved in this same transaction
-                conn.execute("DELETE FROM markers WHERE kind='call' AND id=?", (call_id,))
-            return bool(changed)
-
-        return self._journal.submit(write).result()
+        return self._journal.settle_call(
+            call_id,
+            state=state.value,
+            numbers=numbers,
+            error=error,
+            only_from=[s.value for s in only_from],
+            at=time.time(),
+        ).result()
 
     def get(self, call_id: str) -> CallView:
         """One call.
@@ -209,33 +174,26 @@ class Calls:
         Raises:
             UnknownJobError: no call has that id.
         """
-        rows = self._journal.query("SELECT * FROM calls WHERE id=?", (call_id,))
-        if not rows:
+        row = self._journal.call(call_id)
+        if row is None:
             raise UnknownJobError(f"no call has the id {call_id!r}", job_id=call_id)
-        marked = self._journal.query("SELECT 1 FROM markers WHERE kind='call' AND id=?", (call_id,))
-        return _view(rows[0], bool(marked))
+        return _view(row)
 
     def list(self, *, state: str | None = None) -> list[CallView]:
         """Calls, newest first, optionally in one state."""
-        sql, args = "SELECT * FROM calls", list[Any]()
-        if state is not None:
-            sql += " WHERE state=?"
-            args.append(state)
-        rows = self._journal.query(sql + " ORDER BY created_at DESC LIMIT 500", args)
-        marked = {r["id"] for r in self._journal.query("SELECT id FROM markers WHERE kind='call'")}
-        return [_view(r, r["id"] in marked) for r in rows]
+        return [_view(row) for row in self._journal.calls(state=state)]
 
 
-def _view(row: sqlite3.Row, marked: bool) -> CallView:
+def _view(row: CallRow) -> CallView:
     return CallView(
-        id=row["id"],
-        kind=row["kind"],
-        owner=row["owner"],
-        resumable=bool(row["resumable"]),
-        state=CallState(row["state"]),
-        created_at=row["created_at"],
-        ended_at=row["ended_at"],
-        numbers=json.loads(row["numbers"]) if row["numbers"] else {},
-        error=row["error"],
-        pending_marker=marked,
+        id=row.id,
+        kind=row.kind,
+        owner=row.owner,
+        resumable=row.resumable,
+        state=CallState(row.state),
+        created_at=row.created_at,
+        ended_at=row.ended_at,
+        numbers=row.numbers,
+        error=row.error,
+        pending_marker=row.pending_marker,
     )

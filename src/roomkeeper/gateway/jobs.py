@@ -36,7 +36,6 @@ from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 
 log = logging.getLogger("roomkeeper")
 
-STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
 MARKER_TIMEOUT_S = 30.0
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 
@@ -101,7 +100,7 @@ class DurableJobs:
 
     def _mark_launch(self, view: JobView) -> None:
         """The job's row and its pending marker, durable before the spawn (scheduler thread)."""
-        write = self._journal.record_job(view, mark_pending=True)
+        write = self._journal.record_launch(view)
         self._watch(write)
         write.result(timeout=MARKER_TIMEOUT_S)  # a stuck disk fails the launch, not the scheduler
 
@@ -178,9 +177,7 @@ class DurableJobs:
         """
         view = self.scheduler.get(job_id)
         if not view.state.final:
-            self._journal.execute(
-                "UPDATE jobs SET reason=? WHERE id=?", (STOP_REQUESTED, job_id)
-            ).result()
+            self._journal.request_stop(job_id).result()
         view = self.scheduler.cancel(job_id)
         write = self.writes.get(job_id)
         if write is not None and view.state.final:
@@ -211,13 +208,9 @@ class DurableJobs:
                 if not self.scheduler.get(self._resuming).state.final:
                     return None
         self._resuming = None
-        rows = self._journal.query(
-            "SELECT id FROM jobs WHERE state='deferred' ORDER BY submitted_at LIMIT 1"
-        )
-        if not rows:
+        row = self._journal.next_deferred()
+        if row is None:
             return None
-        row = self._journal.job(rows[0]["id"])
-        assert row is not None
         self.scheduler.submit(self.spec_from_row(row.spec, row.owner, row.resumable), job_id=row.id)
         self._resuming = row.id
         self._watch(
@@ -239,22 +232,8 @@ class DurableJobs:
             self.scheduler.submit(
                 self.spec_from_row(row.spec, row.owner, row.resumable), job_id=job_id
             )
-        else:
-
-            def settle(conn: Any) -> None:
-                changed = conn.execute(
-                    "UPDATE jobs SET state='resolved', resolution=? "
-                    "WHERE id=? AND state='uncertain'",
-                    (resolution, job_id),
-                ).rowcount
-                if not changed:
-                    raise UsageError(f"job {job_id!r} is no longer uncertain", name="state")
-                conn.execute(
-                    "INSERT INTO job_events VALUES (?,?,?,?)", (job_id, "resolved", None, now)
-                )
-                conn.execute("DELETE FROM markers WHERE kind='job' AND id=?", (job_id,))
-
-            self._journal.submit(settle).result()
+        elif not self._journal.resolve_job(job_id, resolution=resolution, at=now).result():
+            raise UsageError(f"job {job_id!r} is no longer uncertain", name="state")
         self._watch(
             self._journal.record_history(HistoryEvent(now, RecoveryCode.RESOLVED, {"jobs": 1}))
         )

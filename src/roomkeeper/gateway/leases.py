@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import time
 import uuid
 from collections import deque
@@ -58,54 +57,27 @@ class DurableLeases:
     def restore(self) -> None:
         """Leases granted before a restart and not yet past their ttl keep their reservation."""
         now = time.time()
-        for row in self._journal.query("SELECT * FROM leases WHERE state = 'granted'"):
-            if row["expires_at"] <= now:
-                self._journal.execute(
-                    "UPDATE leases SET state='expired', ended_at=? WHERE id=?", (now, row["id"])
-                )
-                continue
-            release = json.loads(row["release"]) if row["release"] else None
-            hook = ReleaseHook(release["method"], release["url"]) if release else None
+        self._journal.expire_leases(now=now)
+        for row in self._journal.live_leases(now=now):
             lease, _ = self.leases.restore(
-                row["id"],
-                row["owner"],
-                row["memory_bytes"],
-                row["disk_bytes"] or None,
-                row["ttl_s"],
-                row["granted_at"],
-                row["expires_at"],
-                hook,
+                row.id,
+                row.owner,
+                row.memory_bytes,
+                row.disk_bytes or None,
+                row.ttl_s,
+                row.granted_at,
+                row.expires_at,
+                row.release,
             )
             self._guard.hold(
                 guard_key(lease.id), lease.memory_bytes or 0, age_s=now - lease.granted_at
             )
 
     def _record(self, lease: LeaseView) -> concurrent.futures.Future[None]:
-        release = json.dumps(lease.release.to_json()) if lease.release else None
-        self._watch(
-            self._journal.execute(
-                "INSERT INTO lease_events VALUES (?,?,?)",
-                (lease.id, lease.state.value, time.time()),
-            )
-        )
-        return self._journal.execute(
-            "INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
-            "state=excluded.state, ttl_s=excluded.ttl_s, expires_at=excluded.expires_at, "
-            "ended_at=excluded.ended_at, hook_outcome=excluded.hook_outcome",
-            (
-                lease.id,
-                lease.owner,
-                lease.state.value,
-                lease.memory_bytes or 0,
-                lease.disk_bytes or 0,
-                lease.ttl_s,
-                lease.granted_at,
-                lease.expires_at,
-                lease.ended_at,
-                release,
-                lease.hook_outcome,
-            ),
-        )
+        """The lease's change and its row, in one write: watched, and awaited by the caller."""
+        write = self._journal.record_lease(lease)
+        self._watch(write)
+        return write
 
     async def grant(
         self,

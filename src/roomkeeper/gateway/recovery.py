@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -28,8 +29,10 @@ import psutil
 
 from roomkeeper.errors import KernelFileError
 from roomkeeper.jobs.lifeline import cgroup_members, kill_cgroup
+from roomkeeper.jobs.spec import JobState
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+from roomkeeper.journal.jobs import STOP_REQUESTED
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 
 log = logging.getLogger("roomkeeper")
@@ -108,90 +111,78 @@ def _kill_stale_groups(previous_pid: int | None) -> tuple[int, int]:
 def recover(journal: Journal, *, crashed: bool, previous_pid: int | None = None) -> RecoveryReport:
     """Stop orphans, then settle the previous run's work in flight; record what happened."""
     now = time.time()
-    leaders = journal.query(
-        "SELECT pid, pid_started FROM jobs WHERE state = 'running' AND pid IS NOT NULL"
-    )
-    orphan_pids = sum(_kill_recorded_leader(r["pid"], r["pid_started"] or 0) for r in leaders)
-    group_pids, groups = _kill_stale_groups(previous_pid)
-    orphan_pids += group_pids
+    orphan_pids, groups = _stop_orphans(journal, previous_pid)
+    uncertain, deferred, writes = _settle_jobs_in_flight(journal, now)
+    calls = journal.mark_calls_uncertain()
+    report = RecoveryReport(crashed, orphan_pids, groups, uncertain, deferred, calls.result())
+    history = [journal.record_history(e) for e in _events(report, now)]
+    for future in [*writes, *history]:
+        future.result()  # start-up waits: what it decided must be durable (or it raises)
+    _log(report)
+    return report
 
-    launched = {r["id"] for r in journal.query("SELECT id FROM markers WHERE kind = 'job'")}
+
+def _stop_orphans(journal: Journal, previous_pid: int | None) -> tuple[int, int]:
+    """Stop the previous run's surviving trees: by recorded leader, then by its job cgroups."""
+    leaders = journal.running_leaders()
+    orphan_pids = sum(_kill_recorded_leader(r.pid, r.started or 0) for r in leaders)
+    group_pids, groups = _kill_stale_groups(previous_pid)
+    return orphan_pids + group_pids, groups
+
+
+def _settle_jobs_in_flight(
+    journal: Journal, now: float
+) -> tuple[int, int, list[concurrent.futures.Future[None]]]:
+    """Settle each job the previous run left in flight; (uncertain, deferred, the writes)."""
     uncertain = deferred = 0
     writes = []
-    rows = journal.query(
-        "SELECT id, state, reason, resumable FROM jobs WHERE state IN ('waiting', 'running') "
-        "OR (reason = 'shutdown' AND state IN ('cancelled', 'stopped'))"
-    )
-    for row in rows:
-        was_launched = row["id"] in launched or row["state"] in ("running", "stopped")
-        if row["reason"] == "stop_requested":  # a person asked: it stays stopped
-            state = "cancelled" if row["state"] == "waiting" and not was_launched else "stopped"
-            writes.append(
-                journal.execute(
-                    "UPDATE jobs SET state=?, ended_at=? WHERE id=?", (state, now, row["id"])
-                )
-            )
-            writes.append(
-                journal.execute("DELETE FROM markers WHERE kind='job' AND id=?", (row["id"],))
-            )
-            continue
-        if row["reason"] == "shutdown" and row["state"] == "stopped" and not row["resumable"]:
+    for job in journal.jobs_in_flight():
+        was_launched = job.marked or job.state in ("running", "stopped")
+        if job.reason == STOP_REQUESTED:  # a person asked: it stays stopped
+            state = JobState.STOPPED
+            if job.state == "waiting" and not was_launched:
+                state = JobState.CANCELLED
+            writes.append(journal.settle_stop_request(job.id, state=state, at=now))
+        elif job.reason == "shutdown" and job.state == "stopped" and not job.resumable:
             # Stopped by an orderly shutdown, and not safe to run again: it stays stopped.
-            writes.append(journal.execute("UPDATE jobs SET reason=NULL WHERE id=?", (row["id"],)))
-            continue
-        if was_launched and not row["resumable"]:
-            state = "uncertain"
+            writes.append(journal.keep_stopped(job.id))
+        elif was_launched and not job.resumable:
+            writes.append(journal.mark_uncertain(job.id, at=now))
             uncertain += 1
-        else:
-            state = "deferred"  # resumable, or never started: safe to run (again)
+        else:  # resumable, or never started: safe to run (again), under a new marker
+            writes.append(journal.defer_job(job.id, at=now))
             deferred += 1
-        # ended_at stays empty: an uncertain job's end is not known.
-        writes.append(
-            journal.execute(
-                "UPDATE jobs SET state=?, reason=NULL, ended_at=NULL WHERE id=?", (state, row["id"])
-            )
-        )
-        writes.append(
-            journal.execute(
-                "INSERT INTO job_events VALUES (?,?,?,?)", (row["id"], state, None, now)
-            )
-        )
-        if state == "deferred":  # it will be launched again under a new marker
-            writes.append(
-                journal.execute("DELETE FROM markers WHERE kind='job' AND id=?", (row["id"],))
-            )
-    calls = journal.query("SELECT id FROM calls WHERE state = 'pending'")
-    for row in calls:
-        writes.append(
-            journal.execute("UPDATE calls SET state='uncertain' WHERE id=?", (row["id"],))
-        )
+    return uncertain, deferred, writes
 
-    report = RecoveryReport(crashed, orphan_pids, groups, uncertain, deferred, len(calls))
+
+def _events(report: RecoveryReport, now: float) -> list[HistoryEvent]:
+    """The recovery events of this start: codes and numbers only."""
     events = [HistoryEvent(now, RecoveryCode.GATEWAY_STARTED, {})]
-    if crashed:
+    if report.crashed:
         events.append(HistoryEvent(now, RecoveryCode.CRASH_DETECTED, {}))
-    if orphan_pids or groups:
-        events.append(
-            HistoryEvent(now, RecoveryCode.ORPHANS_STOPPED, {"pids": orphan_pids, "groups": groups})
-        )
-    if uncertain or calls:
-        events.append(
-            HistoryEvent(
-                now, RecoveryCode.MARKED_UNCERTAIN, {"jobs": uncertain, "calls": len(calls)}
-            )
-        )
-    if deferred:
-        events.append(HistoryEvent(now, RecoveryCode.DEFERRED, {"jobs": deferred}))
-    futures = writes + [journal.record_history(e) for e in events]
-    for future in futures:
-        future.result()  # start-up waits: what it decided must be durable (or it raises)
-    if orphan_pids or uncertain or deferred or calls:
+    if report.orphan_pids or report.orphan_groups:
+        numbers = {"pids": report.orphan_pids, "groups": report.orphan_groups}
+        events.append(HistoryEvent(now, RecoveryCode.ORPHANS_STOPPED, numbers))
+    if report.uncertain_jobs or report.uncertain_calls:
+        numbers = {"jobs": report.uncertain_jobs, "calls": report.uncertain_calls}
+        events.append(HistoryEvent(now, RecoveryCode.MARKED_UNCERTAIN, numbers))
+    if report.deferred_jobs:
+        events.append(HistoryEvent(now, RecoveryCode.DEFERRED, {"jobs": report.deferred_jobs}))
+    return events
+
+
+def _log(report: RecoveryReport) -> None:
+    if (
+        report.orphan_pids
+        or report.uncertain_jobs
+        or report.deferred_jobs
+        or report.uncertain_calls
+    ):
         log.warning(
             "recovered the previous run: %d orphan process(es) stopped, %d job(s) uncertain, "
             "%d deferred, %d call(s) uncertain",
-            orphan_pids,
-            uncertain,
-            deferred,
-            len(calls),
+            report.orphan_pids,
+            report.uncertain_jobs,
+            report.deferred_jobs,
+            report.uncertain_calls,
         )
-    return report

@@ -256,10 +256,7 @@ class Gateway:
                 "body": "the gateway restarted too often: queued jobs, deferred work and "
                 "automatic resumption are held until roomkeeper repair",
             }
-        doubt = self.journal.query(
-            "SELECT (SELECT count(*) FROM jobs WHERE state='uncertain') + "
-            "(SELECT count(*) FROM calls WHERE state='uncertain')"
-        )[0][0]
+        doubt = self.journal.needs_attention_count()
         if doubt:
             return {
                 "headline": "uncertain work needs you",

@@ -5,6 +5,10 @@ and numeric resource evidence, capped in count and size.  It holds no
 command, argument, output, owner name or secret: an event is built from a
 closed list of codes and a closed list of numeric fields, and anything else
 is refused in code (:class:`HistoryEvent` raises), not filtered later.
+
+The history table's SQL lives here too, beside the caps it enforces: each
+append trims the table back to ``max_events`` and :data:`MAX_BYTES` in the
+same transaction.
 """
 
 from __future__ import annotations
@@ -12,13 +16,23 @@ from __future__ import annotations
 import enum
 import json
 import math
+import sqlite3
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from roomkeeper.errors import UsageError
+from roomkeeper.journal.store import Store
 
 MAX_EVENTS = 500
 MAX_BYTES = 256 * 1024
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS history (
+    at REAL NOT NULL,
+    event TEXT NOT NULL
+);
+"""
 
 
 class RecoveryCode(enum.Enum):
@@ -82,3 +96,49 @@ class HistoryEvent:
         """Read a stored event back (it is checked again)."""
         data = json.loads(text)
         return cls(float(data["at"]), RecoveryCode(data["code"]), dict(data["numbers"]))
+
+
+class HistoryTable(Store):
+    """The recovery history's named operations (``Journal`` has them)."""
+
+    history_max_events: int  # set by the journal: how many events are kept (and MAX_BYTES)
+
+    def record_history(self, event: HistoryEvent) -> Future[None]:
+        """Append a recovery event, then trim the history to its caps (count and bytes)."""
+        text = event.to_json()
+        keep = self.history_max_events
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO history (at, event) VALUES (:at, :event)",
+                {"at": event.at, "event": text},
+            )
+            conn.execute(
+                "DELETE FROM history WHERE rowid NOT IN "
+                "(SELECT rowid FROM history ORDER BY rowid DESC LIMIT :keep)",
+                {"keep": keep},
+            )
+            _trim_to_bytes(conn, MAX_BYTES)
+
+        return self.submit(write)
+
+    def history(self, limit: int = MAX_EVENTS) -> list[HistoryEvent]:
+        """Recovery events, newest first."""
+        sql = "SELECT event FROM history ORDER BY rowid DESC LIMIT :limit"
+        return self._read(
+            lambda conn: [HistoryEvent.from_json(r[0]) for r in conn.execute(sql, {"limit": limit})]
+        )
+
+
+def _trim_to_bytes(conn: sqlite3.Connection, max_bytes: int) -> None:
+    """Delete the oldest events until the rest fit in ``max_bytes``."""
+    total = conn.execute("SELECT coalesce(sum(length(event)), 0) FROM history").fetchone()
+    excess = int(total[0]) - max_bytes
+    while excess > 0:
+        oldest = conn.execute(
+            "SELECT rowid, length(event) FROM history ORDER BY rowid LIMIT 1"
+        ).fetchone()
+        if oldest is None:
+            break
+        conn.execute("DELETE FROM history WHERE rowid = :rowid", {"rowid": oldest[0]})
+        excess -= int(oldest[1])

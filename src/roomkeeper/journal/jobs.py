@@ -1,0 +1,345 @@
+"""The jobs table, its state changes (``job_events``) and the jobs' pending markers.
+
+Every write here is one whole operation, one transaction of the journal's
+writer: a job's outcome and the end of its marker are saved together or not
+at all (seed 002: only a persisted outcome clears the marker).  Columns are
+named in every statement, so adding one breaks nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.journal.markers import MarkerKind, clear, mark, marked
+from roomkeeper.journal.store import Store
+
+STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    exit_code INTEGER,
+    spec TEXT NOT NULL,
+    log_path TEXT NOT NULL,
+    submitted_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    peak_bytes INTEGER,
+    error TEXT,
+    resumable INTEGER NOT NULL DEFAULT 0,
+    pid INTEGER,
+    pid_started REAL,
+    resolution TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_owner_state ON jobs (owner, state);
+CREATE TABLE IF NOT EXISTS job_events (
+    job_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_events_job ON job_events (job_id);
+"""
+
+_UPSERT = """
+INSERT INTO jobs (
+    id, owner, state, reason, exit_code, spec, log_path, submitted_at, started_at, ended_at,
+    peak_bytes, error, resumable, pid, pid_started
+) VALUES (
+    :id, :owner, :state, :reason, :exit_code, :spec, :log_path, :submitted_at, :started_at,
+    :ended_at, :peak_bytes, :error, :resumable, :pid, :pid_started
+)
+ON CONFLICT (id) DO UPDATE SET
+    state = excluded.state, reason = excluded.reason, exit_code = excluded.exit_code,
+    started_at = excluded.started_at, ended_at = excluded.ended_at,
+    peak_bytes = excluded.peak_bytes, error = excluded.error,
+    pid = coalesce(excluded.pid, pid), pid_started = coalesce(excluded.pid_started, pid_started),
+    resolution = NULL
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """A job as the journal keeps it (the API's view of a job from any run)."""
+
+    id: str
+    owner: str
+    state: str
+    reason: str | None
+    exit_code: int | None
+    spec: dict[str, Any]
+    log_path: str
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    peak_bytes: int | None
+    error: str | None
+    resumable: bool = False
+    pid: int | None = None
+    pid_started: float | None = None
+    resolution: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedLeader:
+    """The leader of a job recorded as running: its pid and that process's start time."""
+
+    pid: int
+    started: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightJob:
+    """A job a previous run left unsettled, and whether it still holds its launch marker."""
+
+    id: str
+    state: str
+    reason: str | None
+    resumable: bool
+    marked: bool
+
+
+def spec_json(view: JobView) -> str:
+    """The job's spec, so work deferred by a crash can run again as it was asked for.
+
+    The environment is kept too (the journal is private to ROOMKEEPER_HOME,
+    mode 0600); it is never shown by the API, the feed or the history.
+    """
+    spec = view.spec
+    return json.dumps(
+        {
+            "argv": list(spec.argv),
+            "cwd": spec.cwd,
+            "env": dict(spec.env) if spec.env is not None else None,
+            "memory_bytes": spec.memory_bytes,
+            "disk_bytes": spec.disk_bytes,
+            "timeout_s": spec.timeout_s,
+            "shell": spec.shell,
+        }
+    )
+
+
+def _upsert(conn: sqlite3.Connection, view: JobView, pid_started: float | None) -> None:
+    conn.execute(
+        _UPSERT,
+        {
+            "id": view.id,
+            "owner": view.owner,
+            "state": view.state.value,
+            "reason": view.reason.value if view.reason else None,
+            "exit_code": view.exit_code,
+            "spec": spec_json(view),
+            "log_path": view.log_path,
+            "submitted_at": view.submitted_at,
+            "started_at": view.started_at,
+            "ended_at": view.ended_at,
+            "peak_bytes": view.peak_bytes,
+            "error": view.error,
+            "resumable": int(view.spec.resumable),
+            "pid": view.pid,
+            "pid_started": pid_started,
+        },
+    )
+
+
+def _event(
+    conn: sqlite3.Connection, job_id: str, state: str, reason: str | None, at: float
+) -> None:
+    conn.execute(
+        "INSERT INTO job_events (job_id, state, reason, at) VALUES (:job_id, :state, :reason, :at)",
+        {"job_id": job_id, "state": state, "reason": reason, "at": at},
+    )
+
+
+def _reopen(conn: sqlite3.Connection, job_id: str, state: JobState, at: float) -> None:
+    # ended_at stays empty: an uncertain job's end is not known, a deferred one's not yet come.
+    conn.execute(
+        "UPDATE jobs SET state = :state, reason = NULL, ended_at = NULL WHERE id = :id",
+        {"state": state.value, "id": job_id},
+    )
+    _event(conn, job_id, state.value, None, at)
+
+
+class JobsTable(Store):
+    """The jobs' named operations (``Journal`` has them)."""
+
+    # ------------------------------------------------------------- writing
+
+    def record_launch(self, view: JobView) -> Future[None]:
+        """The job's row and its pending marker, before it is spawned (no state change added)."""
+        at = time.time()
+
+        def write(conn: sqlite3.Connection) -> None:
+            _upsert(conn, view, None)
+            mark(conn, MarkerKind.JOB, view.id, at=at)
+
+        return self.submit(write)
+
+    def record_job(self, view: JobView, *, pid_started: float | None = None) -> Future[None]:
+        """Upsert the job's row and append its latest state change.
+
+        A final state is the job's outcome: it clears the job's pending marker
+        in the same transaction (seed 002: only a persisted outcome retires it).
+        """
+        last = view.history[-1] if view.history else None
+
+        def write(conn: sqlite3.Connection) -> None:
+            _upsert(conn, view, pid_started)
+            if last is not None:
+                reason = last.reason.value if last.reason else None
+                _event(conn, view.id, last.state.value, reason, last.at)
+            if view.state.final:
+                clear(conn, MarkerKind.JOB, view.id)
+
+        return self.submit(write)
+
+    def request_stop(self, job_id: str) -> Future[None]:
+        """Save that a person asked to cancel or stop the job, before anything is signalled."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE jobs SET reason = :reason WHERE id = :id",
+                {"reason": STOP_REQUESTED, "id": job_id},
+            )
+
+        return self.submit(write)
+
+    def resolve_job(self, job_id: str, *, resolution: str, at: float) -> Future[bool]:
+        """Settle an uncertain job as a person said and end its marker; False if not uncertain."""
+
+        def write(conn: sqlite3.Connection) -> bool:
+            changed = conn.execute(
+                "UPDATE jobs SET state = 'resolved', resolution = :resolution "
+                "WHERE id = :id AND state = 'uncertain'",
+                {"resolution": resolution, "id": job_id},
+            ).rowcount
+            if not changed:
+                return False
+            _event(conn, job_id, JobState.RESOLVED.value, None, at)
+            clear(conn, MarkerKind.JOB, job_id)
+            return True
+
+        return self.submit(write)
+
+    def settle_stop_request(self, job_id: str, *, state: JobState, at: float) -> Future[None]:
+        """A stop a person asked for before a crash: the job ends as ``state``, its marker goes."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE jobs SET state = :state, ended_at = :at WHERE id = :id",
+                {"state": state.value, "at": at, "id": job_id},
+            )
+            clear(conn, MarkerKind.JOB, job_id)
+
+        return self.submit(write)
+
+    def keep_stopped(self, job_id: str) -> Future[None]:
+        """A job an orderly shutdown stopped, not safe to run again: it stays stopped."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE jobs SET reason = NULL WHERE id = :id", {"id": job_id})
+
+        return self.submit(write)
+
+    def mark_uncertain(self, job_id: str, *, at: float) -> Future[None]:
+        """A job in flight at a crash: uncertain, shown to a person; its marker stays."""
+        return self.submit(lambda conn: _reopen(conn, job_id, JobState.UNCERTAIN, at))
+
+    def defer_job(self, job_id: str, *, at: float) -> Future[None]:
+        """A job safe to run (again): deferred; its marker goes (a new launch writes a new one)."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            _reopen(conn, job_id, JobState.DEFERRED, at)
+            clear(conn, MarkerKind.JOB, job_id)
+
+        return self.submit(write)
+
+    # ------------------------------------------------------------- reading
+
+    def jobs(
+        self, *, owner: str | None = None, state: str | None = None, limit: int = 500
+    ) -> list[JobRow]:
+        """Jobs from every run, newest first, filtered by owner and state."""
+        sql = "SELECT * FROM jobs WHERE 1=1"
+        if owner is not None:  # a filter only when asked, so the (owner, state) index serves
+            sql += " AND owner = :owner"
+        if state is not None:
+            sql += " AND state = :state"
+        sql += " ORDER BY submitted_at DESC LIMIT :limit"
+        args = {"owner": owner, "state": state, "limit": limit}
+        return self._read(lambda conn: [_job_row(r) for r in conn.execute(sql, args)])
+
+    def job(self, job_id: str) -> JobRow | None:
+        """One job by id, from any run."""
+        return self._read(lambda conn: _one(conn, "SELECT * FROM jobs WHERE id = :id", id=job_id))
+
+    def next_deferred(self) -> JobRow | None:
+        """The oldest deferred job: the next to resume."""
+        sql = "SELECT * FROM jobs WHERE state = 'deferred' ORDER BY submitted_at LIMIT 1"
+        return self._read(lambda conn: _one(conn, sql))
+
+    def running_leaders(self) -> list[RecordedLeader]:
+        """The recorded leaders of the jobs the journal says are running."""
+        sql = "SELECT pid, pid_started FROM jobs WHERE state = 'running' AND pid IS NOT NULL"
+        return self._read(
+            lambda conn: [RecordedLeader(r["pid"], r["pid_started"]) for r in conn.execute(sql)]
+        )
+
+    def jobs_in_flight(self) -> list[InFlightJob]:
+        """Jobs a previous run left waiting or running, or cancelled or stopped by its shutdown."""
+
+        def read(conn: sqlite3.Connection) -> list[InFlightJob]:
+            launched = marked(conn, MarkerKind.JOB)
+            rows = conn.execute(
+                "SELECT id, state, reason, resumable FROM jobs "
+                "WHERE state IN ('waiting', 'running') "
+                "OR (reason = 'shutdown' AND state IN ('cancelled', 'stopped'))"
+            )
+            return [
+                InFlightJob(
+                    r["id"], r["state"], r["reason"], bool(r["resumable"]), r["id"] in launched
+                )
+                for r in rows
+            ]
+
+        return self._read(read)
+
+    def uncertain_jobs(self) -> int:
+        """How many jobs are uncertain (in flight at a crash, not resolved yet)."""
+        sql = "SELECT count(*) FROM jobs WHERE state = 'uncertain'"
+        return self._read(lambda conn: int(conn.execute(sql).fetchone()[0]))
+
+
+def _one(conn: sqlite3.Connection, sql: str, **args: Any) -> JobRow | None:
+    row = conn.execute(sql, args).fetchone()
+    return _job_row(row) if row is not None else None
+
+
+def _job_row(r: sqlite3.Row) -> JobRow:
+    return JobRow(
+        id=r["id"],
+        owner=r["owner"],
+        state=r["state"],
+        reason=r["reason"],
+        exit_code=r["exit_code"],
+        spec=json.loads(r["spec"]),
+        log_path=r["log_path"],
+        submitted_at=r["submitted_at"],
+        started_at=r["started_at"],
+        ended_at=r["ended_at"],
+        peak_bytes=r["peak_bytes"],
+        error=r["error"],
+        resumable=bool(r["resumable"]),
+        pid=r["pid"],
+        pid_started=r["pid_started"],
+        resolution=r["resolution"],
+    )

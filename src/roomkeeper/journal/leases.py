@@ -1,0 +1,127 @@
+"""The leases' table and their state changes (``lease_events``).
+
+A lease's row is rewritten at each grant, heartbeat and end, with the change
+appended beside it in the same transaction.  A restart reads back the leases
+still within their ttl; the others are expired.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from roomkeeper.guard.hooks import ReleaseHook
+from roomkeeper.guard.leases import LeaseView
+from roomkeeper.journal.store import Store
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    state TEXT NOT NULL,
+    memory_bytes INTEGER NOT NULL,
+    disk_bytes INTEGER NOT NULL,
+    ttl_s REAL NOT NULL,
+    granted_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    ended_at REAL,
+    release TEXT,
+    hook_outcome TEXT
+);
+CREATE TABLE IF NOT EXISTS lease_events (
+    lease_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+_UPSERT = """
+INSERT INTO leases (
+    id, owner, state, memory_bytes, disk_bytes, ttl_s, granted_at, expires_at, ended_at,
+    release, hook_outcome
+) VALUES (
+    :id, :owner, :state, :memory_bytes, :disk_bytes, :ttl_s, :granted_at, :expires_at,
+    :ended_at, :release, :hook_outcome
+)
+ON CONFLICT (id) DO UPDATE SET
+    state = excluded.state, ttl_s = excluded.ttl_s, expires_at = excluded.expires_at,
+    ended_at = excluded.ended_at, hook_outcome = excluded.hook_outcome
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """A granted lease as the journal keeps it; no disk or memory is stored as 0."""
+
+    id: str
+    owner: str
+    memory_bytes: int
+    disk_bytes: int
+    ttl_s: float
+    granted_at: float
+    expires_at: float
+    release: ReleaseHook | None
+
+
+class LeasesTable(Store):
+    """The leases' named operations (``Journal`` has them)."""
+
+    def record_lease(self, lease: LeaseView) -> Future[None]:
+        """The lease's latest state change and its row as it stands now, in one transaction."""
+        at = time.time()
+        row = {
+            "id": lease.id,
+            "owner": lease.owner,
+            "state": lease.state.value,
+            "memory_bytes": lease.memory_bytes or 0,
+            "disk_bytes": lease.disk_bytes or 0,
+            "ttl_s": lease.ttl_s,
+            "granted_at": lease.granted_at,
+            "expires_at": lease.expires_at,
+            "ended_at": lease.ended_at,
+            "release": json.dumps(lease.release.to_json()) if lease.release else None,
+            "hook_outcome": lease.hook_outcome,
+        }
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO lease_events (lease_id, state, at) VALUES (:id, :state, :at)",
+                {"id": lease.id, "state": lease.state.value, "at": at},
+            )
+            conn.execute(_UPSERT, row)
+
+        return self.submit(write)
+
+    def expire_leases(self, *, now: float) -> Future[None]:
+        """Every granted lease past its ttl at ``now`` is expired, ended at ``now``."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE leases SET state = 'expired', ended_at = :now "
+                "WHERE state = 'granted' AND expires_at <= :now",
+                {"now": now},
+            )
+
+        return self.submit(write)
+
+    def live_leases(self, *, now: float) -> list[LeaseRow]:
+        """The granted leases still within their ttl at ``now``."""
+        sql = "SELECT * FROM leases WHERE state = 'granted' AND expires_at > :now"
+        return self._read(lambda conn: [_lease_row(r) for r in conn.execute(sql, {"now": now})])
+
+
+def _lease_row(row: sqlite3.Row) -> LeaseRow:
+    release = json.loads(row["release"]) if row["release"] else None
+    return LeaseRow(
+        id=row["id"],
+        owner=row["owner"],
+        memory_bytes=row["memory_bytes"],
+        disk_bytes=row["disk_bytes"],
+        ttl_s=row["ttl_s"],
+        granted_at=row["granted_at"],
+        expires_at=row["expires_at"],
+        release=ReleaseHook(release["method"], release["url"]) if release else None,
+    )
