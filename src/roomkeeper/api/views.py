@@ -171,8 +171,8 @@ def feed_json(gateway: Gateway) -> dict[str, Any]:
             for c in gateway.calls.list(state="uncertain")[:25]
         ],
         "refusals": [
-            {"at": at, "reason": reason, "summary": summary}
-            for at, reason, summary, _ in reversed(gateway.refusals)
+            {"at": r.at, "reason": r.reason.value, "summary": r.summary}
+            for r in reversed(gateway.refusals)
         ],
         "recoveries": [
             {"at": e.at, "reason": e.code.value} for e in gateway.journal.history(limit=20)

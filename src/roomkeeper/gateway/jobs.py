@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
+from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Decision, Guard
 from roomkeeper.guard.hooks import ReleaseHook, run_hook
 from roomkeeper.jobs.queue import Limits
@@ -70,7 +71,7 @@ class DurableJobs:
         guard: Guard,
         limits: Callable[[], Limits],
         journal: Journal,
-        refusals: deque[tuple[float, str, str, str]],
+        refusals: deque[Refusal],
         closing: Callable[[], bool],
         watch: Callable[[concurrent.futures.Future[None]], None],
         environment: Callable[[Mapping[str, str] | None], dict[str, str]],
@@ -137,8 +138,8 @@ class DurableJobs:
     def _job_refused(self, job_id: str, decision: Decision) -> None:
         """Keep a refusal for the Health page once, not once per retried round."""
         last = self._refusals[-1] if self._refusals else None
-        if last is None or (last[1], last[3]) != (decision.reason.value, job_id):
-            self._refusals.append((time.time(), decision.reason.value, decision.summary, job_id))
+        if last is None or (last.reason, last.subject) != (decision.reason, job_id):
+            self._refusals.append(Refusal.of(decision, job_id))
 
     def _job_ended(self, view: JobView) -> None:
         """Runs on the scheduler thread before the slot is offered to waiting work."""

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from roomkeeper.errors import UsageError
+from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Decision, Guard
 from roomkeeper.guard.hooks import ReleaseHook, run_hook
 from roomkeeper.guard.leases import Leases, LeaseState, LeaseView, guard_key
@@ -43,7 +44,7 @@ class DurableLeases:
         leases: Leases,
         guard: Guard,
         journal: Journal,
-        refusals: deque[tuple[float, str, str, str]],
+        refusals: deque[Refusal],
         closing: Callable[[], bool],
         watch: Callable[[concurrent.futures.Future[None]], None],
     ) -> None:
@@ -109,7 +110,7 @@ class DurableLeases:
                     await asyncio.wrap_future(self._record(lease))
                 return lease, decision, decision is not None
             assert decision is not None
-            self._refusals.append((time.time(), decision.reason.value, decision.summary, lease_id))
+            self._refusals.append(Refusal.of(decision, lease_id))
             if time.monotonic() + LEASE_RETRY_S > deadline or self._closing():
                 return None, decision, False
             await asyncio.sleep(LEASE_RETRY_S)

@@ -44,6 +44,7 @@ from roomkeeper.gateway.jobs import DurableJobs
 from roomkeeper.gateway.leases import DurableLeases
 from roomkeeper.gateway.link import SupervisorLink
 from roomkeeper.gateway.recovery import recover
+from roomkeeper.gateway.refusals import REFUSALS_KEPT, Refusal
 from roomkeeper.gateway.samples import Sample, Sampler
 from roomkeeper.guard.admission import Decision, Guard, Reason
 from roomkeeper.guard.leases import Leases
@@ -119,7 +120,7 @@ class Gateway:
         self.calls = Calls(self.journal)
         self.persistence_error: str | None = None
         self.leases = Leases(self.guard)
-        self.refusals: deque[tuple[float, str, str, str]] = deque(maxlen=20)
+        self.refusals: deque[Refusal] = deque(maxlen=REFUSALS_KEPT)  # newest last
         self.closing = False
         self.durable_jobs = DurableJobs(
             logs_dir=self.home / "logs",
