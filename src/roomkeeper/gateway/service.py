@@ -292,17 +292,24 @@ class Gateway:
             if self._shut:
                 return
             self._shut = True
-            # uvicorn already spent up to a third of the deadline draining connections.
-            deadline = self.shutdown_deadline() * 2 / 3
+            # uvicorn already spent up to a third of the deadline draining connections;
+            # the stop steps get the other two thirds.
+            deadline = self.shutdown_deadline()
+            steps_s = deadline * 2 / 3
             try:
-                await asyncio.wait_for(self._shutdown_steps(deadline), timeout=deadline)
+                await asyncio.wait_for(self._shutdown_steps(steps_s), timeout=steps_s)
             except TimeoutError:
-                log.error("shutdown took longer than ROOMKEEPER_SHUTDOWN_S=%s s", deadline)
+                log.error(
+                    "the stop steps took longer than their %.1f s (two thirds of the "
+                    "shutdown deadline of %.1f s; uvicorn drains connections in the first third)",
+                    steps_s,
+                    deadline,
+                )
             with contextlib.suppress(OSError):
                 (self.home / "gateway.json").unlink()
             log.info("roomkeeper gateway stopped")
 
-    async def _shutdown_steps(self, deadline: float) -> None:
+    async def _shutdown_steps(self, steps_s: float) -> None:
         self.closing = True  # 1. stop admission
         for task in self._tasks:  # 2. stop timers
             task.cancel()
@@ -313,6 +320,6 @@ class Gateway:
         pending = [asyncio.wrap_future(f) for f in writes if not f.done()]
         if pending:  # 3. save state
             await asyncio.gather(*pending, return_exceptions=True)
-        grace = max(0.5, min(5.0, deadline / 2))  # 4. stop managed trees
+        grace = max(0.5, min(5.0, steps_s / 2))  # 4. stop managed trees
         await asyncio.to_thread(self.scheduler.close, grace=grace)
         await asyncio.to_thread(self.journal.close)  # 5. close services
