@@ -15,7 +15,6 @@ repair).  The work routes are in :mod:`roomkeeper.api.jobs`, the lease routes in
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import sqlite3
@@ -96,7 +95,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     @app.exception_handler(sqlite3.Error)
     async def journal_error(request: Request, err: sqlite3.Error) -> JSONResponse:
         # A journal that cannot save is reported as such, never as a success or a 500.
-        gateway.persistence_error = str(err)
+        gateway.note_persistence_error(err)
         return JSONResponse({"detail": f"not saved: the journal could not write ({err})"}, 507)
 
     @app.exception_handler(CallStateError)
@@ -149,12 +148,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     @app.post("/v1/shutdown", dependencies=auth)
     async def shutdown() -> dict[str, str]:
         """Stop the service (not a restart): the same path as SIGTERM, through both layers."""
-        gateway.closing = True  # stop admitting now, before connections drain
-        gateway.link.tell("stop")  # an explicit stop is never taken for a crash
-        if gateway.server is not None:
-            gateway.server.should_exit = True
-        else:
-            asyncio.get_running_loop().create_task(gateway.shutdown())
+        gateway.request_stop()
         return {"state": "stopping"}
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
@@ -162,14 +156,11 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     @app.post("/v1/restart", dependencies=auth)
     async def restart() -> JSONResponse:
         """A fast restart by the supervisor (409 when the gateway runs alone)."""
-        if not gateway.link.tell("restart"):
+        if not gateway.request_restart():
             return JSONResponse(
                 {"detail": "no supervisor: restarts need `roomkeeper serve`"},
                 409,
             )
-        gateway.closing = True
-        if gateway.server is not None:
-            gateway.server.should_exit = True
         return JSONResponse({"state": "restarting"})
 
     @app.post("/v1/repair", dependencies=auth)

@@ -42,9 +42,8 @@ def run_gateway(port: int, socket_path: str | None) -> None:
         # Open streams may hold the door for a third of the deadline, no more.
         timeout_graceful_shutdown=gateway.shutdown_deadline() / 3,  # type: ignore[arg-type]
     )
-    server = _server_class()(config)
-    server.gateway = gateway
-    gateway.server = server
+    server = _server_class()(config, gateway)
+    gateway.attach_server(server)
     where = socket_path or f"http://127.0.0.1:{port}"
     click.echo(
         f"roomkeeper gateway on {where} (Health page at /); journal in {gateway.home}", err=True
@@ -58,19 +57,23 @@ def _server_class() -> type[Any]:
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, but SIGTERM and SIGINT end in exit status 0.
+        """uvicorn's server, but SIGTERM and SIGINT begin the gateway's one shutdown path.
 
         uvicorn re-raises a captured signal after its graceful shutdown; for us
         the signal *is* the request to stop, and our one shutdown path has run,
-        so the process ends normally (a supervisor must not see a crash).
+        so the process ends normally with status 0 (a supervisor must not see a
+        crash).
         """
 
-        gateway: Any = None
+        def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+            super().__init__(config)
+            self.gateway = gateway
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.gateway is not None:
-                self.gateway.closing = True  # stop admitting at once
+            # uvicorn's own handler first: it tells a first signal (exit gracefully)
+            # from a second SIGINT (force the exit) by whether should_exit is set.
             super().handle_exit(sig, frame)
+            self.gateway.begin_shutdown()  # stop admitting at once
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

@@ -30,7 +30,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from roomkeeper.config import (
     read_gateway_settings,
@@ -67,6 +67,12 @@ HEADLINES = {
     Reason.UNKNOWN: "measurements unavailable",
     Reason.OFF: "guard off",
 }
+
+
+class Server(Protocol):
+    """What the gateway asks of the HTTP server that serves it (uvicorn's ``Server``)."""
+
+    should_exit: bool
 
 
 def job_environment(extra: Mapping[str, str] | None) -> dict[str, str]:
@@ -118,17 +124,17 @@ class Gateway:
             history_max_events=read_gateway_settings(self.env).history_max_events,
         )
         self.calls = Calls(self.journal)
-        self.persistence_error: str | None = None
+        self._persistence_error: str | None = None  # why the journal cannot save, while so
         self.leases = Leases(self.guard)
         self.refusals: deque[Refusal] = deque(maxlen=REFUSALS_KEPT)  # newest last
-        self.closing = False
+        self._closing = False  # shutting down: nothing new is admitted
         self.durable_jobs = DurableJobs(
             logs_dir=self.home / "logs",
             guard=self.guard,
             limits=self._limits,
             journal=self.journal,
             refusals=self.refusals,
-            closing=lambda: self.closing,
+            closing=lambda: self._closing,
             watch=self._watch,
             environment=job_environment,
         )
@@ -138,7 +144,7 @@ class Gateway:
             guard=self.guard,
             journal=self.journal,
             refusals=self.refusals,
-            closing=lambda: self.closing,
+            closing=lambda: self._closing,
             watch=self._watch,
         )
         self.sampler = Sampler(guard=self.guard, scheduler=self.scheduler)
@@ -150,21 +156,22 @@ class Gateway:
             scheduler=self.scheduler,
             guard=self.guard,
             journal=self.journal,
-            closing=lambda: self.closing,
+            closing=lambda: self._closing,
             gone=self._supervisor_gone,
             watch=self._watch,
         )
-        self.server: Any = None  # the uvicorn server, to stop it on POST /v1/shutdown
+        self._server: Server | None = None  # asked to exit when the shutdown path begins
         self._tasks: list[asyncio.Task[None]] = []
         self._shutdown_lock = asyncio.Lock()
         self._shut = False
+        self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
         self.durable_leases.restore()
         # Orphans stopped and interrupted work settled before anything new launches.
         try:
             recover(self.journal, crashed=crashed, previous_pid=previous_pid)
         except Exception as err:  # e.g. a full disk: report it and keep serving
             log.error("start-up recovery could not be saved: %s", err)
-            self.persistence_error = str(err)
+            self.note_persistence_error(err)
 
     # ---------------------------------------------------------------- setup
 
@@ -201,23 +208,41 @@ class Gateway:
         def done(future: concurrent.futures.Future[None]) -> None:
             error = future.exception()
             if error is None:
-                self.persistence_error = None
+                self._persistence_error = None
             else:
-                if self.persistence_error is None:
+                if self._persistence_error is None:
                     log.error("the journal could not save: %s", error)
-                self.persistence_error = str(error)
+                self.note_persistence_error(error)
 
         write.add_done_callback(done)
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def closing(self) -> bool:
+        """Whether the shutdown path has begun: nothing new is admitted."""
+        return self._closing
+
+    @property
+    def persistence_error(self) -> str | None:
+        """Why the journal cannot save, while it cannot (new work is refused); else None."""
+        return self._persistence_error
+
+    def note_persistence_error(self, error: BaseException | str) -> None:
+        """The journal could not save: report it until a later write succeeds."""
+        self._persistence_error = str(error)
+
+    def attach_server(self, server: Server) -> None:
+        """The HTTP server that serves this gateway, asked to exit when shutdown begins."""
+        self._server = server
 
     # ----------------------------------------------------------- supervisor
 
     def _supervisor_gone(self) -> None:
         """The supervisor's channel ended (listener thread): shut down."""
-        if not self.closing:
+        if not self._closing:
             log.error("the supervisor is gone: shutting down")
-            self.closing = True
-            if self.server is not None:
-                self.server.should_exit = True
+            self.begin_shutdown()
         # If the event loop is blocked, the orderly path never runs: after the deadline
         # the process ends itself, and its lifeline takes the managed trees down.
         timer = threading.Timer(self.shutdown_deadline() + 1.0, os._exit, args=(1,))
@@ -228,7 +253,7 @@ class Gateway:
 
     def resume_next(self) -> str | None:
         """Resume the oldest deferred job if none is resuming now (one at a time)."""
-        if self.closing or self.persistence_error is not None or self.link.recovery_mode:
+        if self._closing or self._persistence_error is not None or self.link.recovery_mode:
             return None  # recovery mode holds automatic resumption
         return self.durable_jobs.resume_next()
 
@@ -246,7 +271,7 @@ class Gateway:
 
     def needs_you(self) -> dict[str, str]:
         """A headline from a closed vocabulary and the guard's summary: no path, no command."""
-        if self.persistence_error is not None:
+        if self._persistence_error is not None:
             return {
                 "headline": "persistence failed",
                 "body": "the journal cannot save (the disk may be full); new work is refused",
@@ -286,8 +311,45 @@ class Gateway:
 
     # ------------------------------------------------------------- shutdown
 
+    def begin_shutdown(self) -> bool:
+        """Begin the one shutdown path: stop admitting at once, ask the server to exit.
+
+        Safe from any thread and more than once.  The server drains its
+        connections, then its lifespan runs :meth:`shutdown`, the stop steps.
+
+        Returns:
+            Whether a server was asked to exit; without one the caller runs :meth:`shutdown`.
+        """
+        self._closing = True
+        if self._server is None:
+            return False
+        self._server.should_exit = True  # read by the server's loop on its next tick
+        return True
+
+    def request_stop(self) -> None:
+        """Stop the service, not a restart (``POST /v1/shutdown``; on the event loop).
+
+        The path SIGTERM takes, through both layers: the supervisor is told, so that
+        the exit that follows is never taken for a crash.
+        """
+        asked = self.begin_shutdown()
+        self.link.tell("stop")
+        if not asked:
+            self._shutdown_task = asyncio.get_running_loop().create_task(self.shutdown())
+
+    def request_restart(self) -> bool:
+        """Ask the supervisor for a fast restart, then shut down (``POST /v1/restart``).
+
+        Returns:
+            False when no supervisor runs this gateway; then nothing changes.
+        """
+        if not self.link.tell("restart"):
+            return False
+        self.begin_shutdown()
+        return True
+
     async def shutdown(self) -> None:
-        """The one shutdown path; safe to call more than once."""
+        """The stop steps, within the shutdown deadline; safe to call more than once."""
         async with self._shutdown_lock:
             if self._shut:
                 return
@@ -310,7 +372,7 @@ class Gateway:
             log.info("roomkeeper gateway stopped")
 
     async def _shutdown_steps(self, steps_s: float) -> None:
-        self.closing = True  # 1. stop admission
+        self._closing = True  # 1. stop admission
         for task in self._tasks:  # 2. stop timers
             task.cancel()
         for task in self._tasks:
