@@ -29,7 +29,7 @@ def run_gateway(port: int, socket_path: str | None) -> None:
     import uvicorn
 
     channel = Channel.from_env()
-    gateway = Gateway(channel=channel)
+    gateway = Gateway.open(channel=channel)
     app = create_app(gateway, port=None if socket_path else port, socket=socket_path)
     config = uvicorn.Config(
         app,

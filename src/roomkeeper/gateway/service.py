@@ -7,13 +7,18 @@ not inherit ``ROOMKEEPER_*`` variables, and the token never lies under the
 workspace, so an agent's tool command does not find the keys by accident.
 
 The Gateway owns its parts and keeps the names :mod:`roomkeeper.api.app` calls:
+:mod:`~roomkeeper.gateway.home` (the token, the journal, the run record),
 :mod:`~roomkeeper.gateway.jobs` and :mod:`~roomkeeper.gateway.leases` (each
 change durable), :mod:`~roomkeeper.gateway.link` (the supervisor, its holds,
-repair) and :mod:`~roomkeeper.gateway.samples` (the Health page's chart).
+repair), :mod:`~roomkeeper.gateway.samples` (the Health page's chart) and
+:mod:`~roomkeeper.gateway.refusals` (its recent refusals).  It owns its state
+too: the API reads ``closing`` and ``persistence_error`` and calls operations.
 
 One idempotent shutdown path serves SIGTERM, SIGINT and ``POST /v1/shutdown``:
-stop admission, stop timers, save state, stop managed trees, close services,
-within ROOMKEEPER_SHUTDOWN_S.
+:meth:`Gateway.begin_shutdown` stops admission at once and asks the server to
+exit; the server's lifespan then runs :meth:`Gateway.shutdown`, the stop steps
+(stop timers, save state, stop managed trees, close the journal), within
+ROOMKEEPER_SHUTDOWN_S.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -32,14 +36,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from roomkeeper.config import (
-    read_gateway_settings,
-    read_journal_synchronous,
-    read_queue_settings,
-    read_watchdog_settings,
-)
-from roomkeeper.errors import UsageError
+from roomkeeper.config import read_gateway_settings, read_queue_settings, read_watchdog_settings
 from roomkeeper.gateway.calls import Calls
+from roomkeeper.gateway.home import (
+    check_token_outside_workspace,
+    open_journal,
+    remove_run_record,
+    unclean_stop_pid,
+    write_run_record,
+)
 from roomkeeper.gateway.jobs import DurableJobs
 from roomkeeper.gateway.leases import DurableLeases
 from roomkeeper.gateway.link import SupervisorLink
@@ -52,7 +57,7 @@ from roomkeeper.ipc import Channel
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.resources import cpu_pressure_percent
-from roomkeeper.paths import home_dir, load_token, workspace_dir, write_private
+from roomkeeper.paths import home_dir, load_token, workspace_dir
 
 log = logging.getLogger("roomkeeper")
 
@@ -83,52 +88,87 @@ def job_environment(extra: Mapping[str, str] | None) -> dict[str, str]:
 
 
 class Gateway:
-    """What ``roomkeeper serve`` runs.
+    """What ``roomkeeper serve`` runs: :meth:`Gateway.open` makes one over ROOMKEEPER_HOME.
+
+    The constructor wires the parts over a journal already open and runs no
+    recovery, so a gateway is built in steps: check the home, open the journal,
+    wire the parts, settle what the previous run left (:meth:`open` takes them).
 
     Args:
         home: ROOMKEEPER_HOME (journal, logs, token).
-        env: the variables to read; ``os.environ`` when omitted.
+        env: the variables to read.
+        token: the bearer token every authorized call carries.
+        journal: the open journal behind every durable change.
         channel: to the supervisor; None when run alone.
     """
 
     def __init__(
         self,
         *,
+        home: Path,
+        env: Mapping[str, str],
+        token: str,
+        journal: Journal,
+        channel: Channel | None = None,
+    ) -> None:
+        self.env = env
+        self.home = home
+        self.workspace = workspace_dir(env)
+        self.token = token
+        self.journal = journal
+        self.boot_id = uuid.uuid4().hex
+        self.started = time.monotonic()
+        self.guard = Guard(env=env, reserve=self._gateway_reserve)
+        self.calls = Calls(journal)
+        self.leases = Leases(self.guard)
+        self.refusals: deque[Refusal] = deque(maxlen=REFUSALS_KEPT)  # newest last
+        self._persistence_error: str | None = None  # why the journal cannot save, while so
+        self._closing = False  # shutting down: nothing new is admitted
+        self._server: Server | None = None  # asked to exit when the shutdown path begins
+        self._tasks: list[asyncio.Task[None]] = []
+        self._shutdown_lock = asyncio.Lock()
+        self._shut = False
+        self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
+        self.durable_jobs = self._durable_jobs()
+        self.scheduler = self.durable_jobs.scheduler
+        self.durable_leases = self._durable_leases()
+        self.sampler = Sampler(guard=self.guard, scheduler=self.scheduler)
+        self.samples = self.sampler.samples  # the Health page's chart, newest last
+        self.link = self._supervisor_link(channel)
+
+    @classmethod
+    def open(
+        cls,
+        *,
         home: Path | None = None,
         env: Mapping[str, str] | None = None,
         channel: Channel | None = None,
-    ) -> None:
-        self.env = os.environ if env is None else env
-        self.home = home or home_dir(self.env)
-        self.workspace = workspace_dir(self.env)
-        token_path = (self.home / "token").resolve()
-        if token_path.is_relative_to(self.workspace.resolve()):
-            raise UsageError(
-                f"ROOMKEEPER_WORKSPACE ({self.workspace}) contains the gateway's token "
-                f"({token_path}); choose a workspace outside ROOMKEEPER_HOME",
-                name="ROOMKEEPER_WORKSPACE",
-            )
-        self.token = load_token(self.home)
-        self.boot_id = uuid.uuid4().hex
-        self.started = time.monotonic()
-        self.guard = Guard(env=self.env, reserve=self._gateway_reserve)
-        # A gateway.json left behind means the previous run did not stop cleanly;
-        # its pid names the job cgroups that run may have left.
-        crashed, previous_pid = False, None
-        with contextlib.suppress(OSError, ValueError):
-            previous_pid = int(json.loads((self.home / "gateway.json").read_text())["pid"])
-            crashed = True
-        self.journal = Journal(
-            self.home / "journal.db",
-            synchronous=read_journal_synchronous(self.env),
-            history_max_events=read_gateway_settings(self.env).history_max_events,
-        )
-        self.calls = Calls(self.journal)
-        self._persistence_error: str | None = None  # why the journal cannot save, while so
-        self.leases = Leases(self.guard)
-        self.refusals: deque[Refusal] = deque(maxlen=REFUSALS_KEPT)  # newest last
-        self._closing = False  # shutting down: nothing new is admitted
-        self.durable_jobs = DurableJobs(
+    ) -> Gateway:
+        """A gateway over ROOMKEEPER_HOME, its journal open and start-up recovery done.
+
+        Args:
+            home: ROOMKEEPER_HOME; read from ``env`` when omitted.
+            env: the variables to read; ``os.environ`` when omitted.
+            channel: to the supervisor; None when run alone.
+
+        Raises:
+            UsageError: ROOMKEEPER_WORKSPACE contains the token (the message says so).
+        """
+        env = os.environ if env is None else env
+        home = home or home_dir(env)
+        check_token_outside_workspace(home, workspace_dir(env))
+        token = load_token(home)
+        previous_pid = unclean_stop_pid(home)  # before this run writes its own record
+        journal = open_journal(home, env)
+        gateway = cls(home=home, env=env, token=token, journal=journal, channel=channel)
+        gateway._recover(previous_pid)
+        return gateway
+
+    # ---------------------------------------------------------------- setup
+
+    def _durable_jobs(self) -> DurableJobs:
+        """The scheduler, with the journal behind every job (its holds read at each round)."""
+        return DurableJobs(
             logs_dir=self.home / "logs",
             guard=self.guard,
             limits=self._limits,
@@ -138,8 +178,10 @@ class Gateway:
             watch=self._watch,
             environment=job_environment,
         )
-        self.scheduler = self.durable_jobs.scheduler
-        self.durable_leases = DurableLeases(
+
+    def _durable_leases(self) -> DurableLeases:
+        """The leases, with the journal behind every grant, heartbeat and end."""
+        return DurableLeases(
             leases=self.leases,
             guard=self.guard,
             journal=self.journal,
@@ -147,9 +189,10 @@ class Gateway:
             closing=lambda: self._closing,
             watch=self._watch,
         )
-        self.sampler = Sampler(guard=self.guard, scheduler=self.scheduler)
-        self.samples = self.sampler.samples  # the Health page's chart, newest last
-        self.link = SupervisorLink(
+
+    def _supervisor_link(self, channel: Channel | None) -> SupervisorLink:
+        """Our side of the supervisor: its holds on launches, heartbeats, repair."""
+        return SupervisorLink(
             channel,
             env=self.env,
             boot_id=self.boot_id,
@@ -160,20 +203,20 @@ class Gateway:
             gone=self._supervisor_gone,
             watch=self._watch,
         )
-        self._server: Server | None = None  # asked to exit when the shutdown path begins
-        self._tasks: list[asyncio.Task[None]] = []
-        self._shutdown_lock = asyncio.Lock()
-        self._shut = False
-        self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
+
+    def _recover(self, previous_pid: int | None) -> None:
+        """Restore live leases and settle what the previous run left, before anything launches.
+
+        Args:
+            previous_pid: the previous gateway's pid when it did not stop cleanly, else None.
+        """
         self.durable_leases.restore()
         # Orphans stopped and interrupted work settled before anything new launches.
         try:
-            recover(self.journal, crashed=crashed, previous_pid=previous_pid)
+            recover(self.journal, crashed=previous_pid is not None, previous_pid=previous_pid)
         except Exception as err:  # e.g. a full disk: report it and keep serving
             log.error("start-up recovery could not be saved: %s", err)
             self.note_persistence_error(err)
-
-    # ---------------------------------------------------------------- setup
 
     def _limits(self) -> Limits:
         """The seed's bounds from the variables, with the gateway's holds on top."""
@@ -198,9 +241,7 @@ class Gateway:
             asyncio.create_task(self._resume_loop()),
         ]
         self._tasks += self.link.start(port=port, socket=socket)
-        info = {"pid": os.getpid(), "boot_id": self.boot_id, "port": port, "socket": socket}
-        # Atomic: a client or the next start never reads half of it.
-        write_private(self.home / "gateway.json", json.dumps(info))
+        write_run_record(self.home, boot_id=self.boot_id, port=port, socket=socket)
 
     def _watch(self, write: concurrent.futures.Future[None]) -> None:
         """Remember whether the journal can save: a failed write is reported, never hidden."""
@@ -367,8 +408,7 @@ class Gateway:
                     steps_s,
                     deadline,
                 )
-            with contextlib.suppress(OSError):
-                (self.home / "gateway.json").unlink()
+            remove_run_record(self.home)
             log.info("roomkeeper gateway stopped")
 
     async def _shutdown_steps(self, steps_s: float) -> None:
