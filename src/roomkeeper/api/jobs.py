@@ -23,31 +23,30 @@ from roomkeeper.gateway.service import Gateway, job_environment
 from roomkeeper.jobs.spec import JobSpec, JobState
 
 RUNNING_STATES = frozenset({JobState.WAITING.value, JobState.RUNNING.value})
+FOLLOW_EVERY_S = 0.2  # how often a followed job's output is read again
+READ_AT_MOST = 1024 * 1024  # bytes of output read at a time
 
 
 def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     """``/v1/jobs``, ``/v1/calls`` and ``/v1/history`` for ``gateway``, each behind ``auth``."""
     router = APIRouter()
+    _job_routes(router, gateway, auth)
+    _call_routes(router, gateway, auth)
+    _history_route(router, gateway, auth)
+    return router
 
-    # ------------------------------------------------------------ jobs
+
+# ------------------------------------------------------------------ jobs
+
+
+def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depends]) -> None:
+    """Submit, list, read, follow, cancel and resolve jobs."""
 
     @router.post("/v1/jobs", status_code=201, dependencies=auth)
     async def submit_job(body: JobIn) -> dict[str, Any]:
         """Queue a job; 429 with the reason when a queue bound is reached."""
-        spec = JobSpec(
-            argv=body.argv,
-            owner=body.owner,
-            cwd=body.cwd or str(gateway.workspace),
-            env=job_environment(body.env),
-            memory_bytes=body.memory_bytes,
-            disk_bytes=body.disk_bytes,
-            timeout_s=body.timeout_s,
-            resumable=body.resumable,
-        )
-        if body.cwd is None:
-            gateway.workspace.mkdir(parents=True, exist_ok=True)
         view = await gateway.durable_jobs.submit(
-            spec, body.release.hook() if body.release else None
+            _job_spec(gateway, body), body.release.hook() if body.release else None
         )
         return {"id": view.id, "state": view.state.value}
 
@@ -57,59 +56,23 @@ def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
         state: Annotated[str | None, Query(max_length=40)] = None,
     ) -> list[dict[str, Any]]:
         """Jobs of this run and earlier ones, newest first."""
-        live = {v.id: job_json(v) for v in gateway.scheduler.jobs()}
-        rows = {r.id: row_json(r) for r in gateway.journal.jobs(owner=owner, state=state)}
-        rows.update(
-            {
-                i: j
-                for i, j in live.items()
-                if (owner is None or j["owner"] == owner) and (state is None or j["state"] == state)
-            }
-        )
-        for i in [i for i, j in rows.items() if i in live and live[i]["state"] != j["state"]]:
-            del rows[i]
-        return sorted(rows.values(), key=lambda j: j["submitted_at"], reverse=True)
-
-    def _find(job_id: str) -> dict[str, Any]:
-        with contextlib.suppress(UnknownJobError):
-            return job_json(gateway.scheduler.get(job_id))
-        row = gateway.journal.job(job_id)
-        if row is None:
-            raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)
-        return row_json(row)
+        return _listed_jobs(gateway, owner=owner, state=state)
 
     @router.get("/v1/jobs/{job_id}", dependencies=auth)
     def get_job(job_id: Id) -> dict[str, Any]:
         """One job, live or from an earlier run."""
-        return _find(job_id)
+        return _find_job(gateway, job_id)
 
     @router.get("/v1/jobs/{job_id}/output", dependencies=auth, response_model=None)
     async def job_output(job_id: Id, follow: bool = False) -> Response:
         """The job's kept output; ``follow=true`` streams it until the job ends."""
-        job = await asyncio.to_thread(_find, job_id)
+        await asyncio.to_thread(_find_job, gateway, job_id)  # 404 for an unknown job
         row = await asyncio.to_thread(gateway.journal.job, job_id)
         path = Path(row.log_path if row else gateway.home / "logs" / f"{job_id}.log")
-        if not follow:
-            data = await asyncio.to_thread(lambda: path.read_bytes() if path.exists() else b"")
-            return Response(data, media_type="text/plain")
-
-        async def stream() -> AsyncIterator[bytes]:
-            offset = 0
-            while True:
-                data = await asyncio.to_thread(_read_from, path, offset)
-                offset += len(data)
-                if data:
-                    yield data
-                state = (await asyncio.to_thread(_find, job_id))["state"]
-                if state not in RUNNING_STATES or gateway.closing:
-                    tail = await asyncio.to_thread(_read_from, path, offset)
-                    if tail:
-                        yield tail
-                    return
-                await asyncio.sleep(0.2)
-
-        del job
-        return StreamingResponse(stream(), media_type="text/plain")
+        if follow:
+            return StreamingResponse(_follow(gateway, job_id, path), media_type="text/plain")
+        data = await asyncio.to_thread(lambda: path.read_bytes() if path.exists() else b"")
+        return Response(data, media_type="text/plain")
 
     @router.delete("/v1/jobs/{job_id}", dependencies=auth)
     def cancel_job(job_id: Id) -> dict[str, Any]:
@@ -119,15 +82,90 @@ def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     @router.post("/v1/jobs/{job_id}/resolve", dependencies=auth)
     def resolve_job(job_id: Id, body: ResolveIn) -> dict[str, Any]:
         """Settle an uncertain job: succeeded, failed, or run it again."""
-        _guard_saving()
+        _require_saving(gateway)
         gateway.durable_jobs.resolve(job_id, body.resolution)
-        return _find(job_id)
+        return _find_job(gateway, job_id)
 
-    # ------------------------------------------------------------ calls
 
-    def _guard_saving() -> None:
-        if gateway.persistence_error is not None:
-            raise PersistenceError(f"the journal cannot save: {gateway.persistence_error}")
+def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
+    """The job a request asks for; without a ``cwd`` it runs in the workspace (made if need be)."""
+    spec = JobSpec(
+        argv=body.argv,
+        owner=body.owner,
+        cwd=body.cwd or str(gateway.workspace),
+        env=job_environment(body.env),
+        memory_bytes=body.memory_bytes,
+        disk_bytes=body.disk_bytes,
+        timeout_s=body.timeout_s,
+        resumable=body.resumable,
+    )
+    if body.cwd is None:
+        gateway.workspace.mkdir(parents=True, exist_ok=True)
+    return spec
+
+
+def _listed_jobs(gateway: Gateway, *, owner: str | None, state: str | None) -> list[dict[str, Any]]:
+    """This run's jobs over the journal's rows of the same ids, filtered, newest first."""
+    live = {v.id: job_json(v) for v in gateway.scheduler.jobs()}
+    rows = {r.id: row_json(r) for r in gateway.journal.jobs(owner=owner, state=state)}
+    rows.update(
+        {
+            i: j
+            for i, j in live.items()
+            if (owner is None or j["owner"] == owner) and (state is None or j["state"] == state)
+        }
+    )
+    # A journal row whose live job is now in another state (one the filter leaves out) is stale.
+    for i in [i for i, j in rows.items() if i in live and live[i]["state"] != j["state"]]:
+        del rows[i]
+    return sorted(rows.values(), key=lambda j: j["submitted_at"], reverse=True)
+
+
+def _find_job(gateway: Gateway, job_id: str) -> dict[str, Any]:
+    """One job as the API shows it: live if this run has it, else from the journal.
+
+    Raises:
+        UnknownJobError: no job has that id (404).
+    """
+    with contextlib.suppress(UnknownJobError):
+        return job_json(gateway.scheduler.get(job_id))
+    row = gateway.journal.job(job_id)
+    if row is None:
+        raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)
+    return row_json(row)
+
+
+async def _follow(gateway: Gateway, job_id: str, path: Path) -> AsyncIterator[bytes]:
+    """The job's output as it grows, until the job ends or the gateway shuts down."""
+    offset = 0
+    while True:
+        data = await asyncio.to_thread(_read_from, path, offset)
+        offset += len(data)
+        if data:
+            yield data
+        state = (await asyncio.to_thread(_find_job, gateway, job_id))["state"]
+        if state not in RUNNING_STATES or gateway.closing:
+            tail = await asyncio.to_thread(_read_from, path, offset)
+            if tail:
+                yield tail
+            return
+        await asyncio.sleep(FOLLOW_EVERY_S)
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(READ_AT_MOST)
+    except FileNotFoundError:
+        return b""
+
+
+# ----------------------------------------------------------------- calls
+
+
+def _call_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depends]) -> None:
+    """Register side-effecting calls, save their outcomes, cancel and resolve them."""
 
     @router.post("/v1/calls", status_code=201, dependencies=auth)
     def register_call(body: CallIn) -> dict[str, Any]:
@@ -174,6 +212,19 @@ def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
         """Settle an uncertain call: succeeded, failed, or pending again (rerun)."""
         return gateway.calls.resolve(call_id, body.resolution).to_json()
 
+
+def _require_saving(gateway: Gateway) -> None:
+    """Refuse a change the journal cannot save now (507)."""
+    if gateway.persistence_error is not None:
+        raise PersistenceError(f"the journal cannot save: {gateway.persistence_error}")
+
+
+# --------------------------------------------------------------- history
+
+
+def _history_route(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depends]) -> None:
+    """The recovery history."""
+
     @router.get("/v1/history", dependencies=auth)
     def history() -> list[dict[str, Any]]:
         """Recovery events, newest first: timestamps, reason codes and numbers only."""
@@ -181,14 +232,3 @@ def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
             {"at": e.at, "code": e.code.value, "numbers": dict(e.numbers)}
             for e in gateway.journal.history()
         ]
-
-    return router
-
-
-def _read_from(path: Path, offset: int) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read(1024 * 1024)
-    except FileNotFoundError:
-        return b""
