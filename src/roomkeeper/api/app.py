@@ -18,11 +18,11 @@ from __future__ import annotations
 import contextlib
 import hmac
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from importlib import resources as package_files
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, params
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -56,6 +56,23 @@ def _page() -> str:
 
 def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None = None) -> FastAPI:
     """The FastAPI application for one gateway (``port``/``socket`` are written for the CLI)."""
+    app = FastAPI(
+        title="roomkeeper", version=__version__, lifespan=_lifespan(gateway, port, socket)
+    )
+    auth = [Depends(_token_check(gateway))]
+    _add_error_answers(app, gateway)
+    _add_open_routes(app, gateway)
+    app.include_router(work_routes(gateway, auth))
+    app.include_router(lease_routes(gateway, auth))
+    _add_service_routes(app, gateway, auth)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    return app
+
+
+def _lifespan(
+    gateway: Gateway, port: int | None, socket: str | None
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Start the gateway with the server; run its stop steps when the server has drained."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,8 +82,11 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
         finally:
             await gateway.shutdown()
 
-    app = FastAPI(title="roomkeeper", version=__version__, lifespan=lifespan)
-    page = _page()
+    return lifespan
+
+
+def _token_check(gateway: Gateway) -> Callable[[Credentials], None]:
+    """The dependency every authorized route has: the gateway's bearer token, or 401."""
 
     def authorized(credentials: Credentials) -> None:
         given = credentials.credentials if credentials else ""
@@ -77,7 +97,11 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    auth = [Depends(authorized)]
+    return authorized
+
+
+def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
+    """A 4xx or 507 saying what was wrong for each of our errors, never a 500."""
 
     @app.exception_handler(UsageError)
     async def usage_error(request: Request, err: UsageError) -> JSONResponse:
@@ -106,7 +130,10 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     async def queue_full(request: Request, err: QueueFullError) -> JSONResponse:
         return JSONResponse({"reason": err.reason, "detail": str(err)}, 429)
 
-    # ------------------------------------------------------------ open
+
+def _add_open_routes(app: FastAPI, gateway: Gateway) -> None:
+    """The routes without a token: they carry no command line, path, environment or output."""
+    page = _page()
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -128,12 +155,9 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
         """What the Health page shows: ids, owners, states, reasons and numbers only."""
         return feed_json(gateway)
 
-    # ---------------------------------------------------- jobs, calls, leases
 
-    app.include_router(work_routes(gateway, auth))
-    app.include_router(lease_routes(gateway, auth))
-
-    # ----------------------------------------------------------- status
+def _add_service_routes(app: FastAPI, gateway: Gateway, auth: Sequence[params.Depends]) -> None:
+    """The service's own routes, behind ``auth``: status, needs-you, shutdown, restart, repair."""
 
     @app.get("/v1/status", dependencies=auth)
     def status() -> dict[str, Any]:
@@ -151,8 +175,6 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
         gateway.request_stop()
         return {"state": "stopping"}
 
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
-
     @app.post("/v1/restart", dependencies=auth)
     async def restart() -> JSONResponse:
         """A fast restart by the supervisor (409 when the gateway runs alone)."""
@@ -167,5 +189,3 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     async def repair() -> dict[str, Any]:
         """Check responsiveness and headroom, then release held work gradually."""
         return await gateway.link.repair()
-
-    return app
