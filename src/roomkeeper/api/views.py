@@ -11,12 +11,18 @@ import os
 import time
 from typing import Any
 
+from roomkeeper.gateway.calls import CallView
+from roomkeeper.gateway.samples import Sample
 from roomkeeper.gateway.service import HEADLINES, Gateway
+from roomkeeper.guard.admission import Decision
 from roomkeeper.guard.leases import LeaseView
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.database import JobRow
 
 LAST_OUTPUT_BYTES = 500
+FEED_JOBS = 50  # this run's newest jobs on the Health page
+FEED_IN_DOUBT = 25  # of each kind of work in doubt that an earlier run left
+FEED_RECOVERIES = 20
 JOB_FIELDS = (
     "id",
     "owner",
@@ -88,18 +94,8 @@ def lease_json(lease: LeaseView) -> dict[str, Any]:
 def feed_json(gateway: Gateway) -> dict[str, Any]:
     """What the Health page shows: ids, owners, states, reasons and numbers only."""
     decision = gateway.check()
-    memory = decision.memory
     latest = gateway.samples[-1] if gateway.samples else gateway.sample()
     stats = gateway.scheduler.statistics()
-    jobs = sorted(gateway.scheduler.jobs(), key=lambda v: v.submitted_at, reverse=True)[:50]
-    live = {v.id for v in jobs}
-    # Work in doubt from an earlier run lives only in the journal: show it too.
-    in_doubt = [
-        r
-        for state in (JobState.UNCERTAIN.value, JobState.DEFERRED.value)
-        for r in gateway.journal.jobs(state=state, limit=25)
-        if r.id not in live
-    ]
     return {
         "boot_id": gateway.boot_id,
         "uptime_s": gateway.uptime(),
@@ -110,74 +106,106 @@ def feed_json(gateway: Gateway) -> dict[str, Any]:
             "headline": HEADLINES.get(decision.reason, "ok"),
             "summary": decision.summary,
         },
-        "memory": {
-            "used_bytes": memory.used_bytes if memory else None,
-            "limit_bytes": memory.limit_bytes if memory else None,
-            "line_bytes": latest.line_bytes,
-            "source": memory.source.value if memory else "not read",
-        },
+        "memory": _feed_memory(decision, latest),
         "disk": {"free_bytes": latest.disk_free_bytes, "total_bytes": latest.disk_total_bytes},
-        "history": [
-            {
-                "at": s.at,
-                "used_bytes": s.used_bytes,
-                "limit_bytes": s.limit_bytes,
-                "line_bytes": s.line_bytes,
-                "disk_free_bytes": s.disk_free_bytes,
-                "disk_total_bytes": s.disk_total_bytes,
-                "running": s.running,
-                "waiting": s.waiting,
-            }
-            for s in list(gateway.samples)
-        ],
+        "history": [_sample_json(s) for s in list(gateway.samples)],
         "owners": {o: {"waiting": w, "running": r} for o, (w, r) in stats.by_owner.items()},
-        "jobs": [
-            {
-                "id": v.id,
-                "owner": v.owner,
-                "state": v.state.value,
-                "reason": v.reason.value if v.reason else None,
-                "exit_code": v.exit_code,
-                "submitted_at": v.submitted_at,
-                "started_at": v.started_at,
-                "ended_at": v.ended_at,
-            }
-            for v in jobs
-        ]
-        + [
-            {
-                "id": r.id,
-                "owner": r.owner,
-                "state": r.state,
-                "reason": None,
-                "exit_code": r.exit_code,
-                "submitted_at": r.submitted_at,
-                "started_at": r.started_at,
-                "ended_at": r.ended_at,
-            }
-            for r in in_doubt
-        ]
-        + [
-            {
-                "id": c.id,
-                "owner": c.owner,
-                "state": c.state.value,
-                "reason": None,
-                "exit_code": None,
-                "submitted_at": c.created_at,
-                "started_at": c.created_at,
-                "ended_at": None,
-            }
-            for c in gateway.calls.list(state="uncertain")[:25]
-        ],
+        "jobs": _feed_jobs(gateway),
         "refusals": [
             {"at": r.at, "reason": r.reason.value, "summary": r.summary}
             for r in reversed(gateway.refusals)
         ],
         "recoveries": [
-            {"at": e.at, "reason": e.code.value} for e in gateway.journal.history(limit=20)
+            {"at": e.at, "reason": e.code.value}
+            for e in gateway.journal.history(limit=FEED_RECOVERIES)
         ],
         "leases": gateway.leases.counts(),
+    }
+
+
+def _feed_memory(decision: Decision, latest: Sample) -> dict[str, Any]:
+    """The guard's memory reading now, with the chart's latest line."""
+    memory = decision.memory
+    return {
+        "used_bytes": memory.used_bytes if memory else None,
+        "limit_bytes": memory.limit_bytes if memory else None,
+        "line_bytes": latest.line_bytes,
+        "source": memory.source.value if memory else "not read",
+    }
+
+
+def _sample_json(sample: Sample) -> dict[str, Any]:
+    """One point of the Health page's chart."""
+    return {
+        "at": sample.at,
+        "used_bytes": sample.used_bytes,
+        "limit_bytes": sample.limit_bytes,
+        "line_bytes": sample.line_bytes,
+        "disk_free_bytes": sample.disk_free_bytes,
+        "disk_total_bytes": sample.disk_total_bytes,
+        "running": sample.running,
+        "waiting": sample.waiting,
+    }
+
+
+def _feed_jobs(gateway: Gateway) -> list[dict[str, Any]]:
+    """This run's newest jobs, then the work in doubt an earlier run left: jobs, then calls."""
+    shown = sorted(gateway.scheduler.jobs(), key=lambda v: v.submitted_at, reverse=True)[:FEED_JOBS]
+    live = {v.id for v in shown}
+    # Work in doubt from an earlier run lives only in the journal: show it too.
+    in_doubt = [
+        r
+        for state in (JobState.UNCERTAIN.value, JobState.DEFERRED.value)
+        for r in gateway.journal.jobs(state=state, limit=FEED_IN_DOUBT)
+        if r.id not in live
+    ]
+    calls = gateway.calls.list(state="uncertain")[:FEED_IN_DOUBT]
+    return (
+        [_feed_live_job(v) for v in shown]
+        + [_feed_row(r) for r in in_doubt]
+        + [_feed_call(c) for c in calls]
+    )
+
+
+def _feed_live_job(view: JobView) -> dict[str, Any]:
+    """A job of this run as the Health page lists it: no command line, no path."""
+    return {
+        "id": view.id,
+        "owner": view.owner,
+        "state": view.state.value,
+        "reason": view.reason.value if view.reason else None,
+        "exit_code": view.exit_code,
+        "submitted_at": view.submitted_at,
+        "started_at": view.started_at,
+        "ended_at": view.ended_at,
+    }
+
+
+def _feed_row(row: JobRow) -> dict[str, Any]:
+    """A job an earlier run left in doubt, from the journal, listed like a live one."""
+    return {
+        "id": row.id,
+        "owner": row.owner,
+        "state": row.state,
+        "reason": None,
+        "exit_code": row.exit_code,
+        "submitted_at": row.submitted_at,
+        "started_at": row.started_at,
+        "ended_at": row.ended_at,
+    }
+
+
+def _feed_call(call: CallView) -> dict[str, Any]:
+    """A registered call left uncertain, listed like a job that started when it was made."""
+    return {
+        "id": call.id,
+        "owner": call.owner,
+        "state": call.state.value,
+        "reason": None,
+        "exit_code": None,
+        "submitted_at": call.created_at,
+        "started_at": call.created_at,
+        "ended_at": None,
     }
 
 
