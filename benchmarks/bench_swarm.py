@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from roomkeeper.guard.admission import memory_line
+from roomkeeper.guard.rule import memory_line
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 from roomkeeper.units import parse_size
 

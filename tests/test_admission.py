@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roomkeeper import Guard, Reason
-from roomkeeper.guard.admission import disk_needed, memory_line
+from roomkeeper.guard.rule import disk_needed, memory_line
 from roomkeeper.kernel.resources import (
     DiskReading,
     LimitOrigin,

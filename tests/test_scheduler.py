@@ -11,7 +11,8 @@ import pytest
 
 from roomkeeper.config import read_queue_settings
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
-from roomkeeper.guard.admission import Decision, Guard, Reason
+from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.launch import LaunchSpec
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.scheduler import Scheduler

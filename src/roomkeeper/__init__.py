@@ -45,7 +45,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from roomkeeper.guard.admission import Decision, Guard, GuardStatistics, Reason
+    from roomkeeper.guard.admission import Guard, GuardStatistics
+    from roomkeeper.guard.rule import Decision, Reason
     from roomkeeper.jobs.batch import BatchResult, run_batch
     from roomkeeper.jobs.queue import Limits
     from roomkeeper.jobs.scheduler import Scheduler, SchedulerStatistics
@@ -60,10 +61,10 @@ if TYPE_CHECKING:
     )
 
 _HOMES = {
-    "Decision": "guard.admission",
+    "Decision": "guard.rule",
     "Guard": "guard.admission",
     "GuardStatistics": "guard.admission",
-    "Reason": "guard.admission",
+    "Reason": "guard.rule",
     "BatchResult": "jobs.batch",
     "run_batch": "jobs.batch",
     "Limits": "jobs.queue",

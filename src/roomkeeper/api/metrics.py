@@ -15,7 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from roomkeeper.gateway.jobs import WAIT_BUCKETS
-from roomkeeper.guard.admission import Reason
+from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.spec import JobState
 
 if TYPE_CHECKING:

@@ -14,10 +14,10 @@ from typing import Any
 from roomkeeper.gateway.calls import CallView
 from roomkeeper.gateway.samples import Sample
 from roomkeeper.gateway.service import HEADLINES, Gateway
-from roomkeeper.guard.admission import Decision
 from roomkeeper.guard.leases import LeaseView
+from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.spec import JobState, JobView
-from roomkeeper.journal.database import JobRow
+from roomkeeper.journal.jobs import JobRow
 
 LAST_OUTPUT_BYTES = 500
 FEED_JOBS = 50  # this run's newest jobs on the Health page

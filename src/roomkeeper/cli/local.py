@@ -17,7 +17,8 @@ from rich.table import Table
 from roomkeeper.cli.options import parse_size_option
 from roomkeeper.config import read_queue_settings, read_settings
 from roomkeeper.errors import UsageError
-from roomkeeper.guard.admission import Decision, Guard
+from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.batch import (
     BatchProgress,
     default_logs_dir,

@@ -27,8 +27,9 @@ import psutil
 
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.gateway.refusals import Refusal
-from roomkeeper.guard.admission import Decision, Guard
+from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import ReleaseHook, run_hook
+from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView

@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 from roomkeeper.errors import UsageError
 from roomkeeper.gateway.refusals import Refusal
-from roomkeeper.guard.admission import Decision, Guard
+from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import ReleaseHook, run_hook
 from roomkeeper.guard.leases import Leases, LeaseState, LeaseView, guard_key
+from roomkeeper.guard.rule import Decision
 from roomkeeper.journal.database import Journal
 
 LEASE_CHECK_EVERY_S = 0.5

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from roomkeeper.guard.admission import Decision, Reason
+from roomkeeper.guard.rule import Decision, Reason
 
 REFUSALS_KEPT = 20
 

@@ -51,8 +51,9 @@ from roomkeeper.gateway.link import SupervisorLink
 from roomkeeper.gateway.recovery import recover
 from roomkeeper.gateway.refusals import REFUSALS_KEPT, Refusal
 from roomkeeper.gateway.samples import Sample, Sampler
-from roomkeeper.guard.admission import Decision, Guard, Reason
+from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.leases import Leases
+from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.ipc import Channel
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.journal.database import Journal

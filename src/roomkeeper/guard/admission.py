@@ -22,7 +22,6 @@ never counted twice (once in the reading, once in its reservation).
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import sys
@@ -33,71 +32,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from roomkeeper.config import Settings, read_settings
+from roomkeeper.guard.rule import (
+    Ask,
+    Decision,
+    Reason,
+    decision,
+    disk_rule,
+    memory_room,
+)
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, Platform
 from roomkeeper.kernel.resources import (
     DiskReading,
-    LimitOrigin,
     MemoryReading,
     Resources,
     read_disk,
     read_memory,
 )
 from roomkeeper.paths import workspace_dir
-from roomkeeper.units import GB, format_gb
+from roomkeeper.units import format_gb
 
 log = logging.getLogger("roomkeeper")
-
-MEMORY_HEADROOM_CAP = 8 * GB  # decimal: 8,000,000,000 bytes (seed 000)
-DISK_HEADROOM_CAP = 10 * GB  # decimal: 10,000,000,000 bytes (seed 000)
-SUMMARY_LIMIT = 200
-
-
-class Reason(enum.Enum):
-    """Why a decision came out as it did: one closed vocabulary for every layer."""
-
-    OK = "ok"  # room for it
-    NO_CONTAINER = "no_container"  # not Linux: nothing to protect, admitted
-    OFF = "off"  # ROOMKEEPER_GUARD=off: admitted without a check
-    MEMORY = "memory"  # no room in the container's memory
-    DISK = "disk"  # no room on the workspace volume
-    UNKNOWN = "unknown"  # a reading could not be taken: refused
-    # Words the scheduler adds (seed 002): why a job waits or was refused.
-    CPU = "cpu"  # CPU pressure above ROOMKEEPER_CPU_PRESSURE_PERCENT
-    SLOTS = "slots"  # ROOMKEEPER_MAX_RUNNING jobs are running
-    OWNER_SLOTS = "owner_slots"  # this owner runs ROOMKEEPER_MAX_RUNNING_PER_OWNER jobs
-    QUEUED = "queued"  # not judged yet: its turn has not come
-    SHUTDOWN = "shutdown"  # ended by an orderly shutdown, not by a person
-    HELD = "held"  # launches are held (relief, recovery mode): a person or time releases them
-    QUEUE_FULL = "queue_full"  # submission refused: ROOMKEEPER_MAX_WAITING jobs wait
-    OWNER_QUEUE_FULL = "owner_queue_full"  # submission refused: the owner's queue is full
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The guard's answer for one job.
-
-    Attributes:
-        job_id: the job judged.
-        admit: whether it may start.
-        reason: why, from :class:`Reason`.
-        summary: every number that decided it, in decimal GB, under 200
-            characters and without a path, fit for a browser or a log.
-        memory: the memory reading judged (None when the guard is off).
-        disk: the disk reading judged (None when memory already refused).
-        estimate_bytes: the memory this job was expected to hold.
-        young_reserved_bytes: what young jobs held when it was judged.
-        memory_line_bytes: limit minus headroom (None when unknown).
-    """
-
-    job_id: str
-    admit: bool
-    reason: Reason
-    summary: str
-    memory: MemoryReading | None = None
-    disk: DiskReading | None = None
-    estimate_bytes: int = 0
-    young_reserved_bytes: int = 0
-    memory_line_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,25 +80,6 @@ class _Reservation:
     @property
     def held(self) -> int:
         return max(0, self.estimate - self.measured)
-
-
-def memory_line(limit: int, headroom_percent: float) -> int:
-    """The line used memory must stay under: ``limit - min(limit x headroom%, 8 GB)``."""
-    return limit - min(int(limit * headroom_percent / 100), MEMORY_HEADROOM_CAP)
-
-
-def disk_needed(job_disk: int, total: int, headroom_percent: float) -> int:
-    """Free space a start needs: ``job_disk + min(total x headroom%, 10 GB)``."""
-    return job_disk + min(int(total * headroom_percent / 100), DISK_HEADROOM_CAP)
-
-
-def _g(n_bytes: int) -> str:
-    """Decimal GB, two places: the unit is named once per summary clause."""
-    return f"{n_bytes / GB:.2f}"
-
-
-def _fit(summary: str) -> str:
-    return summary if len(summary) < SUMMARY_LIMIT else summary[: SUMMARY_LIMIT - 2] + "…"
 
 
 class Guard:
@@ -300,7 +235,7 @@ class Guard:
         ask = self._ask(job_id, settings, memory_bytes, disk_bytes)
         if not settings.guard_on:
             self._announce("off", "roomkeeper guard is off: jobs start without a check")
-            return _decision(
+            return decision(
                 ask, admit=True, reason=Reason.OFF, summary="guard off: admitted without a check"
             )
         memory = resources.memory if resources is not None else self._read_memory(settings)
@@ -312,19 +247,17 @@ class Guard:
         self._announce_readings(memory, disk)
         if memory.used_bytes is None or memory.limit_bytes is None:
             summary = f"measurements unavailable: memory unknown ({memory.unknown_reason})"
-            return _decision(
-                ask, admit=False, reason=Reason.UNKNOWN, summary=summary, memory=memory
-            )
+            return decision(ask, admit=False, reason=Reason.UNKNOWN, summary=summary, memory=memory)
         reserve = max(0, self._reserve()) if self._reserve is not None else 0
-        room = _memory_room(ask, memory, memory.used_bytes, memory.limit_bytes, settings, reserve)
+        room = memory_room(ask, memory, memory.used_bytes, memory.limit_bytes, settings, reserve)
         if room.total > room.line:
             summary = f"no room for memory (GB): {room.figures % '>'}"
-            return _decision(
+            return decision(
                 ask, admit=False, reason=Reason.MEMORY, summary=summary, memory=memory, room=room
             )
         assert disk is not None
-        reason, summary = _disk_rule(ask, disk, room, settings.disk_headroom_percent)
-        return _decision(
+        reason, summary = disk_rule(ask, disk, room, settings.disk_headroom_percent)
+        return decision(
             ask,
             admit=reason is Reason.OK,
             reason=reason,
@@ -336,12 +269,12 @@ class Guard:
 
     def _ask(
         self, job_id: str, settings: Settings, memory_bytes: int | None, disk_bytes: int | None
-    ) -> _Ask:
+    ) -> Ask:
         """The question for one job: its sizes, and what the other young jobs hold now."""
         self._expire(settings.job_warmup_seconds)
         # Judged again in place: the job's own old reservation is not held against it.
         young = [r for j, r in self._young.items() if j != job_id]
-        return _Ask(
+        return Ask(
             job_id=job_id,
             estimate=settings.job_memory_bytes if memory_bytes is None else max(0, memory_bytes),
             job_disk=settings.job_disk_bytes if disk_bytes is None else max(0, disk_bytes),
@@ -357,16 +290,14 @@ class Guard:
             platform=self._platform,
         )
 
-    def _no_container(self, ask: _Ask, memory: MemoryReading) -> Decision:
+    def _no_container(self, ask: Ask, memory: MemoryReading) -> Decision:
         """Off Linux there is no container to protect: admitted, with the numbers psutil has."""
         name = self._platform.name
         self._announce("portable", f"roomkeeper guard: no container to protect on {name}")
         summary = f"no container to protect on {name}: admitted"
         if memory.used_bytes is not None and memory.limit_bytes is not None:
             summary += f"; {format_gb(memory.used_bytes)} used of {format_gb(memory.limit_bytes)}"
-        return _decision(
-            ask, admit=True, reason=Reason.NO_CONTAINER, summary=summary, memory=memory
-        )
+        return decision(ask, admit=True, reason=Reason.NO_CONTAINER, summary=summary, memory=memory)
 
     def _announce_readings(self, memory: MemoryReading, disk: DiskReading | None) -> None:
         """Say which files the guard judges and which volume, when that changes."""
@@ -376,77 +307,3 @@ class Guard:
             self._announce(
                 (reads, volume), f'roomkeeper guard is on {{reads: "{reads}", volume: "{volume}"}}'
             )
-
-
-@dataclass(frozen=True, slots=True)
-class _Ask:
-    """One admission question: the job, its sizes, and what young jobs hold besides it."""
-
-    job_id: str
-    estimate: int
-    job_disk: int
-    reserved: int  # what the other young jobs hold now
-    young: int  # how many other young jobs hold it
-
-
-@dataclass(frozen=True, slots=True)
-class _MemoryRoom:
-    """The memory rule's numbers for one job, and the words that show them."""
-
-    line: int  # limit - headroom - the caller's reserve
-    total: int  # used + reserved + estimate
-    figures: str  # every number, with ``%s`` where the comparison goes
-
-
-def _memory_room(
-    ask: _Ask, memory: MemoryReading, used: int, limit: int, settings: Settings, reserve: int
-) -> _MemoryRoom:
-    """The memory rule's line and total for ``ask``, from a known reading."""
-    line = memory_line(limit, settings.memory_headroom_percent) - reserve
-    total = used + ask.reserved + ask.estimate
-    stated = " stated" if memory.limit_origin is LimitOrigin.STATED else ""
-    figures = (
-        f"used {_g(used)} + young {_g(ask.reserved)} ({ask.young}) + job {_g(ask.estimate)} "
-        f"= {_g(total)} %s line {_g(line)} (limit {_g(limit)}{stated}, {memory.source.value})"
-    )
-    return _MemoryRoom(line=line, total=total, figures=figures)
-
-
-def _disk_rule(
-    ask: _Ask, disk: DiskReading, room: _MemoryRoom, headroom_percent: float
-) -> tuple[Reason, str]:
-    """The disk rule, once memory has room: the reason (unknown, disk or ok) and the summary."""
-    if disk.free_bytes is None or disk.total_bytes is None:
-        return Reason.UNKNOWN, f"measurements unavailable: disk unknown ({disk.unknown_reason})"
-    needed = disk_needed(ask.job_disk, disk.total_bytes, headroom_percent)
-    disk_figures = (
-        f"free {_g(disk.free_bytes)}, needs {_g(needed)} (job {_g(ask.job_disk)}) "
-        f"of {_g(disk.total_bytes)}"
-    )
-    if disk.free_bytes < needed:
-        return Reason.DISK, f"no room on disk (GB): {disk_figures}; memory {room.figures % '<='}"
-    return Reason.OK, f"room (GB): memory {room.figures % '<='}; disk {disk_figures}"
-
-
-def _decision(
-    ask: _Ask,
-    *,
-    admit: bool,
-    reason: Reason,
-    summary: str,
-    memory: MemoryReading | None = None,
-    disk: DiskReading | None = None,
-    room: _MemoryRoom | None = None,
-) -> Decision:
-    """The decision for ``ask``; the young jobs' hold and the line once memory was judged."""
-    return Decision(
-        job_id=ask.job_id,
-        admit=admit,
-        reason=reason,
-        summary=_fit(summary),
-        memory=memory,
-        disk=disk,
-        estimate_bytes=ask.estimate,
-        young_reserved_bytes=ask.reserved if room is not None else 0,
-        memory_line_bytes=room.line if room is not None else None,
-    )

@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from roomkeeper.errors import QueueFullError, UnknownJobError, UsageError
-from roomkeeper.guard.admission import Decision, Guard
+from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import ReleaseHook
+from roomkeeper.guard.rule import Decision
 
 DEFAULT_TTL_S = 300.0
 MAX_GRANTED = 256  # leases granted at once, all owners together

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from roomkeeper.errors import UnknownJobError
-from roomkeeper.guard.admission import Reason
+from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition
 
 KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one

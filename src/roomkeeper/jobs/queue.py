@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from roomkeeper.config import QueueSettings
 from roomkeeper.errors import QueueFullError
-from roomkeeper.guard.admission import Reason
+from roomkeeper.guard.rule import Reason
 
 T = TypeVar("T")
 

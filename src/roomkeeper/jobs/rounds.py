@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from roomkeeper.errors import LaunchError
-from roomkeeper.guard.admission import Decision, Guard, Reason
+from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord
 from roomkeeper.jobs.launch import LaunchSpec, launch
 from roomkeeper.jobs.process import Lifeline, become_subreaper

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from roomkeeper.config import read_queue_settings
 from roomkeeper.errors import QueueFullError
-from roomkeeper.guard.admission import Decision, Guard, Reason
+from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.rounds import RETRY_SECONDS, STOP_GRACE_SECONDS, Launcher, Runner

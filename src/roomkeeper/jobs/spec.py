@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from roomkeeper.errors import UsageError
-from roomkeeper.guard.admission import Reason
+from roomkeeper.guard.rule import Reason
 
 
 class JobState(enum.Enum):

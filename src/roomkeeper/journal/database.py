@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from roomkeeper.journal import calls, history, jobs, leases, markers
 from roomkeeper.journal.calls import CallsTable
 from roomkeeper.journal.history import MAX_EVENTS, HistoryTable
-from roomkeeper.journal.jobs import JobRow, JobsTable
+from roomkeeper.journal.jobs import JobsTable
 from roomkeeper.journal.leases import LeasesTable
 
 log = logging.getLogger("roomkeeper")
@@ -38,9 +38,6 @@ _GROUP_MAX = 512  # writes per transaction at most
 
 # Each table's schema lives with its SQL, in its own module.
 SCHEMA = "".join(m.SCHEMA for m in (jobs, leases, markers, calls, history))
-
-# JobRow is what Journal.jobs() returns; callers that name the type may take it from here.
-__all__ = ["SCHEMA", "JobRow", "Journal"]
 
 
 def _connect(path: str) -> sqlite3.Connection:

@@ -1,0 +1,165 @@
+"""The guard's rule, pure: seed 000's memory and disk lines, and the words of a decision.
+
+::
+
+    refuse for memory when  used + sum(young reservations) + estimate
+                            > limit - min(limit x headroom%, 8 GB)
+    refuse for disk when    free < job_disk + min(total x headroom%, 10 GB)
+
+Nothing here reads the kernel or holds state: :class:`roomkeeper.guard.admission.Guard`
+takes the readings, keeps the young reservations, and asks these functions.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from roomkeeper.config import Settings
+from roomkeeper.kernel.resources import DiskReading, LimitOrigin, MemoryReading
+from roomkeeper.units import GB
+
+MEMORY_HEADROOM_CAP = 8 * GB  # decimal: 8,000,000,000 bytes (seed 000)
+DISK_HEADROOM_CAP = 10 * GB  # decimal: 10,000,000,000 bytes (seed 000)
+SUMMARY_LIMIT = 200
+
+
+class Reason(enum.Enum):
+    """Why a decision came out as it did: one closed vocabulary for every layer."""
+
+    OK = "ok"  # room for it
+    NO_CONTAINER = "no_container"  # not Linux: nothing to protect, admitted
+    OFF = "off"  # ROOMKEEPER_GUARD=off: admitted without a check
+    MEMORY = "memory"  # no room in the container's memory
+    DISK = "disk"  # no room on the workspace volume
+    UNKNOWN = "unknown"  # a reading could not be taken: refused
+    # Words the scheduler adds (seed 002): why a job waits or was refused.
+    CPU = "cpu"  # CPU pressure above ROOMKEEPER_CPU_PRESSURE_PERCENT
+    SLOTS = "slots"  # ROOMKEEPER_MAX_RUNNING jobs are running
+    OWNER_SLOTS = "owner_slots"  # this owner runs ROOMKEEPER_MAX_RUNNING_PER_OWNER jobs
+    QUEUED = "queued"  # not judged yet: its turn has not come
+    SHUTDOWN = "shutdown"  # ended by an orderly shutdown, not by a person
+    HELD = "held"  # launches are held (relief, recovery mode): a person or time releases them
+    QUEUE_FULL = "queue_full"  # submission refused: ROOMKEEPER_MAX_WAITING jobs wait
+    OWNER_QUEUE_FULL = "owner_queue_full"  # submission refused: the owner's queue is full
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The guard's answer for one job.
+
+    Attributes:
+        job_id: the job judged.
+        admit: whether it may start.
+        reason: why, from :class:`Reason`.
+        summary: every number that decided it, in decimal GB, under 200
+            characters and without a path, fit for a browser or a log.
+        memory: the memory reading judged (None when the guard is off).
+        disk: the disk reading judged (None when memory already refused).
+        estimate_bytes: the memory this job was expected to hold.
+        young_reserved_bytes: what young jobs held when it was judged.
+        memory_line_bytes: limit minus headroom (None when unknown).
+    """
+
+    job_id: str
+    admit: bool
+    reason: Reason
+    summary: str
+    memory: MemoryReading | None = None
+    disk: DiskReading | None = None
+    estimate_bytes: int = 0
+    young_reserved_bytes: int = 0
+    memory_line_bytes: int | None = None
+
+
+def memory_line(limit: int, headroom_percent: float) -> int:
+    """The line used memory must stay under: ``limit - min(limit x headroom%, 8 GB)``."""
+    return limit - min(int(limit * headroom_percent / 100), MEMORY_HEADROOM_CAP)
+
+
+def disk_needed(job_disk: int, total: int, headroom_percent: float) -> int:
+    """Free space a start needs: ``job_disk + min(total x headroom%, 10 GB)``."""
+    return job_disk + min(int(total * headroom_percent / 100), DISK_HEADROOM_CAP)
+
+
+def gb(n_bytes: int) -> str:
+    """Decimal GB, two places: the unit is named once per summary clause."""
+    return f"{n_bytes / GB:.2f}"
+
+
+def fit_summary(summary: str) -> str:
+    return summary if len(summary) < SUMMARY_LIMIT else summary[: SUMMARY_LIMIT - 2] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One admission question: the job, its sizes, and what young jobs hold besides it."""
+
+    job_id: str
+    estimate: int
+    job_disk: int
+    reserved: int  # what the other young jobs hold now
+    young: int  # how many other young jobs hold it
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRoom:
+    """The memory rule's numbers for one job, and the words that show them."""
+
+    line: int  # limit - headroom - the caller's reserve
+    total: int  # used + reserved + estimate
+    figures: str  # every number, with ``%s`` where the comparison goes
+
+
+def memory_room(
+    ask: Ask, memory: MemoryReading, used: int, limit: int, settings: Settings, reserve: int
+) -> MemoryRoom:
+    """The memory rule's line and total for ``ask``, from a known reading."""
+    line = memory_line(limit, settings.memory_headroom_percent) - reserve
+    total = used + ask.reserved + ask.estimate
+    stated = " stated" if memory.limit_origin is LimitOrigin.STATED else ""
+    figures = (
+        f"used {gb(used)} + young {gb(ask.reserved)} ({ask.young}) + job {gb(ask.estimate)} "
+        f"= {gb(total)} %s line {gb(line)} (limit {gb(limit)}{stated}, {memory.source.value})"
+    )
+    return MemoryRoom(line=line, total=total, figures=figures)
+
+
+def disk_rule(
+    ask: Ask, disk: DiskReading, room: MemoryRoom, headroom_percent: float
+) -> tuple[Reason, str]:
+    """The disk rule, once memory has room: the reason (unknown, disk or ok) and the summary."""
+    if disk.free_bytes is None or disk.total_bytes is None:
+        return Reason.UNKNOWN, f"measurements unavailable: disk unknown ({disk.unknown_reason})"
+    needed = disk_needed(ask.job_disk, disk.total_bytes, headroom_percent)
+    disk_figures = (
+        f"free {gb(disk.free_bytes)}, needs {gb(needed)} (job {gb(ask.job_disk)}) "
+        f"of {gb(disk.total_bytes)}"
+    )
+    if disk.free_bytes < needed:
+        return Reason.DISK, f"no room on disk (GB): {disk_figures}; memory {room.figures % '<='}"
+    return Reason.OK, f"room (GB): memory {room.figures % '<='}; disk {disk_figures}"
+
+
+def decision(
+    ask: Ask,
+    *,
+    admit: bool,
+    reason: Reason,
+    summary: str,
+    memory: MemoryReading | None = None,
+    disk: DiskReading | None = None,
+    room: MemoryRoom | None = None,
+) -> Decision:
+    """The decision for ``ask``; the young jobs' hold and the line once memory was judged."""
+    return Decision(
+        job_id=ask.job_id,
+        admit=admit,
+        reason=reason,
+        summary=fit_summary(summary),
+        memory=memory,
+        disk=disk,
+        estimate_bytes=ask.estimate,
+        young_reserved_bytes=ask.reserved if room is not None else 0,
+        memory_line_bytes=room.line if room is not None else None,
+    )
