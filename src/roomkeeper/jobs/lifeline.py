@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -51,7 +50,6 @@ from roomkeeper.kernel.host import PROC_ROOT
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _READY = b"ready\n"
-_START_TIMEOUT_S = 10.0
 _KILL_DEADLINE_S = 1.5  # the whole kill must fit well inside the 2 s the issue allows
 
 
@@ -301,10 +299,14 @@ class Lifeline:
 
     Args:
         python: the interpreter that runs the helper.
+        stall_s: how long a starting helper may make no progress at all before it
+            is given up on (a slow start that makes progress is waited out);
+            :data:`roomkeeper.jobs.readiness.STALL_S` when None.
     """
 
-    def __init__(self, *, python: str = sys.executable) -> None:
+    def __init__(self, *, python: str = sys.executable, stall_s: float | None = None) -> None:
         self._python = python
+        self._stall_s = stall_s
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._lines: dict[int, bytes] = {}
@@ -388,15 +390,19 @@ class Lifeline:
         except OSError as err:
             raise RoomkeeperError(f"the lifeline helper could not start: {err}") from err
         assert proc.stdout is not None
-        ready = _read_ready(proc.stdout.fileno(), _START_TIMEOUT_S)
-        proc.stdout.close()
-        if not ready:
-            proc.kill()
-            proc.wait()
-            raise RoomkeeperError(
-                f"the lifeline helper ({self._python} -m roomkeeper.jobs.lifeline) did not report "
-                f"ready within {_START_TIMEOUT_S:g} s; see its stderr"
+        # Imported here: the helper imports this module too, and must start light.
+        from roomkeeper.jobs.readiness import STALL_S, await_ready
+
+        try:
+            await_ready(
+                proc,
+                proc.stdout.fileno(),
+                _READY,
+                what=f"the lifeline helper ({self._python} -m roomkeeper.jobs.lifeline)",
+                stall_s=STALL_S if self._stall_s is None else self._stall_s,
             )
+        finally:
+            proc.stdout.close()
         self._proc = proc
         self._starts += 1
         for line in self._lines.values():  # a replaced helper learns every live tree again
@@ -416,21 +422,6 @@ class Lifeline:
         assert self._proc is not None and self._proc.stdin is not None
         # One os.write of under PIPE_BUF bytes is atomic; no buffering to flush.
         os.write(self._proc.stdin.fileno(), line)
-
-
-def _read_ready(fd: int, timeout: float) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    data = b""
-    deadline = time.monotonic() + timeout
-    while not data.endswith(_READY) and (left := deadline - time.monotonic()) > 0:
-        if not poller.poll(left * 1000):
-            return False
-        chunk = os.read(fd, 64)
-        if not chunk:
-            return False
-        data += chunk
-    return data.endswith(_READY)
 
 
 if __name__ == "__main__":
