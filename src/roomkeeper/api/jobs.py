@@ -6,31 +6,26 @@ includes them with its token check on every one.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, params
-from fastapi.responses import Response, StreamingResponse
 
 from roomkeeper.api.models import CallIn, Id, JobIn, OutcomeIn, ResolveIn
+from roomkeeper.api.output import output_routes
 from roomkeeper.api.views import job_json, row_json
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.gateway.service import Gateway, job_environment
-from roomkeeper.jobs.spec import JobSpec, JobState
-
-RUNNING_STATES = frozenset({JobState.WAITING.value, JobState.RUNNING.value})
-FOLLOW_EVERY_S = 0.2  # how often a followed job's output is read again
-READ_AT_MOST = 1024 * 1024  # bytes of output read at a time
+from roomkeeper.jobs.spec import JobSpec, check_runnable
 
 
 def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     """``/v1/jobs``, ``/v1/calls`` and ``/v1/history`` for ``gateway``, each behind ``auth``."""
     router = APIRouter()
     _job_routes(router, gateway, auth)
+    output_routes(router, gateway, auth, _find_job)
     _call_routes(router, gateway, auth)
     _history_route(router, gateway, auth)
     return router
@@ -63,17 +58,6 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
         """One job, live or from an earlier run."""
         return _find_job(gateway, job_id)
 
-    @router.get("/v1/jobs/{job_id}/output", dependencies=auth, response_model=None)
-    async def job_output(job_id: Id, follow: bool = False) -> Response:
-        """The job's kept output; ``follow=true`` streams it until the job ends."""
-        await asyncio.to_thread(_find_job, gateway, job_id)  # 404 for an unknown job
-        row = await asyncio.to_thread(gateway.journal.job, job_id)
-        path = Path(row.log_path if row else gateway.home / "logs" / f"{job_id}.log")
-        if follow:
-            return StreamingResponse(_follow(gateway, job_id, path), media_type="text/plain")
-        data = await asyncio.to_thread(lambda: path.read_bytes() if path.exists() else b"")
-        return Response(data, media_type="text/plain")
-
     @router.delete("/v1/jobs/{job_id}", dependencies=auth)
     def cancel_job(job_id: Id) -> dict[str, Any]:
         """Cancel a waiting job or stop a running one's whole tree (saved before it is answered)."""
@@ -101,6 +85,7 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
     )
     if body.cwd is None:
         gateway.workspace.mkdir(parents=True, exist_ok=True)
+    check_runnable(spec)  # 422 saying which, before anything is queued
     return spec
 
 
@@ -133,32 +118,6 @@ def _find_job(gateway: Gateway, job_id: str) -> dict[str, Any]:
     if row is None:
         raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)
     return row_json(row)
-
-
-async def _follow(gateway: Gateway, job_id: str, path: Path) -> AsyncIterator[bytes]:
-    """The job's output as it grows, until the job ends or the gateway shuts down."""
-    offset = 0
-    while True:
-        data = await asyncio.to_thread(_read_from, path, offset)
-        offset += len(data)
-        if data:
-            yield data
-        state = (await asyncio.to_thread(_find_job, gateway, job_id))["state"]
-        if state not in RUNNING_STATES or gateway.closing:
-            tail = await asyncio.to_thread(_read_from, path, offset)
-            if tail:
-                yield tail
-            return
-        await asyncio.sleep(FOLLOW_EVERY_S)
-
-
-def _read_from(path: Path, offset: int) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read(READ_AT_MOST)
-    except FileNotFoundError:
-        return b""
 
 
 # ----------------------------------------------------------------- calls
