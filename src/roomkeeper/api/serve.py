@@ -28,6 +28,13 @@ def run_gateway(port: int, socket_path: str | None) -> None:
     """
     import uvicorn
 
+    from roomkeeper.api.connections import (
+        KEEP_ALIVE_S,
+        MAX_CONNECTIONS,
+        HeaderDeadlineProtocol,
+        raise_file_limit,
+    )
+
     channel = Channel.from_env()
     gateway = Gateway.open(channel=channel)
     app = create_app(gateway, port=None if socket_path else port, socket=socket_path)
@@ -41,7 +48,11 @@ def run_gateway(port: int, socket_path: str | None) -> None:
         lifespan="on",
         # Open streams may hold the door for a third of the deadline, no more.
         timeout_graceful_shutdown=gateway.shutdown_deadline() / 3,  # type: ignore[arg-type]
+        http=HeaderDeadlineProtocol,  # request headers within HEADER_TIMEOUT_S
+        timeout_keep_alive=KEEP_ALIVE_S,
+        limit_concurrency=MAX_CONNECTIONS,
     )
+    raise_file_limit()
     server = _server_class()(config, gateway)
     gateway.attach_server(server)
     where = socket_path or f"http://127.0.0.1:{port}"
