@@ -23,6 +23,7 @@ from importlib import resources as package_files
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, params
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -100,8 +101,32 @@ def _token_check(gateway: Gateway) -> Callable[[Credentials], None]:
     return authorized
 
 
+def validation_details(err: RequestValidationError) -> list[dict[str, Any]] | str:
+    """What was wrong with a request, as plain JSON that cannot fail to encode.
+
+    FastAPI's own answer echoes the offending input back, and an input of
+    ``NaN`` or ``Infinity`` cannot be written as JSON (a 500 instead of the 422):
+    only where, what and which kind go back, as strings and ints.
+    """
+    try:
+        return [
+            {
+                "loc": [p if isinstance(p, int) else str(p) for p in e.get("loc", ())],
+                "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", "")),
+            }
+            for e in err.errors()
+        ]
+    except Exception:  # never a 500 for a bad request
+        return "the request is not valid"
+
+
 def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
     """A 4xx or 507 saying what was wrong for each of our errors, never a 500."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": validation_details(err)}, 422)
 
     @app.exception_handler(UsageError)
     async def usage_error(request: Request, err: UsageError) -> JSONResponse:

@@ -2,7 +2,9 @@
 they are not.
 
 Every model forbids unknown fields and bounds every string, list and number,
-so a crafted or oversized body gets a 4xx, never a 500.
+so a crafted or oversized body gets a 4xx, never a 500.  Types are strict
+(``"memory_bytes": "100"`` or ``true`` is refused, not coerced to 100 or 1) and
+no float may be ``NaN`` or infinite.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ Bytes = Annotated[int, Field(ge=0, le=2**62)]
 Id = Annotated[str, PathParam(max_length=200)]
 """A job, call or lease id in a route's path."""
 
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
 
 class ReleaseIn(BaseModel):
     """A release hook: one loopback HTTP call made when the lease or job ends."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     method: Literal["DELETE", "POST", "PUT", "PATCH", "GET"] = "DELETE"
     url: Annotated[str, Field(max_length=2048)]
 
@@ -49,7 +53,7 @@ class ReleaseIn(BaseModel):
 class JobIn(BaseModel):
     """A job to run: argv (no shell), for an owner, with what it is expected to take."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     argv: Annotated[list[Text], Field(min_length=1, max_length=4096)]
     owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
     cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
@@ -62,11 +66,20 @@ class JobIn(BaseModel):
     resumable: bool = False
     release: ReleaseIn | None = None
 
+    @field_validator("cwd")
+    @classmethod
+    def _absolute(cls, cwd: str | None) -> str | None:
+        if cwd is not None and not cwd.startswith("/"):
+            raise ValueError(
+                f"cwd must be an absolute path (got {cwd!r}); give the directory's full path"
+            )
+        return cwd
+
 
 class CallIn(BaseModel):
     """A client's side-effecting call, registered before it is dispatched."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     kind: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)]
     owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
     resumable: bool = False
@@ -75,7 +88,7 @@ class CallIn(BaseModel):
 class OutcomeIn(BaseModel):
     """How a registered call ended."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     outcome: Literal["succeeded", "failed"]
     numbers: (
         Annotated[
@@ -92,14 +105,14 @@ class OutcomeIn(BaseModel):
 class ResolveIn(BaseModel):
     """How a person or the client settles uncertain work."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     resolution: Literal["succeeded", "failed", "rerun"]
 
 
 class LeaseIn(BaseModel):
     """A lease: admission for a turn that runs elsewhere."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     id: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
     owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
     memory_bytes: Bytes | None = None
@@ -112,5 +125,5 @@ class LeaseIn(BaseModel):
 class HeartbeatIn(BaseModel):
     """Extend a lease; its ttl from now (the lease's own when omitted)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     ttl_s: Annotated[float, Field(gt=0, le=86400)] | None = None

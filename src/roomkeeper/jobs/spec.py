@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import os
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -81,6 +83,40 @@ class JobSpec:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise UsageError(f"{name} must be >= 0 (got {value})", name=name)
+
+
+def check_runnable(spec: JobSpec) -> None:
+    """What a submission can check before anything starts: the directory and the command.
+
+    Not part of :meth:`JobSpec.check`, which runs again when deferred work is
+    resumed after a restart: a directory gone since then fails that job at
+    launch, with its reason, instead of failing the recovery.
+
+    Raises:
+        UsageError: ``cwd`` is not an existing directory, or ``argv[0]`` does not
+            resolve to an executable on the job's own PATH; the message says which.
+    """
+    if spec.cwd is not None and not os.path.isdir(spec.cwd):
+        raise UsageError(
+            f"cwd {spec.cwd!r} is not an existing directory; create it or give another",
+            name="cwd",
+        )
+    if spec.shell:
+        return  # the shell finds the command when it runs
+    program = spec.argv[0]
+    path = (spec.env or {}).get("PATH", os.environ.get("PATH", os.defpath))
+    if "/" in program:
+        where = program if os.path.isabs(program) else os.path.join(spec.cwd or ".", program)
+        found = where if os.path.isfile(where) and os.access(where, os.X_OK) else None
+    else:
+        found = shutil.which(program, path=path)
+    if found is None:
+        raise UsageError(
+            f"argv[0] {program!r} is not an executable file"
+            + ("" if "/" in program else " on the job's PATH")
+            + "; check the name, give its full path, or set env.PATH",
+            name="argv",
+        )
 
 
 @dataclass(frozen=True, slots=True)
