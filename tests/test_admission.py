@@ -303,3 +303,16 @@ def test_guard_is_on_is_logged_once_and_again_when_reads_change(
     assert len(lines) == 2
     assert 'reads: "memory from cgroup v2, limit 10.00 GB from cgroup"' in lines[0]
     assert "from meminfo" in lines[1]
+
+
+def test_a_repeated_refusal_is_logged_once_per_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same job refused for the same reason round after round: one log line."""
+    guard = Guard(env={"ROOMKEEPER_GUARD": "on"}, platform="linux", workspace=tmp_path)
+    caplog.set_level("INFO", logger="roomkeeper")
+    for _ in range(5):
+        assert not guard.admit("big", memory_bytes=2**62).admit
+    refusals = [r for r in caplog.records if r.getMessage().startswith("refused big")]
+    assert len(refusals) == 1
+    assert "even with nothing else running" in refusals[0].getMessage()

@@ -170,3 +170,24 @@ def test_ctrl_c_stops_every_running_tree(tmp_path: Path) -> None:
             for pid in started:  # these sleeps are ours: never leave them behind
                 with contextlib.suppress(psutil.Error):
                     psutil.Process(pid).kill()
+
+
+def test_lines_that_can_never_fit_fail_at_once_and_say_why(tmp_path: Path) -> None:
+    """A job estimate above the container's line: each line fails now, once, with the reason;
+    nothing waits for ever and nothing runs."""
+    ran = tmp_path / "ran"
+    started = time.monotonic()
+    result = batch(
+        tmp_path,
+        "--job-memory",
+        "1000T",
+        "--logs",
+        str(tmp_path / "logs"),
+        stdin=f"touch {ran}-1\ntouch {ran}-2\n",
+    )
+    assert result.returncode == 1
+    assert time.monotonic() - started < 30
+    assert result.stderr.count("refused 1: no room for memory even with nothing else running") == 1
+    assert result.stderr.count("refused 2: no room for memory even with nothing else running") == 1
+    assert "2 commands, 2 failed" in result.stderr
+    assert not list(tmp_path.glob("ran-*"))

@@ -381,3 +381,36 @@ def test_waiting_bounds_take_large_values() -> None:
     """A large waiting bound is a choice, not a mistake."""
     s = read_queue_settings({"ROOMKEEPER_MAX_WAITING": "20000"})
     assert s.max_waiting == 20000
+
+
+def test_a_pending_release_hook_holds_only_its_own_jobs_memory(tmp_path: Path) -> None:
+    """While an ended job's hook is pending, its estimate stays reserved; launches go on;
+    when the hook resolves the memory is offered again."""
+    import concurrent.futures
+
+    guard = Guard(env={"ROOMKEEPER_GUARD": "off"})
+    launcher = FakeLauncher()
+    hook: concurrent.futures.Future[str] = concurrent.futures.Future()
+    scheduler = Scheduler(
+        logs_dir=tmp_path / "logs",
+        guard=guard,
+        limits=limits,
+        launcher=launcher,
+        cpu_percent=lambda: None,
+        on_end=lambda view: hook if view.id == "hooked" else None,
+    )
+    try:
+        scheduler.submit(JobSpec(argv=["true"], owner="a", memory_bytes=300), job_id="hooked")
+        scheduler.tick()
+        guard.release("hooked")  # as if its warm-up had ended: only the hook's hold is left
+        launcher.end("hooked")
+        scheduler.tick()
+        assert scheduler.get("hooked").state is JobState.EXITED
+        assert guard.statistics().reserved_bytes == 300  # held for its hook
+        scheduler.submit(JobSpec(argv=["true"], owner="b", memory_bytes=0), job_id="next")
+        scheduler.tick()
+        assert "next" in launcher.order  # nothing else waits for the hook
+        hook.set_result("ok 204")
+        assert guard.statistics().reserved_bytes == 0
+    finally:
+        scheduler.close(grace=0)

@@ -28,7 +28,7 @@ import psutil
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.hooks import ReleaseHook, run_hook
+from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
@@ -63,6 +63,8 @@ class DurableJobs:
         closing: whether the gateway is shutting down (no new job).
         watch: told of every journal write, to report one that fails.
         environment: the environment a job gets, given what its caller asked for.
+        hooks: the pool release hooks run on, never the scheduler's thread: a hung
+            hook holds only its own job's memory, until its deadline.
     """
 
     def __init__(
@@ -76,8 +78,11 @@ class DurableJobs:
         closing: Callable[[], bool],
         watch: Callable[[concurrent.futures.Future[None]], None],
         environment: Callable[[Mapping[str, str] | None], dict[str, str]],
+        hooks: HookRunner,
     ) -> None:
         self._journal = journal
+        self._hooks = hooks
+        self._guard = guard
         self._refusals = refusals
         self._closing = closing
         self._watch = watch
@@ -142,18 +147,31 @@ class DurableJobs:
         if last is None or (last.reason, last.subject) != (decision.reason, job_id):
             self._refusals.append(Refusal.of(decision, job_id))
 
-    def _job_ended(self, view: JobView) -> None:
-        """Runs on the scheduler thread before the slot is offered to waiting work."""
+    def _job_ended(self, view: JobView) -> concurrent.futures.Future[str] | None:
+        """Start the job's release hook on the hook pool (called on the scheduler thread).
+
+        Returns the hook's future: the scheduler keeps the job's memory reserved
+        until it resolves (the hook runs before that memory is offered again),
+        while every other launch goes on.
+        """
         hook = self.hooks.pop(view.id, None)
-        if hook is not None:
-            outcome = run_hook(hook)
+        if hook is None:
+            return None
+        pending = self._hooks.submit(hook)
+
+        def report(done: concurrent.futures.Future[str]) -> None:
+            outcome = done.result() if done.exception() is None else f"failed: {done.exception()}"
             if not outcome.startswith("ok"):
                 log.warning("release hook of job %s %s", view.id, outcome)
+
+        pending.add_done_callback(report)
+        return pending
 
     async def submit(self, spec: JobSpec, release: ReleaseHook | None) -> JobView:
         """Queue a job; returns once its record is durable.  Never blocks the event loop."""
         if self._closing():
             raise UsageError("the gateway is shutting down", name="shutdown")
+        await self._refuse_what_never_fits(spec)
         job_id = uuid.uuid4().hex[:12]
         if release is not None:
             self.hooks[job_id] = release  # before the job exists: it may end at once
@@ -170,6 +188,23 @@ class DurableJobs:
                 await asyncio.to_thread(self.scheduler.cancel, job_id)
                 raise PersistenceError(f"the job was not saved, so it will not run: {err}") from err
         return view
+
+    async def _refuse_what_never_fits(self, spec: JobSpec) -> None:
+        """A job that could not fit even with nothing else running is refused now (422),
+        never accepted to wait for ever.
+
+        Raises:
+            UsageError: its memory estimate is above the guard's line, or its disk need
+                above the volume's total; the guard's numbers say by how much.
+        """
+        decision = await asyncio.to_thread(
+            self._guard.check, memory_bytes=spec.memory_bytes, disk_bytes=spec.disk_bytes
+        )
+        if decision.never_fits:
+            raise UsageError(
+                f"refused: {decision.summary}; ask for less (memory_bytes, disk_bytes)",
+                name=decision.reason.value,
+            )
 
     def cancel(self, job_id: str) -> JobView:
         """Cancel or stop a job; the request is durable before it is acknowledged or signalled.

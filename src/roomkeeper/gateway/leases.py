@@ -18,7 +18,7 @@ from collections.abc import Callable
 from roomkeeper.errors import UsageError
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.hooks import ReleaseHook, run_hook
+from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.leases import Leases, LeaseState, LeaseView, guard_key
 from roomkeeper.guard.rule import Decision
 from roomkeeper.journal.database import Journal
@@ -37,6 +37,8 @@ class DurableLeases:
         refusals: recent refusals for the Health page (shared with the gateway).
         closing: whether the gateway is shutting down (no grant, no more waiting).
         watch: told of every journal write, to report one that fails.
+        hooks: the pool release hooks run on (never the event loop's default executor,
+            which every ``asyncio.to_thread`` of a request shares).
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class DurableLeases:
         refusals: deque[Refusal],
         closing: Callable[[], bool],
         watch: Callable[[concurrent.futures.Future[None]], None],
+        hooks: HookRunner,
     ) -> None:
         self.leases = leases
+        self._hooks = hooks
         self._guard = guard
         self._journal = journal
         self._refusals = refusals
@@ -121,10 +125,14 @@ class DurableLeases:
         lease = self.leases.end(lease_id, state)
         if lease is None:  # it had ended already: releasing twice is not an error
             return self.leases.get(lease_id)
-        outcome = await asyncio.to_thread(run_hook, lease.release) if lease.release else None
+        outcome = await self._run_hook(lease.release) if lease.release else None
         lease = self.leases.complete(lease_id, outcome)
         await asyncio.wrap_future(self._record(lease))
         return lease
+
+    async def _run_hook(self, hook: ReleaseHook) -> str:
+        """The hook on its own pool; this request waits for it, nothing else does."""
+        return await asyncio.wrap_future(self._hooks.submit(hook))
 
     async def heartbeat(self, lease_id: str, ttl_s: float | None) -> LeaseView:
         """Extend a lease's ttl from now."""

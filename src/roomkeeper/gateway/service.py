@@ -52,6 +52,7 @@ from roomkeeper.gateway.recovery import recover
 from roomkeeper.gateway.refusals import REFUSALS_KEPT, Refusal
 from roomkeeper.gateway.samples import Sample, Sampler
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.hooks import HookRunner
 from roomkeeper.guard.leases import Leases
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.ipc import Channel
@@ -122,6 +123,7 @@ class Gateway:
         self.guard = Guard(env=env, reserve=self._gateway_reserve)
         self.calls = Calls(journal)
         self.leases = Leases(self.guard)
+        self.hooks = HookRunner()  # release hooks: their own pool, one deadline each
         self.refusals: deque[Refusal] = deque(maxlen=REFUSALS_KEPT)  # newest last
         self._persistence_error: str | None = None  # why the journal cannot save, while so
         self._closing = False  # shutting down: nothing new is admitted
@@ -178,6 +180,7 @@ class Gateway:
             closing=lambda: self._closing,
             watch=self._watch,
             environment=job_environment,
+            hooks=self.hooks,
         )
 
     def _durable_leases(self) -> DurableLeases:
@@ -189,6 +192,7 @@ class Gateway:
             refusals=self.refusals,
             closing=lambda: self._closing,
             watch=self._watch,
+            hooks=self.hooks,
         )
 
     def _supervisor_link(self, channel: Channel | None) -> SupervisorLink:
@@ -425,4 +429,5 @@ class Gateway:
             await asyncio.gather(*pending, return_exceptions=True)
         grace = max(0.5, min(5.0, steps_s / 2))  # 4. stop managed trees
         await asyncio.to_thread(self.scheduler.close, grace=grace)
-        await asyncio.to_thread(self.journal.close)  # 5. close services
+        await asyncio.to_thread(self.hooks.close)  # 5. close services (hooks end by their deadline)
+        await asyncio.to_thread(self.journal.close)

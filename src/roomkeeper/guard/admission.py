@@ -35,9 +35,11 @@ from roomkeeper.config import Settings, read_settings
 from roomkeeper.guard.rule import (
     Ask,
     Decision,
+    MemoryRoom,
     Reason,
     decision,
     disk_rule,
+    gb,
     memory_room,
 )
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, Platform
@@ -52,6 +54,8 @@ from roomkeeper.paths import workspace_dir
 from roomkeeper.units import format_gb
 
 log = logging.getLogger("roomkeeper")
+
+REFUSALS_REMEMBERED = 1024  # jobs whose last logged refusal is remembered (oldest forgotten)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +129,7 @@ class Guard:
         self._last: Decision | None = None
         self._counts: Counter[str] = Counter()
         self._announced: object = None
+        self._refusals_logged: dict[str, Reason] = {}  # the reason last logged, per job
 
     def admit(
         self, job_id: str, *, memory_bytes: int | None = None, disk_bytes: int | None = None
@@ -144,11 +149,22 @@ class Guard:
             decision = self._judge(job_id, settings, memory_bytes, disk_bytes)
             if decision.admit:
                 self._young[job_id] = _Reservation(decision.estimate_bytes, self._clock())
+                self._refusals_logged.pop(job_id, None)
             self._counts[decision.reason.value] += 1
             self._last = decision
         if not decision.admit:
-            log.info("refused %s: %s", job_id, decision.summary)
+            self._log_refusal(job_id, decision)
         return decision
+
+    def _log_refusal(self, job_id: str, decision: Decision) -> None:
+        """Log a refusal once per job and change of reason, not once per retried round."""
+        with self._lock:
+            if self._refusals_logged.get(job_id) is decision.reason:
+                return
+            self._refusals_logged[job_id] = decision.reason
+            while len(self._refusals_logged) > REFUSALS_REMEMBERED:
+                del self._refusals_logged[next(iter(self._refusals_logged))]
+        log.info("refused %s: %s", job_id, decision.summary)
 
     def check(
         self,
@@ -179,6 +195,12 @@ class Guard:
         """
         with self._lock:
             self._young[job_id] = _Reservation(max(0, memory_bytes), self._clock() - age_s)
+
+    def estimate(self, memory_bytes: int | None) -> int:
+        """The memory a job is expected to hold: its own figure, else ROOMKEEPER_JOB_MEMORY_MB."""
+        if memory_bytes is not None:
+            return max(0, memory_bytes)
+        return read_settings(self._env).job_memory_bytes
 
     def release(self, job_id: str) -> None:
         """End ``job_id``'s reservation, whatever its outcome; unknown ids are ignored."""
@@ -251,12 +273,9 @@ class Guard:
         reserve = max(0, self._reserve()) if self._reserve is not None else 0
         room = memory_room(ask, memory, memory.used_bytes, memory.limit_bytes, settings, reserve)
         if room.total > room.line:
-            summary = f"no room for memory (GB): {room.figures % '>'}"
-            return decision(
-                ask, admit=False, reason=Reason.MEMORY, summary=summary, memory=memory, room=room
-            )
+            return self._no_room_for_memory(ask, memory, room)
         assert disk is not None
-        reason, summary = disk_rule(ask, disk, room, settings.disk_headroom_percent)
+        reason, summary, never = disk_rule(ask, disk, room, settings.disk_headroom_percent)
         return decision(
             ask,
             admit=reason is Reason.OK,
@@ -265,6 +284,28 @@ class Guard:
             memory=memory,
             disk=disk,
             room=room,
+            never_fits=never,
+        )
+
+    @staticmethod
+    def _no_room_for_memory(ask: Ask, memory: MemoryReading, room: MemoryRoom) -> Decision:
+        """Refused for memory: for now, or for ever when the job alone is above the line."""
+        never = ask.estimate > room.line
+        if never:
+            summary = (
+                f"no room for memory even with nothing else running (GB): job "
+                f"{gb(ask.estimate)} > line {gb(room.line)}; {room.figures % '>'}"
+            )
+        else:
+            summary = f"no room for memory (GB): {room.figures % '>'}"
+        return decision(
+            ask,
+            admit=False,
+            reason=Reason.MEMORY,
+            summary=summary,
+            memory=memory,
+            room=room,
+            never_fits=never,
         )
 
     def _ask(

@@ -59,6 +59,9 @@ class Decision:
         estimate_bytes: the memory this job was expected to hold.
         young_reserved_bytes: what young jobs held when it was judged.
         memory_line_bytes: limit minus headroom (None when unknown).
+        never_fits: refused, and it could not fit even with nothing else running:
+            its memory estimate is above the line, or its disk need above the
+            volume's total.  Waiting would be for ever: such a job is failed at once.
     """
 
     job_id: str
@@ -70,6 +73,7 @@ class Decision:
     estimate_bytes: int = 0
     young_reserved_bytes: int = 0
     memory_line_bytes: int | None = None
+    never_fits: bool = False
 
 
 def memory_line(limit: int, headroom_percent: float) -> int:
@@ -127,18 +131,28 @@ def memory_room(
 
 def disk_rule(
     ask: Ask, disk: DiskReading, room: MemoryRoom, headroom_percent: float
-) -> tuple[Reason, str]:
-    """The disk rule, once memory has room: the reason (unknown, disk or ok) and the summary."""
+) -> tuple[Reason, str, bool]:
+    """The disk rule, once memory has room: the reason (unknown, disk or ok), the summary,
+    and whether the job could never fit on this volume."""
     if disk.free_bytes is None or disk.total_bytes is None:
-        return Reason.UNKNOWN, f"measurements unavailable: disk unknown ({disk.unknown_reason})"
+        summary = f"measurements unavailable: disk unknown ({disk.unknown_reason})"
+        return Reason.UNKNOWN, summary, False
     needed = disk_needed(ask.job_disk, disk.total_bytes, headroom_percent)
     disk_figures = (
         f"free {gb(disk.free_bytes)}, needs {gb(needed)} (job {gb(ask.job_disk)}) "
         f"of {gb(disk.total_bytes)}"
     )
+    if needed > disk.total_bytes:
+        return (
+            Reason.DISK,
+            f"no room on disk even when it is empty (GB): needs {gb(needed)} > total "
+            f"{gb(disk.total_bytes)}; memory {room.figures % '<='}",
+            True,
+        )
     if disk.free_bytes < needed:
-        return Reason.DISK, f"no room on disk (GB): {disk_figures}; memory {room.figures % '<='}"
-    return Reason.OK, f"room (GB): memory {room.figures % '<='}; disk {disk_figures}"
+        summary = f"no room on disk (GB): {disk_figures}; memory {room.figures % '<='}"
+        return Reason.DISK, summary, False
+    return Reason.OK, f"room (GB): memory {room.figures % '<='}; disk {disk_figures}", False
 
 
 def decision(
@@ -150,6 +164,7 @@ def decision(
     memory: MemoryReading | None = None,
     disk: DiskReading | None = None,
     room: MemoryRoom | None = None,
+    never_fits: bool = False,
 ) -> Decision:
     """The decision for ``ask``; the young jobs' hold and the line once memory was judged."""
     return Decision(
@@ -162,4 +177,5 @@ def decision(
         estimate_bytes=ask.estimate,
         young_reserved_bytes=ask.reserved if room is not None else 0,
         memory_line_bytes=room.line if room is not None else None,
+        never_fits=never_fits,
     )

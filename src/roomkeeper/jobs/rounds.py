@@ -172,6 +172,9 @@ class Runner:
                 if job.state is not JobState.WAITING:  # cancelled while it was judged
                     self._guard.release(job.id)
                     continue
+                if decision.never_fits:  # waiting would be for ever: fail it, go on
+                    self._fail_never_fits(job, decision)
+                    continue
                 if not decision.admit:
                     self.refusals[decision.reason.value] += 1
                     self.last_refusal = decision.summary
@@ -182,6 +185,13 @@ class Runner:
             if self._on_refusal is not None:
                 self._on_refusal(job.id, decision)
             return
+
+    def _fail_never_fits(self, job: JobRecord, decision: Decision) -> None:
+        """A job that could not fit even alone fails now with the guard's words (lock held)."""
+        self.refusals[decision.reason.value] += 1
+        self._queue.remove(job.spec.owner, job)
+        job.error = decision.summary
+        self._book.finish(job, JobState.FAILED, decision.reason)
 
     def _next_candidate(self, limits: Limits) -> tuple[JobRecord | None, Reason]:
         """The head of the next owner in turn that may launch, or why none may."""

@@ -17,6 +17,7 @@ next deadline.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -27,6 +28,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from roomkeeper.config import read_queue_settings
 from roomkeeper.errors import QueueFullError
@@ -70,7 +72,9 @@ class Scheduler:
         wall: wall-clock seconds (timestamps people read).
         on_change: called with a job's view after each state change, outside the lock.
         on_end: called for each job that ended, outside the lock and before the
-            next launch round (a release hook runs before its slot is offered).
+            next launch round.  It may return a future (a release hook started
+            elsewhere): until that resolves the job's memory stays reserved, so the
+            hook runs before that memory is offered again, and nothing else waits.
         on_refusal: called with the job id and the guard's refusal (every refused round).
         before_launch: called with the job's view just before its spawn, lock held; it
             writes the durable pending marker (seed 002: save first).  If it
@@ -89,7 +93,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         on_change: Callable[[JobView], None] | None = None,
-        on_end: Callable[[JobView], None] | None = None,
+        on_end: Callable[[JobView], concurrent.futures.Future[Any] | None] | None = None,
         on_refusal: Callable[[str, Decision], None] | None = None,
         before_launch: Callable[[JobView], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
@@ -224,17 +228,32 @@ class Scheduler:
                 ended = self._book.take_ended()
                 self._runner.prune()
             self._runner.close_handles(handles)
-            if self._on_end is not None:
-                for view in ended:
-                    try:
-                        self._on_end(view)
-                    except Exception:  # a failing hook must not stop the scheduler
-                        log.exception("the end-of-job hook failed for job %s", view.id)
+            for view in ended:
+                self._ended(view)
             self._runner.launch_round()
             with self._lock:
                 due = self._runner.next_due()
         self._book.flush()
         return due
+
+    def _ended(self, view: JobView) -> None:
+        """Tell ``on_end``; keep the job's memory reserved while what it started is pending."""
+        if self._on_end is None:
+            return
+        try:
+            pending = self._on_end(view)
+        except Exception:  # a failing hook must not stop the scheduler
+            log.exception("the end-of-job hook failed for job %s", view.id)
+            return
+        if pending is None or pending.done():
+            return
+        self._guard.hold(view.id, self._guard.estimate(view.spec.memory_bytes))
+
+        def offered_again(_: concurrent.futures.Future[Any]) -> None:
+            self._guard.release(view.id)
+            self._wake()  # the memory is free again: waiting work may fit now
+
+        pending.add_done_callback(offered_again)
 
     # -------------------------------------------------------------- the loop
 
