@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -90,31 +91,36 @@ def test_a_hung_job_hook_does_not_hold_up_the_next_launch(
     b = gw.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
     wait_until(lambda: gw.client.get(f"/v1/jobs/{b}").json()["state"] == "exited", "job B ending")
     b_ended = gw.client.get(f"/v1/jobs/{b}").json()["ended_at"]
-    assert drip.closed == [] or b_ended < drip.closed[0], "B waited for A's hook"
+    # A's hook hangs for its whole 3 s deadline: B must not have waited for it.
+    assert b_ended < drip.opened[0] + 2.0, f"B ended {b_ended - drip.opened[0]:.1f} s into A's hook"
     wait_until(lambda: len(drip.closed) == 1, "A's hook cut off at its deadline", timeout=10)
     assert drip.closed[0] - drip.opened[0] < 4.5  # one 3 s deadline for the whole call
     assert gw.client.get(f"/v1/jobs/{a}").json()["state"] == "exited"
 
 
-def test_six_hung_lease_hooks_do_not_slow_other_requests(
-    gw: RunningGateway, drip: DripServer
-) -> None:
-    """Six leases released at once, each hook hanging: job submissions answer meanwhile."""
-    for n in range(6):
+# More hung hooks than asyncio's default executor has threads (six on two cores): were
+# hooks run there, every request that reads the journal off the event loop would wait.
+HUNG = max(6, min(32, (os.cpu_count() or 1) + 4) + 2)
+
+
+def test_hung_lease_hooks_do_not_slow_other_requests(gw: RunningGateway, drip: DripServer) -> None:
+    """Leases released at once, each hook hanging: job submissions answer meanwhile."""
+    for n in range(HUNG):
         granted = gw.client.post(
             "/v1/leases",
             json={"id": f"l{n}", "memory_bytes": 0, "release": {"url": drip.url(f"/chat/{n}")}},
         )
         assert granted.status_code == 201, granted.text
-    with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        releases = [pool.submit(gw.client.delete, f"/v1/leases/l{n}") for n in range(6)]
-        wait_until(lambda: len(drip.opened) == 6, "all six hooks reaching their server")
+    with concurrent.futures.ThreadPoolExecutor(HUNG) as pool:
+        releases = [pool.submit(gw.client.delete, f"/v1/leases/l{n}") for n in range(HUNG)]
+        wait_until(lambda: len(drip.opened) >= 6, "the hooks reaching their server")
         started = time.time()
         submitted = gw.client.post("/v1/jobs", json={"argv": ["true"]}, timeout=30)
         listed = gw.client.get("/v1/jobs", timeout=30)
         answered = time.time()
         assert submitted.status_code == 201 and listed.status_code == 200
-        assert drip.closed == [] or answered < min(drip.closed), (
+        # Each hook hangs for its whole 3 s deadline: the requests must not have waited.
+        assert answered < min(drip.opened) + 2.0, (
             f"the requests waited for the hooks ({answered - started:.1f} s)"
         )
         outcomes = [r.result(timeout=30).json()["hook_outcome"] for r in releases]
