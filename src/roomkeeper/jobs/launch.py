@@ -118,7 +118,7 @@ def launch(job_id: str, spec: LaunchSpec, *, lifeline: Lifeline | None = None) -
     _check_launchable(job_id, spec)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
     try:
-        log_fd = os.open(spec.log_path, flags, 0o644)
+        log_fd = os.open(spec.log_path, flags, 0o600)  # a job's output is its owner's
     except OSError as err:
         raise LaunchError(job_id, f"cannot open log {spec.log_path!r}: {err.strerror}") from err
     cgroup: JobCgroup | str = "not asked for"

@@ -243,7 +243,7 @@ class Runner:
                     raise LaunchError(
                         job.id, f"not started: its pending marker could not be saved ({err})"
                     ) from err
-            Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(job.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             handle = self._launcher(job.id, spec)
         except (LaunchError, OSError, ValueError) as err:
             self._guard.release(job.id)
