@@ -6,6 +6,8 @@ Each test names the finding it holds.  Where the behaviour is the kernel's
 
 from __future__ import annotations
 
+import logging
+import os
 import stat
 import time
 from collections.abc import Iterator
@@ -14,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.gateways import RunningGateway, running_gateway
+from roomkeeper.errors import UsageError
+from roomkeeper.paths import check_home, load_token
+from tests.gateways import RunningGateway, free_port, gateway_env, roomkeeper_cli, running_gateway
 
 pytestmark = pytest.mark.kernel
 
@@ -61,3 +65,90 @@ def test_the_systemd_unit_makes_its_state_directory_0700() -> None:
     """StateDirectory= alone gives 0755: the unit asks for 0700."""
     unit = (ROOT / "contrib" / "roomkeeper.service").read_text()
     assert "\nStateDirectoryMode=0700\n" in unit
+
+
+# ------------------------------------------------------- home and token
+
+
+def test_a_home_others_can_write_is_refused_at_start(tmp_path: Path) -> None:
+    """A pre-existing 0777 home with a planted token: the gateway refuses, saying the fix."""
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o777)
+    (home / "token").write_text("p" * 43 + "\n")
+    env = gateway_env(tmp_path)
+    done = roomkeeper_cli(env, "gateway", "--port", str(free_port()))
+    assert done.returncode != 0
+    assert "writable by other users (mode 0777)" in done.stderr
+    assert f"chmod 700 {home}" in done.stderr
+
+
+def test_a_home_of_another_user_is_refused(tmp_path: Path) -> None:
+    """A home that another uid owns is refused with the chown that fixes it."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a directory to another user")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    os.chown(home, 65534, -1)
+    with pytest.raises(UsageError, match="belongs to uid 65534.*chown 0 "):
+        check_home(home)
+
+
+def test_a_home_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    """ROOMKEEPER_HOME as a symbolic link is refused: point it at the real directory."""
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "home").symlink_to(tmp_path / "real")
+    with pytest.raises(UsageError, match="is a symbolic link"):
+        check_home(tmp_path / "home")
+
+
+def test_a_readable_home_and_its_logs_are_made_0700(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 0755 home (systemd's default) and an old 0755 logs/ are repaired, and the repair logged."""
+    home = tmp_path / "home"
+    (home / "logs").mkdir(parents=True)
+    home.chmod(0o755)
+    (home / "logs").chmod(0o755)
+    with caplog.at_level(logging.WARNING, logger="roomkeeper"):
+        check_home(home)
+    assert (mode(home), mode(home / "logs")) == (0o700, 0o700)
+    assert "was mode 0755; made it 0700" in caplog.text
+
+
+@pytest.mark.parametrize("planted", ["0644", "link", "fifo", "other-user"])
+def test_a_token_that_others_may_know_is_refused(
+    tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The token must be a regular 0600 file of ours, opened without following a link."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    token = home / "token"
+    if planted == "0644":
+        token.write_text("p" * 43)
+        token.chmod(0o644)
+    elif planted == "link":
+        (tmp_path / "elsewhere").write_text("p" * 43)
+        (tmp_path / "elsewhere").chmod(0o600)
+        token.symlink_to(tmp_path / "elsewhere")
+    elif planted == "fifo":
+        os.mkfifo(token, 0o600)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a file to another user")
+        token.write_text("p" * 43)
+        token.chmod(0o600)
+        os.chown(token, 65534, -1)
+    with caplog.at_level(logging.ERROR, logger="roomkeeper"), pytest.raises(UsageError) as err:
+        load_token(home)
+    assert f"rm {token}" in str(err.value)
+    assert str(err.value) in caplog.text
+
+
+def test_a_token_of_ours_is_kept_and_a_new_one_is_0600(tmp_path: Path) -> None:
+    """The checks let the gateway's own token through, and a new token is made 0600."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    first = load_token(home)
+    assert mode(home / "token") == 0o600
+    assert load_token(home) == first

@@ -59,7 +59,7 @@ from roomkeeper.ipc import Channel
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.resources import cpu_pressure_percent
-from roomkeeper.paths import home_dir, load_token, workspace_dir
+from roomkeeper.paths import check_home, home_dir, load_token, workspace_dir
 
 log = logging.getLogger("roomkeeper")
 
@@ -155,10 +155,13 @@ class Gateway:
             channel: to the supervisor; None when run alone.
 
         Raises:
-            UsageError: ROOMKEEPER_WORKSPACE contains the token (the message says so).
+            UsageError: ROOMKEEPER_WORKSPACE contains the token, or the home or the
+                token is not ours alone (:func:`~roomkeeper.paths.check_home`,
+                :func:`~roomkeeper.paths.load_token`); the message says so.
         """
         env = os.environ if env is None else env
         home = home or home_dir(env)
+        check_home(home)
         check_token_outside_workspace(home, workspace_dir(env))
         token = load_token(home)
         previous_pid = unclean_stop_pid(home)  # before this run writes its own record
