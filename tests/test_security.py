@@ -90,7 +90,7 @@ def test_a_home_of_another_user_is_refused(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     os.chown(home, 65534, -1)
-    with pytest.raises(UsageError, match="belongs to uid 65534.*chown 0 "):
+    with pytest.raises(UsageError, match=r"belongs to uid 65534.*chown 0 "):
         check_home(home)
 
 
@@ -152,3 +152,18 @@ def test_a_token_of_ours_is_kept_and_a_new_one_is_0600(tmp_path: Path) -> None:
     first = load_token(home)
     assert mode(home / "token") == 0o600
     assert load_token(home) == first
+
+
+# --------------------------------------------------------- the journal
+
+
+def test_the_journal_stores_only_the_env_the_submitter_gave(gw: RunningGateway) -> None:
+    """The job still inherits the gateway's variables, but only its own env reaches the disk."""
+    answer = gw.client.post("/v1/jobs", json={"argv": ["env"], "env": {"GIVEN_BY_SUBMITTER": "1"}})
+    job_id = answer.json()["id"]
+    assert finished(gw, job_id)["exit_code"] == 0
+    output = gw.client.get(f"/v1/jobs/{job_id}/output").text
+    assert "INHERITED_SECRET=s3cr3t" in output and "GIVEN_BY_SUBMITTER=1" in output
+    stored = b"".join(p.read_bytes() for p in gw.home.glob("journal.db*"))
+    assert b"GIVEN_BY_SUBMITTER" in stored
+    assert b"s3cr3t" not in stored

@@ -82,13 +82,6 @@ class Server(Protocol):
     should_exit: bool
 
 
-def job_environment(extra: Mapping[str, str] | None) -> dict[str, str]:
-    """The gateway's environment without ``ROOMKEEPER_*``, plus what the caller asked for."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
-    env.update(extra or {})
-    return env
-
-
 class Gateway:
     """What ``roomkeeper serve`` runs: :meth:`Gateway.open` makes one over ROOMKEEPER_HOME.
 
@@ -182,7 +175,6 @@ class Gateway:
             refusals=self.refusals,
             closing=lambda: self._closing,
             watch=self._watch,
-            environment=job_environment,
             hooks=self.hooks,
         )
 

@@ -231,7 +231,7 @@ class Runner:
             argv=job.spec.argv,
             log_path=job.log_path,
             cwd=job.spec.cwd,
-            env=job.spec.env,
+            env=job.spec.environment(),
             nice=limits.worker_nice,
             shell=job.spec.shell,
         )
