@@ -167,3 +167,40 @@ def test_the_journal_stores_only_the_env_the_submitter_gave(gw: RunningGateway) 
     stored = b"".join(p.read_bytes() for p in gw.home.glob("journal.db*"))
     assert b"GIVEN_BY_SUBMITTER" in stored
     assert b"s3cr3t" not in stored
+
+
+# ----------------------------------------------------------- the browser
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8765", "localhost", "LOCALHOST:1", "[::1]:8765"])
+def test_loopback_hosts_are_answered(gw: RunningGateway, host: str) -> None:
+    """127.0.0.1, localhost and [::1] are answered, with any port."""
+    assert gw.anonymous.get("/health", headers={"Host": host}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/feed", "/metrics", "/openapi.json", "/health", "/"])
+def test_a_rebound_host_is_refused(gw: RunningGateway, path: str) -> None:
+    """A DNS-rebinding page's Host (its own name) gets 403 on every route, open ones included."""
+    answer = gw.anonymous.get(path, headers={"Host": "attacker.example:8765"})
+    assert answer.status_code == 403
+    assert answer.json()["reason"] == "host_not_allowed"
+
+
+def test_a_request_from_another_site_is_refused(gw: RunningGateway) -> None:
+    """An Origin that is not the gateway's own is refused; its own page's Origin is not."""
+    host = gw.url.removeprefix("http://")
+    job = {"argv": ["true"]}
+    other = gw.client.post("/v1/jobs", json=job, headers={"Origin": "https://evil.example"})
+    assert (other.status_code, other.json()["reason"]) == (403, "origin_not_allowed")
+    assert gw.client.get("/v1/feed", headers={"Origin": "null"}).status_code == 403
+    own = gw.client.post("/v1/jobs", json=job, headers={"Origin": f"http://{host}"})
+    assert own.status_code == 201
+
+
+def test_docs_need_no_network_and_openapi_stays(gw: RunningGateway) -> None:
+    """/docs (swagger-ui from a CDN) is off; /openapi.json is still served."""
+    assert gw.anonymous.get("/docs").status_code == 404
+    assert gw.anonymous.get("/redoc").status_code == 404
+    assert gw.anonymous.get("/openapi.json").json()["info"]["title"] == "roomkeeper"
+    page = gw.anonymous.get("/").text
+    assert "<script src=" not in page and "https://" not in page  # the Health page loads nothing

@@ -29,6 +29,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from roomkeeper import __version__
 from roomkeeper.api.bodylimit import BodyLimit
+from roomkeeper.api.hosts import LoopbackOnly
 from roomkeeper.api.jobs import work_routes
 from roomkeeper.api.leases import lease_routes
 from roomkeeper.api.metrics import render_metrics
@@ -57,8 +58,14 @@ def _page() -> str:
 
 def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None = None) -> FastAPI:
     """The FastAPI application for one gateway (``port``/``socket`` are written for the CLI)."""
+    # No /docs nor /redoc: FastAPI's pages load swagger-ui from a public CDN into our own
+    # origin, and fail with no network.  /openapi.json stays for generated clients.
     app = FastAPI(
-        title="roomkeeper", version=__version__, lifespan=_lifespan(gateway, port, socket)
+        title="roomkeeper",
+        version=__version__,
+        lifespan=_lifespan(gateway, port, socket),
+        docs_url=None,
+        redoc_url=None,
     )
     auth = [Depends(_token_check(gateway))]
     _add_error_answers(app, gateway)
@@ -67,6 +74,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     app.include_router(lease_routes(gateway, auth))
     _add_service_routes(app, gateway, auth)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(LoopbackOnly)  # outermost: a rebound page is refused before anything
     return app
 
 
