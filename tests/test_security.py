@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
+import shutil
 import stat
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +21,7 @@ from typing import Any
 import pytest
 
 from roomkeeper.errors import UsageError
+from roomkeeper.jobs.job_user import read_job_user
 from roomkeeper.paths import check_home, load_token
 from tests.gateways import RunningGateway, free_port, gateway_env, roomkeeper_cli, running_gateway
 
@@ -204,3 +209,73 @@ def test_docs_need_no_network_and_openapi_stays(gw: RunningGateway) -> None:
     assert gw.anonymous.get("/openapi.json").json()["info"]["title"] == "roomkeeper"
     page = gw.anonymous.get("/").text
     assert "<script src=" not in page and "https://" not in page  # the Health page loads nothing
+
+
+# ------------------------------------------------------------ job user
+
+
+def test_jobs_as_our_own_user_are_said_once_at_start(gw: RunningGateway) -> None:
+    """Without a job user the gateway says once that jobs could read its token."""
+    (log,) = gw.home.parent.glob("gateway-*.log")
+    text = log.read_text()
+    assert text.count("managed jobs run as roomkeeper's own user") == 1
+    assert "not against a hostile job" in text
+
+
+@pytest.fixture
+def job_user() -> str:
+    """A real unprivileged user, made if absent (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("running jobs as another user needs roomkeeper to run as root")
+    try:
+        pwd.getpwnam("rkjob")
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "rkjob"], check=True)
+    return "rkjob"
+
+
+def test_a_job_user_reads_neither_token_nor_journal_nor_other_logs(job_user: str) -> None:
+    """As root with ROOMKEEPER_JOB_USER, a job runs as that user in its own workspace and every
+    `cat` of the token, the journal and another job's log is refused by the kernel."""
+    top = Path(tempfile.mkdtemp(prefix="rk-job-user-"))
+    try:
+        top.chmod(0o711)  # only the home's own modes may keep the job out
+        home = top / "home"
+        with running_gateway(
+            top, ROOMKEEPER_JOB_USER=job_user, ROOMKEEPER_WORKSPACE=str(home / "workspace")
+        ) as g:
+            first = g.client.post("/v1/jobs", json={"argv": ["echo", "first job's output"]})
+            first_id = first.json()["id"]
+            assert finished(g, first_id)["exit_code"] == 0
+            script = (
+                "id -un; pwd; touch mine && echo wrote; "
+                f"cat {home}/token; cat {home}/journal.db; cat {home}/logs/{first_id}.log; "
+                f"ls {home}; echo end"
+            )
+            job_id = g.client.post("/v1/jobs", json={"argv": ["/bin/sh", "-c", script]}).json()[
+                "id"
+            ]
+            finished(g, job_id)
+            out = g.client.get(f"/v1/jobs/{job_id}/output").text
+            token = g.token
+            workspace = home / "workspace"
+            assert (workspace.stat().st_uid, mode(workspace)) == (
+                pwd.getpwnam(job_user).pw_uid,
+                0o700,
+            )
+        lines = out.splitlines()
+        assert lines[:3] == [job_user, str(workspace), "wrote"], out
+        assert out.count("Permission denied") == 4, out  # token, journal, log, ls of the home
+        assert token not in out and "first job's output" not in out
+        assert (workspace / "mine").stat().st_uid == pwd.getpwnam(job_user).pw_uid
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_job_user_needs_root_and_an_existing_user() -> None:
+    """A job user named while not root, or one that does not exist, is refused saying why."""
+    with pytest.raises(UsageError, match="needs roomkeeper to run as root"):
+        read_job_user({"ROOMKEEPER_JOB_USER": "nobody"}, euid=1000)
+    with pytest.raises(UsageError, match="no such user; create it"):
+        read_job_user({"ROOMKEEPER_JOB_USER": "no-such-user-rk"}, euid=0)
+    assert read_job_user({}) is None

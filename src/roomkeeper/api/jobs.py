@@ -85,7 +85,7 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
         resumable=body.resumable,
     )
     if body.cwd is None:
-        gateway.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        gateway.ensure_workspace()
     check_runnable(spec)  # 422 saying which, before anything is queued
     return spec
 

@@ -30,6 +30,7 @@ from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.rule import Decision
+from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
@@ -64,6 +65,7 @@ class DurableJobs:
         watch: told of every journal write, to report one that fails.
         hooks: the pool release hooks run on, never the scheduler's thread: a hung
             hook holds only its own job's memory, until its deadline.
+        job_user: the user jobs run as; None for the gateway's own.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class DurableJobs:
         closing: Callable[[], bool],
         watch: Callable[[concurrent.futures.Future[None]], None],
         hooks: HookRunner,
+        job_user: JobUser | None = None,
     ) -> None:
         self._journal = journal
         self._hooks = hooks
@@ -100,6 +103,7 @@ class DurableJobs:
             on_end=self._job_ended,
             on_refusal=self._job_refused,
             before_launch=self._mark_launch,
+            job_user=job_user,
         )
 
     def _mark_launch(self, view: JobView) -> None:

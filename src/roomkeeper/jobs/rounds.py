@@ -29,6 +29,7 @@ from roomkeeper.errors import LaunchError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord
+from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.launch import LaunchSpec, launch
 from roomkeeper.jobs.process import Lifeline, become_subreaper
 from roomkeeper.jobs.queue import FairQueue, Limits
@@ -73,7 +74,9 @@ class Runner:
         on_refusal: Callable[[str, Decision], None] | None,
         before_launch: Callable[[JobView], None] | None,
         stop_grace: float,
+        job_user: JobUser | None = None,
     ) -> None:
+        self._job_user = job_user
         self._lock = lock
         self._book = book
         self._queue = queue
@@ -234,6 +237,7 @@ class Runner:
             env=job.spec.environment(),
             nice=limits.worker_nice,
             shell=job.spec.shell,
+            user=self._job_user,
         )
         try:
             if self._before_launch is not None:
