@@ -279,3 +279,33 @@ def test_a_job_user_needs_root_and_an_existing_user() -> None:
     with pytest.raises(UsageError, match="no such user; create it"):
         read_job_user({"ROOMKEEPER_JOB_USER": "no-such-user-rk"}, euid=0)
     assert read_job_user({}) is None
+
+
+# ------------------------------------------------------ the API contract
+
+
+def test_every_error_has_one_shape_with_a_reason(gw: RunningGateway) -> None:
+    """401, 404, 422 (NUL text and schema errors alike) all answer ``reason`` beside ``detail``."""
+    answers = {
+        "unauthorized": gw.anonymous.get("/v1/jobs"),
+        "not_found": gw.client.get("/v1/jobs/nope"),
+        "invalid_request": gw.client.post("/v1/jobs", json={"argv": ["tr\u0000ue"]}),
+    }
+    schema_error = gw.client.post("/v1/jobs", json={"argv": []})
+    for reason, answer in answers.items():
+        body = answer.json()
+        assert body["reason"] == reason and isinstance(body["detail"], str), body
+    assert schema_error.json()["reason"] == "invalid_request"
+    assert isinstance(schema_error.json()["detail"], str) and schema_error.json()["errors"]
+
+
+def test_every_route_declares_its_error_answers_and_release_url(gw: RunningGateway) -> None:
+    """Each operation documents 401/404/409/422/429/507 with the error model; release.url has
+    the server's own pattern."""
+    document = gw.anonymous.get("/openapi.json").json()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            declared = set(operation["responses"])
+            assert {"401", "404", "409", "422", "429", "507"} <= declared, (method, path)
+    url = document["components"]["schemas"]["ReleaseIn"]["properties"]["url"]
+    assert url["pattern"].startswith("^https?://(127")
