@@ -6,11 +6,13 @@ import contextlib
 import logging
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
-from roomkeeper.errors import UnwritablePlaceError
+from roomkeeper.errors import UnwritablePlaceError, UsageError
 
 log = logging.getLogger("roomkeeper")
 
@@ -111,18 +113,118 @@ def write_private(path: Path, text: str) -> None:
         os.close(dir_fd)
 
 
+def check_home(path: Path, *, searchable: bool = False) -> None:
+    """Refuse a ROOMKEEPER_HOME another user could have planted or can change; tighten its mode.
+
+    The home holds the token and the journal: it must be a real directory (a
+    symbolic link is not followed), ours, and writable by nobody else, or
+    another local user could swap the token or the journal under us.  A home
+    that others can read (systemd's ``StateDirectory=`` alone makes 0755) is
+    made 0700, and so is its ``logs/``; the repair is logged.
+
+    Args:
+        path: ROOMKEEPER_HOME.
+        searchable: leave others search (``x``) access (0711), so that a
+            separate job user reaches its workspace inside the home by path;
+            it still cannot list the home nor read anything in it.
+
+    Raises:
+        UsageError: ``name="ROOMKEEPER_HOME"``; the message says what is
+            wrong and the command that fixes it.  It is logged too.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        _refuse(f"ROOMKEEPER_HOME {path} cannot be read: {err.strerror}", "ROOMKEEPER_HOME")
+    if stat.S_ISLNK(st.st_mode):
+        _refuse(
+            f"ROOMKEEPER_HOME {path} is a symbolic link (to {os.readlink(path)}); "
+            "set ROOMKEEPER_HOME to the real directory",
+            "ROOMKEEPER_HOME",
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        _refuse(
+            f"ROOMKEEPER_HOME {path} is not a directory; remove it: rm {path}", "ROOMKEEPER_HOME"
+        )
+    _check_ours(path, st, "ROOMKEEPER_HOME", f"chown {os.geteuid()} {path}")
+    if st.st_mode & 0o022:
+        _refuse(
+            f"ROOMKEEPER_HOME {path} is writable by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}): they could replace the token or the journal; "
+            f"fix it with: chmod 700 {path}",
+            "ROOMKEEPER_HOME",
+        )
+    _tighten(path, st, 0o711 if searchable else 0o700)
+    with contextlib.suppress(FileNotFoundError):
+        logs = path / "logs"
+        logs_st = os.lstat(logs)
+        if stat.S_ISDIR(logs_st.st_mode) and logs_st.st_uid == os.geteuid():
+            _tighten(logs, logs_st, 0o700)  # made 0755 by an older roomkeeper
+
+
+def _check_ours(path: Path, st: os.stat_result, name: str, fix: str) -> None:
+    if st.st_uid != os.geteuid():
+        _refuse(
+            f"{path} belongs to uid {st.st_uid}, not to roomkeeper's uid {os.geteuid()}: "
+            f"another user made it; fix it with: {fix}",
+            name,
+        )
+
+
+def _tighten(path: Path, st: os.stat_result, wanted: int) -> None:
+    """Give a directory of ours exactly ``wanted`` for group and others, logging the repair."""
+    current = stat.S_IMODE(st.st_mode)
+    if current & 0o077 != wanted & 0o077:
+        os.chmod(path, (current & 0o700) | (wanted & 0o077), follow_symlinks=False)
+        log.warning("%s was mode %04o; made it %04o", path, current, wanted)
+
+
+def _refuse(message: str, name: str) -> NoReturn:
+    log.error("%s", message)
+    raise UsageError(message, name=name)
+
+
 def load_token(home: Path) -> str:
     """The gateway's bearer token, made on first start (mode 0600).
 
     Written to a temporary file and renamed, so a crash never leaves an empty
     token behind; a token file that is empty or too short is replaced, since
-    an empty token would let anyone in.
+    an empty token would let anyone in.  An existing token is opened with
+    ``O_NOFOLLOW`` and must be a regular file of ours, mode 0600: one that is
+    a link, another user's, or readable by others may be known to someone
+    else, and is refused (logged, and the message says how to make a new one).
+
+    Raises:
+        UsageError: ``name="token"``: the token file is not one we can trust.
     """
     path = home / "token"
-    with contextlib.suppress(FileNotFoundError):
-        token = path.read_text().strip()
-        if len(token) >= MIN_TOKEN_CHARS:
-            return token
+    token = _read_token(path)
+    if token is not None and len(token) >= MIN_TOKEN_CHARS:
+        return token
+    if token is not None:
         log.warning("the token file was empty or too short; a new token was made")
     write_private(path, secrets.token_urlsafe(32) + "\n")
-    return path.read_text().strip()
+    return _read_token(path) or ""
+
+
+def _read_token(path: Path) -> str | None:
+    """The token file's text, None when there is none; refused unless ours, regular and 0600."""
+    fix = f"remove it (rm {path}) and start again: a new token is made"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as err:  # ELOOP: a symbolic link, not followed
+        _refuse(f"the token {path} cannot be opened safely ({err.strerror}); {fix}", "token")
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            _refuse(f"the token {path} is not a regular file; {fix}", "token")
+        _check_ours(path, st, "token", f"rm {path} (a new token is made at start)")
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            _refuse(
+                f"the token {path} is mode {stat.S_IMODE(st.st_mode):04o}, not 0600, so others "
+                f"may have read it; {fix}",
+                "token",
+            )
+        return f.read(4096).decode(errors="replace").strip()

@@ -26,12 +26,15 @@ from fastapi import Depends, FastAPI, HTTPException, Request, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from roomkeeper import __version__
 from roomkeeper.api.bodylimit import BodyLimit
+from roomkeeper.api.hosts import LoopbackOnly
 from roomkeeper.api.jobs import work_routes
 from roomkeeper.api.leases import lease_routes
 from roomkeeper.api.metrics import render_metrics
+from roomkeeper.api.models import ERRORS
 from roomkeeper.api.views import feed_json, status_json
 from roomkeeper.errors import (
     CallStateError,
@@ -57,8 +60,15 @@ def _page() -> str:
 
 def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None = None) -> FastAPI:
     """The FastAPI application for one gateway (``port``/``socket`` are written for the CLI)."""
+    # No /docs nor /redoc: FastAPI's pages load swagger-ui from a public CDN into our own
+    # origin, and fail with no network.  /openapi.json stays for generated clients.
     app = FastAPI(
-        title="roomkeeper", version=__version__, lifespan=_lifespan(gateway, port, socket)
+        responses=ERRORS,  # every route declares the error answers, one shape for all
+        title="roomkeeper",
+        version=__version__,
+        lifespan=_lifespan(gateway, port, socket),
+        docs_url=None,
+        redoc_url=None,
     )
     auth = [Depends(_token_check(gateway))]
     _add_error_answers(app, gateway)
@@ -67,6 +77,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     app.include_router(lease_routes(gateway, auth))
     _add_service_routes(app, gateway, auth)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(LoopbackOnly)  # outermost: a rebound page is refused before anything
     return app
 
 
@@ -121,39 +132,69 @@ def validation_details(err: RequestValidationError) -> list[dict[str, Any]] | st
         return "the request is not valid"
 
 
-def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
-    """A 4xx or 507 saying what was wrong for each of our errors, never a 500."""
+def error(status: int, reason: str, detail: str, **extra: Any) -> JSONResponse:
+    """The one error shape: ``reason`` (from :data:`ERROR_REASONS`) beside the human ``detail``."""
+    return JSONResponse({"reason": reason, "detail": detail, **extra}, status)
+
+
+_STATUS_REASONS = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
+
+
+def _add_request_errors(app: FastAPI) -> None:
+    """Starlette's own errors (401, 404, 405) and invalid requests (422), in our one shape."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        answer = error(
+            err.status_code,
+            _STATUS_REASONS.get(err.status_code, "invalid_request"),
+            str(err.detail),
+        )
+        for name, value in (err.headers or {}).items():
+            answer.headers[name] = value
+        return answer
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": validation_details(err)}, 422)
+        items = validation_details(err)
+        if isinstance(items, str):
+            return error(422, "invalid_request", items)
+        said = "; ".join(f"{'.'.join(map(str, i['loc']))}: {i['msg']}" for i in items[:5])
+        return error(422, "invalid_request", said or "the request is not valid", errors=items)
+
+
+def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
+    """A 4xx or 507 saying what was wrong for each of our errors, never a 500."""
+
+    _add_request_errors(app)
 
     @app.exception_handler(UsageError)
     async def usage_error(request: Request, err: UsageError) -> JSONResponse:
-        status = 503 if err.name == "shutdown" else 422
-        return JSONResponse({"detail": str(err)}, status)
+        if err.name == "shutdown":
+            return error(503, "shutting_down", str(err))
+        return error(422, "invalid_request", str(err))
 
     @app.exception_handler(UnknownJobError)
     async def unknown(request: Request, err: UnknownJobError) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, 404)
+        return error(404, "not_found", str(err))
 
     @app.exception_handler(PersistenceError)
     async def not_saved(request: Request, err: PersistenceError) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, 507)
+        return error(507, "not_saved", str(err))
 
     @app.exception_handler(sqlite3.Error)
     async def journal_error(request: Request, err: sqlite3.Error) -> JSONResponse:
         # A journal that cannot save is reported as such, never as a success or a 500.
         gateway.note_persistence_error(err)
-        return JSONResponse({"detail": f"not saved: the journal could not write ({err})"}, 507)
+        return error(507, "not_saved", f"not saved: the journal could not write ({err})")
 
     @app.exception_handler(CallStateError)
     async def call_state(request: Request, err: CallStateError) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, 409)
+        return error(409, "call_state", str(err))
 
     @app.exception_handler(QueueFullError)
     async def queue_full(request: Request, err: QueueFullError) -> JSONResponse:
-        return JSONResponse({"reason": err.reason, "detail": str(err)}, 429)
+        return error(429, err.reason, str(err))
 
 
 def _add_open_routes(app: FastAPI, gateway: Gateway) -> None:
@@ -204,10 +245,7 @@ def _add_service_routes(app: FastAPI, gateway: Gateway, auth: Sequence[params.De
     async def restart() -> JSONResponse:
         """A fast restart by the supervisor (409 when the gateway runs alone)."""
         if not gateway.request_restart():
-            return JSONResponse(
-                {"detail": "no supervisor: restarts need `roomkeeper serve`"},
-                409,
-            )
+            return error(409, "no_supervisor", "no supervisor: restarts need `roomkeeper serve`")
         return JSONResponse({"state": "restarting"})
 
     @app.post("/v1/repair", dependencies=auth)

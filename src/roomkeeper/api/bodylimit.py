@@ -49,7 +49,9 @@ class BodyLimit:
 
 
 async def _too_large(send: Any, limit: int) -> None:
-    body = f'{{"detail": "bodies are limited to {limit} bytes"}}'.encode()
+    body = (
+        f'{{"reason": "body_too_large", "detail": "bodies are limited to {limit} bytes"}}'.encode()
+    )
     await send(
         {
             "type": "http.response.start",

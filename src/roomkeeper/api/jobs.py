@@ -17,7 +17,7 @@ from roomkeeper.api.models import CallIn, Id, JobIn, OutcomeIn, ResolveIn
 from roomkeeper.api.output import output_routes
 from roomkeeper.api.views import job_json, row_json
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
-from roomkeeper.gateway.service import Gateway, job_environment
+from roomkeeper.gateway.service import Gateway
 from roomkeeper.jobs.spec import JobSpec, check_runnable
 
 
@@ -77,14 +77,15 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
         argv=body.argv,
         owner=body.owner,
         cwd=body.cwd or str(gateway.workspace),
-        env=job_environment(body.env),
+        env=body.env,
+        inherit_env=True,  # the gateway's own variables are added at launch, never stored
         memory_bytes=body.memory_bytes,
         disk_bytes=body.disk_bytes,
         timeout_s=body.timeout_s,
         resumable=body.resumable,
     )
     if body.cwd is None:
-        gateway.workspace.mkdir(parents=True, exist_ok=True)
+        gateway.ensure_workspace()
     check_runnable(spec)  # 422 saying which, before anything is queued
     return spec
 

@@ -35,7 +35,8 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
         )
         if lease is None:
             assert decision is not None
-            return JSONResponse({"reason": decision.reason.value, "summary": decision.summary}, 409)
+            refusal = {"reason": decision.reason.value, "summary": decision.summary}
+            return JSONResponse({**refusal, "detail": f"refused: {decision.summary}"}, 409)
         return JSONResponse(lease_json(lease), 201 if created else 200)
 
     @router.delete("/v1/leases/{lease_id}", dependencies=auth)

@@ -9,7 +9,7 @@ no float may be ``NaN`` or infinite.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.hooks import ReleaseHook, parse_hook
 from roomkeeper.guard.leases import DEFAULT_TTL_S
+from roomkeeper.guard.rule import Reason
 
 NAME = r"^[A-Za-z0-9._:@-]+$"
 Text = Annotated[str, Field(max_length=65536)]
@@ -28,13 +29,62 @@ Id = Annotated[str, PathParam(max_length=200)]
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+LOOPBACK_URL = rf"^https?://(127(\.{_OCTET}){{3}}|localhost|\[::1\])(:{_PORT})?([/?#][!-~]*)?$"
+"""What ``release.url`` may be, in the schema as on the server: http(s) on loopback."""
+
+ERROR_REASONS = (
+    "unauthorized",
+    "not_found",
+    "method_not_allowed",
+    "invalid_request",
+    "body_too_large",
+    "host_not_allowed",
+    "origin_not_allowed",
+    "call_state",
+    "no_supervisor",
+    "shutting_down",
+    "not_saved",
+    "queue_full",
+    "owner_queue_full",
+    "closing",
+    "duplicate",
+    "followers_full",
+    *(r.value for r in Reason),
+)
+"""The closed vocabulary of an error's ``reason`` (the guard's refusals included)."""
+
+
+class ValidationItem(BaseModel):
+    """One thing wrong with a request: where, what, and which kind."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """Every error answer: a machine-readable ``reason`` beside the human ``detail``."""
+
+    reason: Annotated[str, Field(json_schema_extra={"enum": list(ERROR_REASONS)})]
+    detail: str
+    errors: list[ValidationItem] | None = None
+    summary: str | None = None
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut} for status in (401, 403, 404, 405, 409, 413, 422, 429, 503, 507)
+}
+"""The error answers any route may give, declared on every route of the document."""
+
 
 class ReleaseIn(BaseModel):
     """A release hook: one loopback HTTP call made when the lease or job ends."""
 
     model_config = STRICT
     method: Literal["DELETE", "POST", "PUT", "PATCH", "GET"] = "DELETE"
-    url: Annotated[str, Field(max_length=2048)]
+    url: Annotated[str, Field(max_length=2048, pattern=LOOPBACK_URL)]
 
     @field_validator("url")
     @classmethod

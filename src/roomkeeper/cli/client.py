@@ -29,7 +29,7 @@ def connect(env: Mapping[str, str] | None = None, *, timeout: float = 30.0) -> h
         raise NoGatewayError(f"no roomkeeper gateway is running for {home}; {how}") from None
     if info.get("socket"):
         transport = httpx.HTTPTransport(uds=info["socket"])
-        base = "http://roomkeeper"
+        base = "http://localhost"  # the gateway answers loopback names only
     else:
         transport = httpx.HTTPTransport()
         base = f"http://127.0.0.1:{info.get('port')}"

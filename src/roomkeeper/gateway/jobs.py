@@ -19,7 +19,7 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.rule import Decision
+from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
@@ -62,9 +63,9 @@ class DurableJobs:
         refusals: recent refusals for the Health page (shared with the gateway).
         closing: whether the gateway is shutting down (no new job).
         watch: told of every journal write, to report one that fails.
-        environment: the environment a job gets, given what its caller asked for.
         hooks: the pool release hooks run on, never the scheduler's thread: a hung
             hook holds only its own job's memory, until its deadline.
+        job_user: the user jobs run as; None for the gateway's own.
     """
 
     def __init__(
@@ -77,8 +78,8 @@ class DurableJobs:
         refusals: deque[Refusal],
         closing: Callable[[], bool],
         watch: Callable[[concurrent.futures.Future[None]], None],
-        environment: Callable[[Mapping[str, str] | None], dict[str, str]],
         hooks: HookRunner,
+        job_user: JobUser | None = None,
     ) -> None:
         self._journal = journal
         self._hooks = hooks
@@ -86,7 +87,6 @@ class DurableJobs:
         self._refusals = refusals
         self._closing = closing
         self._watch = watch
-        self._environment = environment
         self._resuming: str | None = None  # the deferred job resumed now (one at a time)
         self.hooks: dict[str, ReleaseHook] = {}
         # Cumulative, as Prometheus histograms must be: counts per bucket, sum, count.
@@ -103,6 +103,7 @@ class DurableJobs:
             on_end=self._job_ended,
             on_refusal=self._job_refused,
             before_launch=self._mark_launch,
+            job_user=job_user,
         )
 
     def _mark_launch(self, view: JobView) -> None:
@@ -227,7 +228,9 @@ class DurableJobs:
             argv=spec["argv"],
             owner=owner,
             cwd=spec.get("cwd"),
-            env=spec.get("env") or self._environment(None),
+            # A row without the flag is from before it: its env is whole when given.
+            env=spec.get("env"),
+            inherit_env=bool(spec.get("inherit_env", spec.get("env") is None)),
             memory_bytes=spec.get("memory_bytes"),
             disk_bytes=spec.get("disk_bytes"),
             timeout_s=spec.get("timeout_s"),

@@ -56,10 +56,11 @@ from roomkeeper.guard.hooks import HookRunner
 from roomkeeper.guard.leases import Leases
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.ipc import Channel
+from roomkeeper.jobs.job_user import JobUser, read_job_user
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.resources import cpu_pressure_percent
-from roomkeeper.paths import home_dir, load_token, workspace_dir
+from roomkeeper.paths import check_home, home_dir, load_token, workspace_dir
 
 log = logging.getLogger("roomkeeper")
 
@@ -82,13 +83,6 @@ class Server(Protocol):
     should_exit: bool
 
 
-def job_environment(extra: Mapping[str, str] | None) -> dict[str, str]:
-    """The gateway's environment without ``ROOMKEEPER_*``, plus what the caller asked for."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
-    env.update(extra or {})
-    return env
-
-
 class Gateway:
     """What ``roomkeeper serve`` runs: :meth:`Gateway.open` makes one over ROOMKEEPER_HOME.
 
@@ -102,6 +96,7 @@ class Gateway:
         token: the bearer token every authorized call carries.
         journal: the open journal behind every durable change.
         channel: to the supervisor; None when run alone.
+        job_user: the user managed jobs run as (``ROOMKEEPER_JOB_USER``); None: ours.
     """
 
     def __init__(
@@ -112,8 +107,10 @@ class Gateway:
         token: str,
         journal: Journal,
         channel: Channel | None = None,
+        job_user: JobUser | None = None,
     ) -> None:
         self.env = env
+        self.job_user = job_user
         self.home = home
         self.workspace = workspace_dir(env)
         self.token = token
@@ -155,15 +152,23 @@ class Gateway:
             channel: to the supervisor; None when run alone.
 
         Raises:
-            UsageError: ROOMKEEPER_WORKSPACE contains the token (the message says so).
+            UsageError: ROOMKEEPER_WORKSPACE contains the token, or the home or the
+                token is not ours alone (:func:`~roomkeeper.paths.check_home`,
+                :func:`~roomkeeper.paths.load_token`); the message says so.
         """
         env = os.environ if env is None else env
         home = home or home_dir(env)
+        job_user = read_job_user(env)
+        # A job user reaches its workspace inside the home by path: search access only.
+        check_home(home, searchable=job_user is not None)
         check_token_outside_workspace(home, workspace_dir(env))
         token = load_token(home)
         previous_pid = unclean_stop_pid(home)  # before this run writes its own record
         journal = open_journal(home, env)
-        gateway = cls(home=home, env=env, token=token, journal=journal, channel=channel)
+        gateway = cls(
+            home=home, env=env, token=token, journal=journal, channel=channel, job_user=job_user
+        )
+        gateway.say_who_jobs_run_as()
         gateway._recover(previous_pid)
         return gateway
 
@@ -179,9 +184,28 @@ class Gateway:
             refusals=self.refusals,
             closing=lambda: self._closing,
             watch=self._watch,
-            environment=job_environment,
             hooks=self.hooks,
+            job_user=self.job_user,
         )
+
+    def say_who_jobs_run_as(self) -> None:
+        """Say once, at start, which user managed jobs run as and what that protects."""
+        if self.job_user is not None:
+            log.info("managed jobs run as user %s (uid %d)", self.job_user.name, self.job_user.uid)
+            return
+        log.warning(
+            "managed jobs run as roomkeeper's own user (uid %d): a job can read the token and "
+            "the journal, so roomkeeper protects against accidents, not against a hostile job; "
+            "run roomkeeper as root with ROOMKEEPER_JOB_USER=USER to keep jobs out",
+            os.geteuid(),
+        )
+
+    def ensure_workspace(self) -> Path:
+        """The workspace, made 0700 if need be: the job user's own when there is one."""
+        if self.job_user is not None:
+            return self.job_user.own(self.workspace)
+        self.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return self.workspace
 
     def _durable_leases(self) -> DurableLeases:
         """The leases, with the journal behind every grant, heartbeat and end."""

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from roomkeeper.errors import LaunchError, RoomkeeperError, UsageError
+from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.lifeline import Lifeline
 from roomkeeper.jobs.process import ManagedProcess
 from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup
@@ -58,6 +59,7 @@ class LaunchSpec:
         nice: the niceness the job and every descendant run at; a job is never raised above us.
         shell: run ``argv``, one string, with ``/bin/sh -c``.
         use_cgroup: try a memory cgroup of the job's own; without one, psutil measures.
+        user: the user the job runs as (:mod:`roomkeeper.jobs.job_user`); None: ours.
     """
 
     argv: Sequence[str]
@@ -67,6 +69,7 @@ class LaunchSpec:
     nice: int = 10
     shell: bool = False
     use_cgroup: bool = True
+    user: JobUser | None = None
 
     def __post_init__(self) -> None:
         if not -20 <= self.nice <= 19:
@@ -118,7 +121,7 @@ def launch(job_id: str, spec: LaunchSpec, *, lifeline: Lifeline | None = None) -
     _check_launchable(job_id, spec)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
     try:
-        log_fd = os.open(spec.log_path, flags, 0o644)
+        log_fd = os.open(spec.log_path, flags, 0o600)  # a job's output is its owner's
     except OSError as err:
         raise LaunchError(job_id, f"cannot open log {spec.log_path!r}: {err.strerror}") from err
     cgroup: JobCgroup | str = "not asked for"
@@ -127,7 +130,7 @@ def launch(job_id: str, spec: LaunchSpec, *, lifeline: Lifeline | None = None) -
             lifeline.start()  # before the spawn: nothing may run unwatched
         if spec.use_cgroup:
             cgroup = create_job_cgroup(job_id)
-        argv = spec.command()
+        argv = spec.command() if spec.user is None else spec.user.command(spec.command())
         # Niceness is per thread, inherited from the forking one; we lower it, never raise it.
         increment = max(0, spec.nice - os.getpriority(os.PRIO_PROCESS, 0))
         if increment:

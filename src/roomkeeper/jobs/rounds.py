@@ -29,6 +29,7 @@ from roomkeeper.errors import LaunchError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord
+from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.launch import LaunchSpec, launch
 from roomkeeper.jobs.process import Lifeline, become_subreaper
 from roomkeeper.jobs.queue import FairQueue, Limits
@@ -73,7 +74,9 @@ class Runner:
         on_refusal: Callable[[str, Decision], None] | None,
         before_launch: Callable[[JobView], None] | None,
         stop_grace: float,
+        job_user: JobUser | None = None,
     ) -> None:
+        self._job_user = job_user
         self._lock = lock
         self._book = book
         self._queue = queue
@@ -231,9 +234,10 @@ class Runner:
             argv=job.spec.argv,
             log_path=job.log_path,
             cwd=job.spec.cwd,
-            env=job.spec.env,
+            env=job.spec.environment(),
             nice=limits.worker_nice,
             shell=job.spec.shell,
+            user=self._job_user,
         )
         try:
             if self._before_launch is not None:
@@ -243,7 +247,7 @@ class Runner:
                     raise LaunchError(
                         job.id, f"not started: its pending marker could not be saved ({err})"
                     ) from err
-            Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(job.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             handle = self._launcher(job.id, spec)
         except (LaunchError, OSError, ValueError) as err:
             self._guard.release(job.id)

@@ -35,6 +35,7 @@ from roomkeeper.errors import QueueFullError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
+from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.rounds import RETRY_SECONDS, STOP_GRACE_SECONDS, Launcher, Runner
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
@@ -80,6 +81,7 @@ class Scheduler:
             writes the durable pending marker (seed 002: save first).  If it
             raises, the job is not started and ends as failed.
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
+        job_user: the user jobs run as; None for ours (``ROOMKEEPER_JOB_USER``).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class Scheduler:
         on_refusal: Callable[[str, Decision], None] | None = None,
         before_launch: Callable[[JobView], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
+        job_user: JobUser | None = None,
     ) -> None:
         self._logs_dir = Path(logs_dir)
         self._guard = guard if guard is not None else Guard()
@@ -120,6 +123,7 @@ class Scheduler:
             on_refusal=on_refusal,
             before_launch=before_launch,
             stop_grace=stop_grace,
+            job_user=job_user,
         )
         self._thread: threading.Thread | None = None
         self._closing = False

@@ -42,13 +42,17 @@ class JobSpec:
             (then ``argv`` is one string of shell text, run with ``/bin/sh -c``).
         owner: who the job is for; fairness rotates between owners.
         cwd: working directory; the scheduler's own when None.
-        env: the whole environment of the job; inherited when None.
+        env: the job's environment: the whole of it, or (``inherit_env``) the
+            variables set over the scheduler's own; inherited when None.
         memory_bytes: memory estimate; ROOMKEEPER_JOB_MEMORY_MB when None.
         disk_bytes: disk estimate; ROOMKEEPER_JOB_DISK_MB when None.
         timeout_s: deadline counted from submission, waiting time included.
         shell: run ``argv[0]`` as shell text.
         resumable: safe to run again if a crash interrupts it (then it is
             deferred and resumed, instead of shown as uncertain).
+        inherit_env: ``env`` holds only what the submitter gave, set over the
+            scheduler's environment (less ``ROOMKEEPER_*``) when the job
+            launches; the journal then never stores the inherited variables.
     """
 
     argv: Sequence[str]
@@ -60,6 +64,13 @@ class JobSpec:
     timeout_s: float | None = None
     shell: bool = False
     resumable: bool = False
+    inherit_env: bool = False
+
+    def environment(self) -> Mapping[str, str] | None:
+        """The whole environment the job launches with (None: the scheduler's own)."""
+        if not self.inherit_env:
+            return self.env
+        return {**inherited_environment(), **(self.env or {})}
 
     def check(self) -> None:
         """Raise :class:`UsageError` saying what is wrong with this spec, if anything."""
@@ -83,6 +94,11 @@ class JobSpec:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise UsageError(f"{name} must be >= 0 (got {value})", name=name)
+
+
+def inherited_environment() -> dict[str, str]:
+    """This process's environment without ``ROOMKEEPER_*``: what a job inherits."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
 
 
 def check_runnable(spec: JobSpec) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -67,8 +68,10 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable):
     ) -> None:
         self.path = str(path)
         self.history_max_events = history_max_events
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         Path(self.path).touch(mode=0o600, exist_ok=True)
+        # SQLite gives the -wal and -shm files the database's own mode: keep it 0600.
+        os.chmod(self.path, 0o600)
         self._writer = _connect(self.path)
         self._writer.execute(f"PRAGMA synchronous={synchronous}")
         self._writer.executescript(SCHEMA)

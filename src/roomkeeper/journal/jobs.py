@@ -111,8 +111,11 @@ class InFlightJob:
 def spec_json(view: JobView) -> str:
     """The job's spec, so work deferred by a crash can run again as it was asked for.
 
-    The environment is kept too (the journal is private to ROOMKEEPER_HOME,
-    mode 0600); it is never shown by the API, the feed or the history.
+    Only the environment the submitter gave is kept (the journal is private
+    to ROOMKEEPER_HOME, mode 0600; it is never shown by the API, the feed or
+    the history): a job that inherits the gateway's variables stores
+    ``inherit_env`` instead of them, so the gateway's own secrets are never
+    written to disk.
     """
     spec = view.spec
     return json.dumps(
@@ -124,6 +127,7 @@ def spec_json(view: JobView) -> str:
             "disk_bytes": spec.disk_bytes,
             "timeout_s": spec.timeout_s,
             "shell": spec.shell,
+            "inherit_env": spec.inherit_env,
         }
     )
 

@@ -1,0 +1,311 @@
+"""Issue 13, "nobody else in": private files, a token jobs cannot take, a Host check, a contract.
+
+Each test names the finding it holds.  Where the behaviour is the kernel's
+(file modes, another user's access), a real gateway and real jobs are used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from roomkeeper.errors import UsageError
+from roomkeeper.jobs.job_user import read_job_user
+from roomkeeper.paths import check_home, load_token
+from tests.gateways import RunningGateway, free_port, gateway_env, roomkeeper_cli, running_gateway
+
+pytestmark = pytest.mark.kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    with running_gateway(tmp_path_factory.mktemp("security"), INHERITED_SECRET="s3cr3t") as g:
+        yield g
+
+
+def finished(gw: RunningGateway, job_id: str, timeout: float = 20) -> dict[str, Any]:
+    """The job once it has ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job: dict[str, Any] = gw.client.get(f"/v1/jobs/{job_id}").json()
+        if job["state"] not in ("waiting", "running"):
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+# ------------------------------------------------------------------ files
+
+
+def test_logs_are_0600_and_directories_0700(gw: RunningGateway) -> None:
+    """A job's log is 0600; logs/, the workspace and the journal are the gateway's alone."""
+    job_id = gw.client.post("/v1/jobs", json={"argv": ["echo", "hi"]}).json()["id"]
+    assert finished(gw, job_id)["exit_code"] == 0
+    log = gw.home / "logs" / f"{job_id}.log"
+    assert mode(log) == 0o600
+    assert mode(gw.home / "logs") == 0o700
+    assert mode(gw.home.parent / "ws") == 0o700
+    assert mode(gw.home / "journal.db") == 0o600
+    assert mode(gw.home) == 0o700
+
+
+def test_the_systemd_unit_makes_its_state_directory_0700() -> None:
+    """StateDirectory= alone gives 0755: the unit asks for 0700."""
+    unit = (ROOT / "contrib" / "roomkeeper.service").read_text()
+    assert "\nStateDirectoryMode=0700\n" in unit
+
+
+# ------------------------------------------------------- home and token
+
+
+def test_a_home_others_can_write_is_refused_at_start(tmp_path: Path) -> None:
+    """A pre-existing 0777 home with a planted token: the gateway refuses, saying the fix."""
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o777)
+    (home / "token").write_text("p" * 43 + "\n")
+    env = gateway_env(tmp_path)
+    done = roomkeeper_cli(env, "gateway", "--port", str(free_port()))
+    assert done.returncode != 0
+    assert "writable by other users (mode 0777)" in done.stderr
+    assert f"chmod 700 {home}" in done.stderr
+
+
+def test_a_home_of_another_user_is_refused(tmp_path: Path) -> None:
+    """A home that another uid owns is refused with the chown that fixes it."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a directory to another user")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    os.chown(home, 65534, -1)
+    with pytest.raises(UsageError, match=r"belongs to uid 65534.*chown 0 "):
+        check_home(home)
+
+
+def test_a_home_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    """ROOMKEEPER_HOME as a symbolic link is refused: point it at the real directory."""
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "home").symlink_to(tmp_path / "real")
+    with pytest.raises(UsageError, match="is a symbolic link"):
+        check_home(tmp_path / "home")
+
+
+def test_a_readable_home_and_its_logs_are_made_0700(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 0755 home (systemd's default) and an old 0755 logs/ are repaired, and the repair logged."""
+    home = tmp_path / "home"
+    (home / "logs").mkdir(parents=True)
+    home.chmod(0o755)
+    (home / "logs").chmod(0o755)
+    with caplog.at_level(logging.WARNING, logger="roomkeeper"):
+        check_home(home)
+    assert (mode(home), mode(home / "logs")) == (0o700, 0o700)
+    assert "was mode 0755; made it 0700" in caplog.text
+
+
+@pytest.mark.parametrize("planted", ["0644", "link", "fifo", "other-user"])
+def test_a_token_that_others_may_know_is_refused(
+    tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The token must be a regular 0600 file of ours, opened without following a link."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    token = home / "token"
+    if planted == "0644":
+        token.write_text("p" * 43)
+        token.chmod(0o644)
+    elif planted == "link":
+        (tmp_path / "elsewhere").write_text("p" * 43)
+        (tmp_path / "elsewhere").chmod(0o600)
+        token.symlink_to(tmp_path / "elsewhere")
+    elif planted == "fifo":
+        os.mkfifo(token, 0o600)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a file to another user")
+        token.write_text("p" * 43)
+        token.chmod(0o600)
+        os.chown(token, 65534, -1)
+    with caplog.at_level(logging.ERROR, logger="roomkeeper"), pytest.raises(UsageError) as err:
+        load_token(home)
+    assert f"rm {token}" in str(err.value)
+    assert str(err.value) in caplog.text
+
+
+def test_a_token_of_ours_is_kept_and_a_new_one_is_0600(tmp_path: Path) -> None:
+    """The checks let the gateway's own token through, and a new token is made 0600."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    first = load_token(home)
+    assert mode(home / "token") == 0o600
+    assert load_token(home) == first
+
+
+# --------------------------------------------------------- the journal
+
+
+def test_the_journal_stores_only_the_env_the_submitter_gave(gw: RunningGateway) -> None:
+    """The job still inherits the gateway's variables, but only its own env reaches the disk."""
+    answer = gw.client.post("/v1/jobs", json={"argv": ["env"], "env": {"GIVEN_BY_SUBMITTER": "1"}})
+    job_id = answer.json()["id"]
+    assert finished(gw, job_id)["exit_code"] == 0
+    output = gw.client.get(f"/v1/jobs/{job_id}/output").text
+    assert "INHERITED_SECRET=s3cr3t" in output and "GIVEN_BY_SUBMITTER=1" in output
+    stored = b"".join(p.read_bytes() for p in gw.home.glob("journal.db*"))
+    assert b"GIVEN_BY_SUBMITTER" in stored
+    assert b"s3cr3t" not in stored
+
+
+# ----------------------------------------------------------- the browser
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8765", "localhost", "LOCALHOST:1", "[::1]:8765"])
+def test_loopback_hosts_are_answered(gw: RunningGateway, host: str) -> None:
+    """127.0.0.1, localhost and [::1] are answered, with any port."""
+    assert gw.anonymous.get("/health", headers={"Host": host}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/feed", "/metrics", "/openapi.json", "/health", "/"])
+def test_a_rebound_host_is_refused(gw: RunningGateway, path: str) -> None:
+    """A DNS-rebinding page's Host (its own name) gets 403 on every route, open ones included."""
+    answer = gw.anonymous.get(path, headers={"Host": "attacker.example:8765"})
+    assert answer.status_code == 403
+    assert answer.json()["reason"] == "host_not_allowed"
+
+
+def test_a_request_from_another_site_is_refused(gw: RunningGateway) -> None:
+    """An Origin that is not the gateway's own is refused; its own page's Origin is not."""
+    host = gw.url.removeprefix("http://")
+    job = {"argv": ["true"]}
+    other = gw.client.post("/v1/jobs", json=job, headers={"Origin": "https://evil.example"})
+    assert (other.status_code, other.json()["reason"]) == (403, "origin_not_allowed")
+    assert gw.client.get("/v1/feed", headers={"Origin": "null"}).status_code == 403
+    own = gw.client.post("/v1/jobs", json=job, headers={"Origin": f"http://{host}"})
+    assert own.status_code == 201
+
+
+def test_docs_need_no_network_and_openapi_stays(gw: RunningGateway) -> None:
+    """/docs (swagger-ui from a CDN) is off; /openapi.json is still served."""
+    assert gw.anonymous.get("/docs").status_code == 404
+    assert gw.anonymous.get("/redoc").status_code == 404
+    assert gw.anonymous.get("/openapi.json").json()["info"]["title"] == "roomkeeper"
+    page = gw.anonymous.get("/").text
+    assert "<script src=" not in page and "https://" not in page  # the Health page loads nothing
+
+
+# ------------------------------------------------------------ job user
+
+
+def test_jobs_as_our_own_user_are_said_once_at_start(gw: RunningGateway) -> None:
+    """Without a job user the gateway says once that jobs could read its token."""
+    (log,) = gw.home.parent.glob("gateway-*.log")
+    text = log.read_text()
+    assert text.count("managed jobs run as roomkeeper's own user") == 1
+    assert "not against a hostile job" in text
+
+
+@pytest.fixture
+def job_user() -> str:
+    """A real unprivileged user, made if absent (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("running jobs as another user needs roomkeeper to run as root")
+    try:
+        pwd.getpwnam("rkjob")
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "rkjob"], check=True)
+    return "rkjob"
+
+
+def test_a_job_user_reads_neither_token_nor_journal_nor_other_logs(job_user: str) -> None:
+    """As root with ROOMKEEPER_JOB_USER, a job runs as that user in its own workspace and every
+    `cat` of the token, the journal and another job's log is refused by the kernel."""
+    top = Path(tempfile.mkdtemp(prefix="rk-job-user-"))
+    try:
+        top.chmod(0o711)  # only the home's own modes may keep the job out
+        home = top / "home"
+        with running_gateway(
+            top, ROOMKEEPER_JOB_USER=job_user, ROOMKEEPER_WORKSPACE=str(home / "workspace")
+        ) as g:
+            first = g.client.post("/v1/jobs", json={"argv": ["echo", "first job's output"]})
+            first_id = first.json()["id"]
+            assert finished(g, first_id)["exit_code"] == 0
+            script = (
+                "id -un; pwd; touch mine && echo wrote; "
+                f"cat {home}/token; cat {home}/journal.db; cat {home}/logs/{first_id}.log; "
+                f"ls {home}; echo end"
+            )
+            job_id = g.client.post("/v1/jobs", json={"argv": ["/bin/sh", "-c", script]}).json()[
+                "id"
+            ]
+            finished(g, job_id)
+            out = g.client.get(f"/v1/jobs/{job_id}/output").text
+            token = g.token
+            workspace = home / "workspace"
+            assert (workspace.stat().st_uid, mode(workspace)) == (
+                pwd.getpwnam(job_user).pw_uid,
+                0o700,
+            )
+        lines = out.splitlines()
+        assert lines[:3] == [job_user, str(workspace), "wrote"], out
+        assert out.count("Permission denied") == 4, out  # token, journal, log, ls of the home
+        assert token not in out and "first job's output" not in out
+        assert (workspace / "mine").stat().st_uid == pwd.getpwnam(job_user).pw_uid
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_job_user_needs_root_and_an_existing_user() -> None:
+    """A job user named while not root, or one that does not exist, is refused saying why."""
+    with pytest.raises(UsageError, match="needs roomkeeper to run as root"):
+        read_job_user({"ROOMKEEPER_JOB_USER": "nobody"}, euid=1000)
+    with pytest.raises(UsageError, match="no such user; create it"):
+        read_job_user({"ROOMKEEPER_JOB_USER": "no-such-user-rk"}, euid=0)
+    assert read_job_user({}) is None
+
+
+# ------------------------------------------------------ the API contract
+
+
+def test_every_error_has_one_shape_with_a_reason(gw: RunningGateway) -> None:
+    """401, 404, 422 (NUL text and schema errors alike) all answer ``reason`` beside ``detail``."""
+    answers = {
+        "unauthorized": gw.anonymous.get("/v1/jobs"),
+        "not_found": gw.client.get("/v1/jobs/nope"),
+        "invalid_request": gw.client.post("/v1/jobs", json={"argv": ["tr\u0000ue"]}),
+    }
+    schema_error = gw.client.post("/v1/jobs", json={"argv": []})
+    for reason, answer in answers.items():
+        body = answer.json()
+        assert body["reason"] == reason and isinstance(body["detail"], str), body
+    assert schema_error.json()["reason"] == "invalid_request"
+    assert isinstance(schema_error.json()["detail"], str) and schema_error.json()["errors"]
+
+
+def test_every_route_declares_its_error_answers_and_release_url(gw: RunningGateway) -> None:
+    """Each operation documents 401/404/409/422/429/507 with the error model; release.url has
+    the server's own pattern."""
+    document = gw.anonymous.get("/openapi.json").json()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            declared = set(operation["responses"])
+            assert {"401", "404", "409", "422", "429", "507"} <= declared, (method, path)
+    url = document["components"]["schemas"]["ReleaseIn"]["properties"]["url"]
+    assert url["pattern"].startswith("^https?://(127")
