@@ -18,7 +18,13 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.gateways import RunningGateway, gateway_env, roomkeeper_cli, running_gateway
+from tests.gateways import (
+    RunningGateway,
+    gateway_env,
+    roomkeeper_cli,
+    running_gateway,
+    wait_until,
+)
 
 pytestmark = pytest.mark.kernel
 
@@ -185,7 +191,12 @@ def test_lease_without_heartbeat_expires_and_runs_its_hook(
     assert hooks.calls == [("DELETE", "/chat/l")]
     leases = {lease["id"]: lease for lease in gw.client.get("/v1/leases").json()}
     assert leases["l"]["state"] == "expired"
-    assert gw.client.get("/v1/status").json()["guard"]["young"] == 0
+    # The hook's server sees the call before the gateway has its answer and releases.
+    wait_until(
+        lambda: gw.client.get("/v1/status").json()["guard"]["young"] == 0,
+        "the expired lease's reservation released after its hook",
+        timeout=10,
+    )
 
 
 def test_lease_wait_s_waits_for_room_then_refuses(gw: RunningGateway) -> None:

@@ -221,10 +221,13 @@ def _read_token(path: Path) -> str | None:
         if not stat.S_ISREG(st.st_mode):
             _refuse(f"the token {path} is not a regular file; {fix}", "token")
         _check_ours(path, st, "token", f"rm {path} (a new token is made at start)")
+        text = f.read(4096).decode(errors="replace").strip()
+        if len(text) < MIN_TOKEN_CHARS:
+            return text  # no secret in it to have leaked: the caller replaces it (0600)
         if stat.S_IMODE(st.st_mode) != 0o600:
             _refuse(
                 f"the token {path} is mode {stat.S_IMODE(st.st_mode):04o}, not 0600, so others "
                 f"may have read it; {fix}",
                 "token",
             )
-        return f.read(4096).decode(errors="replace").strip()
+        return text
