@@ -419,7 +419,7 @@ class _HealthOnly(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/health":
-            body = b"{}"
+            body = b'{"boot_id": "fake-boot"}'
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -441,7 +441,9 @@ def test_a_gateway_that_stops_answering_mid_call_is_a_clear_error(tmp_path: Path
         home.mkdir(parents=True, exist_ok=True)
         (home / "token").write_text("t" * 40)
         port = server.server_address[1]
-        (home / "gateway.json").write_text(json.dumps({"pid": os.getpid(), "port": port}))
+        started = psutil.Process().create_time()  # it passes for the recorded gateway
+        record = {"pid": os.getpid(), "started": started, "boot_id": "fake-boot", "port": port}
+        (home / "gateway.json").write_text(json.dumps(record))
         done = roomkeeper_cli(env, "status")
     finally:
         server.shutdown()

@@ -6,12 +6,14 @@ Each test names the finding it holds.  Where the behaviour is the kernel's
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pwd
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -309,3 +311,138 @@ def test_every_route_declares_its_error_answers_and_release_url(gw: RunningGatew
             assert {"401", "404", "409", "422", "429", "507"} <= declared, (method, path)
     url = document["components"]["schemas"]["ReleaseIn"]["properties"]["url"]
     assert url["pattern"].startswith("^https?://(127")
+
+
+# ------------------------------------------------------- the CLI's token
+
+
+class _Impostor:
+    """A loopback server that answers /health as a gateway would and records every header."""
+
+    def __init__(self, boot_id: str) -> None:
+        import http.server
+        import threading
+
+        seen = self.authorizations = []  # type: list[str | None]
+        body = json.dumps({"boot_id": boot_id}).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append(self.headers.get("Authorization"))
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _record(tmp_path: Path, **record: object) -> dict[str, str]:
+    env = gateway_env(tmp_path)
+    home = Path(env["ROOMKEEPER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "token").write_text("t" * 43)
+    (home / "gateway.json").write_text(json.dumps(record))
+    return env
+
+
+@pytest.mark.parametrize("case", ["boot id differs", "pid reused", "pid gone"])
+def test_the_cli_sends_no_token_to_what_took_the_port(tmp_path: Path, case: str) -> None:
+    """Something else listens where gateway.json says the gateway did: no token is sent."""
+    import psutil
+
+    impostor = _Impostor(boot_id="theirs")
+    me = psutil.Process()
+    record: dict[str, object] = {
+        "pid": me.pid,
+        "started": me.create_time(),
+        "boot_id": "ours",
+        "port": impostor.port,
+    }
+    if case == "pid reused":
+        record["started"] = me.create_time() - 100  # same pid, another process's start
+        record["boot_id"] = "theirs"
+    if case == "pid gone":
+        record["pid"], record["boot_id"] = 2**22 + 7, "theirs"
+    try:
+        done = roomkeeper_cli(_record(tmp_path, **record), "status")
+    finally:
+        impostor.close()
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert all(a is None for a in impostor.authorizations), impostor.authorizations
+    if case == "boot id differs":
+        assert "is not that gateway" in done.stderr and "the token was not sent" in done.stderr
+    else:
+        assert "is not running" in done.stderr
+
+
+# Another user cannot run our interpreter when it lives under /root: Debian's own one.
+OTHERS_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another user needs root")
+@pytest.mark.skipif(not os.access(OTHERS_PYTHON, os.X_OK), reason=f"needs {OTHERS_PYTHON}")
+def test_the_socket_is_0600_and_other_users_are_refused(tmp_path: Path) -> None:
+    """With ROOMKEEPER_SOCKET the socket is 0600, and a peer of another uid is cut off even
+    where the file lets it connect (SO_PEERCRED)."""
+    import httpx
+
+    reachable = Path(tempfile.mkdtemp(prefix="rk-sock-", dir="/tmp"))
+    reachable.chmod(0o755)  # pytest's own tmp_path is 0700: other users could not even try
+    path = reachable / "gw.sock"
+    env = gateway_env(tmp_path, ROOMKEEPER_SOCKET=str(path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "roomkeeper", "gateway"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not path.exists():  # connecting before it exists leaks httpcore's socket
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        transport = httpx.HTTPTransport(uds=str(path))
+        with httpx.Client(transport=transport, base_url="http://localhost") as client:
+            assert client.get("/health").status_code == 200
+        assert mode(path) == 0o600
+        path.chmod(0o666)  # as if it were placed where others can reach it
+        probe = (
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "s.connect(sys.argv[1])\n"
+            "print('connected', flush=True)\n"
+            "s.settimeout(10)\n"
+            "try:\n"
+            "    s.sendall(b'GET /health HTTP/1.1\\r\\nHost: localhost\\r\\n\\r\\n')\n"
+            "    print(repr(s.recv(100)))\n"
+            "except (BrokenPipeError, ConnectionResetError):\n"  # closed on it: no answer
+            "    print(repr(b''))\n"
+        )
+        nobody = subprocess.run(
+            [OTHERS_PYTHON, "-c", probe, str(path)],
+            user=65534,
+            group=65534,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        said = nobody.stdout.split()
+        assert said[:1] == ["connected"], nobody.stdout + nobody.stderr  # the file let it in
+        assert said[1:] == ["b''"], nobody.stdout + nobody.stderr  # cut off unanswered
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(reachable, ignore_errors=True)

@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import resource
+import socket
+import struct
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("roomkeeper")
 
 HEADER_TIMEOUT_S = 10.0  # a request's headers, complete, within this of the connection's turn
 KEEP_ALIVE_S = 5  # seconds (an int, as uvicorn wants): idle keep-alive connections close
@@ -35,6 +41,9 @@ class HeaderDeadlineProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if not peer_may_connect(transport.get_extra_info("socket")):
+            transport.close()  # another local user on our Unix socket: not even a 403
+            return
         self._arm_header_timer()
 
     def handle_events(self) -> None:
@@ -65,6 +74,26 @@ class HeaderDeadlineProtocol(H11Protocol):
         self._header_timer = None
         if self.cycle is None or self.cycle.response_complete:  # no request under way
             self.transport.close()
+
+
+def peer_may_connect(sock: socket.socket | None) -> bool:
+    """On a Unix socket, only our own user (or root) may talk to the gateway.
+
+    The socket file is made 0600, but a connection that raced that chmod, or a
+    socket placed where others can reach it, is still checked: the kernel says
+    who the peer is (``SO_PEERCRED``).  TCP on loopback is guarded by the token.
+    """
+    if sock is None or sock.family != socket.AF_UNIX:
+        return True
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return False
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    if uid in (os.getuid(), 0):
+        return True
+    log.warning("refused a connection on the gateway's socket from uid %d", uid)
+    return False
 
 
 def raise_file_limit(wanted: int = FILE_DESCRIPTORS) -> int:

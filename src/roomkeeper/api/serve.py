@@ -7,7 +7,9 @@ supervisor's child with a private channel (:mod:`roomkeeper.ipc`).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -79,6 +81,11 @@ def _server_class() -> type[Any]:
         def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
             super().__init__(config)
             self.gateway = gateway
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.config.uds:  # uvicorn leaves it 0666: only our own user may connect
+                os.chmod(self.config.uds, 0o600)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             # uvicorn's own handler first: it tells a first signal (exit gracefully)

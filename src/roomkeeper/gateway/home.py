@@ -15,6 +15,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
+
 from roomkeeper.config import read_gateway_settings, read_journal_synchronous
 from roomkeeper.errors import UsageError
 from roomkeeper.journal.database import Journal
@@ -60,7 +62,15 @@ def unclean_stop_pid(home: Path) -> int | None:
 
 def write_run_record(home: Path, *, boot_id: str, port: int | None, socket: str | None) -> None:
     """Say in ROOMKEEPER_HOME that this process serves, and where it listens."""
-    info = {"pid": os.getpid(), "boot_id": boot_id, "port": port, "socket": socket}
+    info = {
+        "pid": os.getpid(),
+        # With the pid, the start time names this process even after the pid is reused;
+        # the CLI checks both (and the boot id /health answers) before it sends the token.
+        "started": psutil.Process().create_time(),
+        "boot_id": boot_id,
+        "port": port,
+        "socket": socket,
+    }
     # Atomic: a client or the next start never reads half of it.
     write_private(home / RUN_RECORD, json.dumps(info))
 
