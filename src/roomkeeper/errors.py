@@ -5,12 +5,14 @@
     RoomkeeperError                 base of everything roomkeeper raises on purpose
     ├── UsageError                  a person or caller gave a value we cannot use
     │   ├── SizeError               a size such as ``600M`` could not be read
-    │   └── UnwritablePlaceError    a directory roomkeeper must write to refuses writes
+    │   ├── UnwritablePlaceError    a directory roomkeeper must write to refuses writes
+    │   └── UnrunnableError         valid, but this machine cannot run it (``reason``)
     ├── KernelFileError             a kernel file did not have the shape we expect
     ├── LaunchError                 a managed process could not be started (``job_id``)
     ├── QueueFullError              a submission met a bound (refused, not queued)
     ├── UnknownJobError             no job has the id asked for (``job_id``)
     ├── CallStateError              a registered call's state does not allow this (``call_id``)
+    ├── AlreadyEndedError           the lease asked about has already ended (``lease_id``)
     ├── PersistenceError            the journal could not save (disk full, I/O error)
     └── NoGatewayError              no gateway answers for this ROOMKEEPER_HOME
 
@@ -134,3 +136,29 @@ class UnwritablePlaceError(UsageError):
     def __init__(self, message: str, *, path: str, name: str = "") -> None:
         super().__init__(message, name=name, value=path)
         self.path = path
+
+
+class UnrunnableError(UsageError):
+    """A request valid by the API's schema that this machine cannot run: its directory or
+    command does not exist here, or it could never fit in the container.
+
+    Attributes:
+        reason: ``cwd_not_found``, ``command_not_found`` or ``never_fits``.
+    """
+
+    def __init__(self, message: str, *, reason: str, name: str = "") -> None:
+        super().__init__(message, name=name)
+        self.reason = reason
+
+
+class AlreadyEndedError(RoomkeeperError):
+    """The lease has already ended, so it cannot be granted again or extended (a conflict
+    with its state, not a malformed request).
+
+    Attributes:
+        lease_id: the lease.
+    """
+
+    def __init__(self, message: str, *, lease_id: str) -> None:
+        super().__init__(message)
+        self.lease_id = lease_id

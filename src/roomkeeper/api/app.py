@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from roomkeeper import __version__
 from roomkeeper.api.bodylimit import BodyLimit
+from roomkeeper.api.contract import allowed_methods, install_links
 from roomkeeper.api.hosts import LoopbackOnly
 from roomkeeper.api.jobs import work_routes
 from roomkeeper.api.leases import lease_routes
@@ -37,10 +38,12 @@ from roomkeeper.api.metrics import render_metrics
 from roomkeeper.api.models import ERRORS
 from roomkeeper.api.views import feed_json, status_json
 from roomkeeper.errors import (
+    AlreadyEndedError,
     CallStateError,
     PersistenceError,
     QueueFullError,
     UnknownJobError,
+    UnrunnableError,
     UsageError,
 )
 from roomkeeper.gateway.service import Gateway
@@ -78,6 +81,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     _add_service_routes(app, gateway, auth)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(LoopbackOnly)  # outermost: a rebound page is refused before anything
+    install_links(app)
     return app
 
 
@@ -152,6 +156,8 @@ def _add_request_errors(app: FastAPI) -> None:
         )
         for name, value in (err.headers or {}).items():
             answer.headers[name] = value
+        if err.status_code == 405:  # every method served at this path, not one route's
+            answer.headers["Allow"] = ", ".join(allowed_methods(request.app.routes, request.scope))
         return answer
 
     @app.exception_handler(RequestValidationError)
@@ -172,7 +178,13 @@ def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
     async def usage_error(request: Request, err: UsageError) -> JSONResponse:
         if err.name == "shutdown":
             return error(503, "shutting_down", str(err))
+        if isinstance(err, UnrunnableError):  # valid by the schema, not runnable here
+            return error(422, err.reason, str(err))
         return error(422, "invalid_request", str(err))
+
+    @app.exception_handler(AlreadyEndedError)
+    async def already_ended(request: Request, err: AlreadyEndedError) -> JSONResponse:
+        return error(409, "already_ended", str(err))
 
     @app.exception_handler(UnknownJobError)
     async def unknown(request: Request, err: UnknownJobError) -> JSONResponse:

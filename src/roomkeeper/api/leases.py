@@ -21,7 +21,13 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     """``/v1/leases`` for ``gateway``, each route behind ``auth``."""
     router = APIRouter()
 
-    @router.post("/v1/leases", status_code=201, dependencies=auth, response_model=None)
+    @router.post(
+        "/v1/leases",
+        status_code=201,
+        dependencies=auth,
+        response_model=None,
+        responses={200: {"description": "The lease already granted under this id (a retry)"}},
+    )
     async def grant_lease(body: LeaseIn) -> Response:
         """Grant a lease (201; 200 for a retried id) or refuse it (409 with the guard's reason)."""
         lease, decision, created = await gateway.durable_leases.grant(

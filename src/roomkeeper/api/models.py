@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.hooks import ReleaseHook, parse_hook
@@ -20,8 +20,22 @@ from roomkeeper.guard.leases import DEFAULT_TTL_S
 from roomkeeper.guard.rule import Reason
 
 NAME = r"^[A-Za-z0-9._:@-]+$"
-Text = Annotated[str, Field(max_length=65536)]
-Bytes = Annotated[int, Field(ge=0, le=2**62)]
+# No NUL anywhere a process's argv, cwd or env goes (the kernel cannot take one).
+Text = Annotated[str, Field(max_length=65536, pattern=r"^[^\x00]*$")]
+
+
+def _whole_number(value: object) -> object:
+    """A JSON integer, as JSON Schema counts them (``1.0`` is one); never a bool or a string."""
+    if isinstance(value, (bool, str)):
+        raise ValueError("must be a whole number of bytes, not a string or a boolean")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Strict as the models are, but JSON Schema's "integer" includes 1.0: what the schema
+# admits, the server admits.
+Bytes = Annotated[int, BeforeValidator(_whole_number), Field(ge=0, le=2**62, strict=False)]
 # Imported at module level by the route modules so FastAPI can resolve it (they postpone
 # annotations).
 Id = Annotated[str, PathParam(max_length=200)]
@@ -51,6 +65,12 @@ ERROR_REASONS = (
     "closing",
     "duplicate",
     "followers_full",
+    "already_ended",
+    "leases_full",
+    "owner_leases_full",
+    "cwd_not_found",
+    "command_not_found",
+    "never_fits",
     *(r.value for r in Reason),
 )
 """The closed vocabulary of an error's ``reason`` (the guard's refusals included)."""
@@ -74,7 +94,8 @@ class ErrorOut(BaseModel):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorOut} for status in (401, 403, 404, 405, 409, 413, 422, 429, 503, 507)
+    status: {"model": ErrorOut}
+    for status in (400, 401, 403, 404, 405, 409, 413, 422, 429, 503, 507)
 }
 """The error answers any route may give, declared on every route of the document."""
 
@@ -108,9 +129,20 @@ class JobIn(BaseModel):
     model_config = STRICT
     argv: Annotated[list[Text], Field(min_length=1, max_length=4096)]
     owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
-    cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    # Absolute: the schema says so, the validator below says it in words.
+    cwd: (
+        Annotated[
+            str,
+            Field(min_length=1, max_length=4096, json_schema_extra={"pattern": r"^/[^\x00]*$"}),
+        ]
+        | None
+    ) = None
     env: (
-        Annotated[dict[Annotated[str, Field(max_length=1024)], Text], Field(max_length=1000)] | None
+        Annotated[
+            dict[Annotated[str, Field(max_length=1024, pattern=r"^[^=\x00]+$")], Text],
+            Field(max_length=1000),
+        ]
+        | None
     ) = None
     memory_bytes: Bytes | None = None
     disk_bytes: Bytes | None = None

@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
+from roomkeeper.errors import PersistenceError, UnknownJobError, UnrunnableError, UsageError
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
@@ -195,15 +195,16 @@ class DurableJobs:
         never accepted to wait for ever.
 
         Raises:
-            UsageError: its memory estimate is above the guard's line, or its disk need
+            UnrunnableError: its memory estimate is above the guard's line, or its disk need
                 above the volume's total; the guard's numbers say by how much.
         """
         decision = await asyncio.to_thread(
             self._guard.check, memory_bytes=spec.memory_bytes, disk_bytes=spec.disk_bytes
         )
         if decision.never_fits:
-            raise UsageError(
+            raise UnrunnableError(
                 f"refused: {decision.summary}; ask for less (memory_bytes, disk_bytes)",
+                reason="never_fits",
                 name=decision.reason.value,
             )
 

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from roomkeeper.errors import QueueFullError, UnknownJobError, UsageError
+from roomkeeper.errors import AlreadyEndedError, QueueFullError, UnknownJobError, UsageError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import ReleaseHook
 from roomkeeper.guard.rule import Decision
@@ -118,7 +118,8 @@ class Leases:
             returned again with no decision (a retried request).
 
         Raises:
-            UsageError: the id belongs to a lease that already ended, or a value is out of range.
+            AlreadyEndedError: the id belongs to a lease that already ended.
+            UsageError: a value is out of range.
             QueueFullError: ``leases_full`` or ``owner_leases_full``: a cap on granted
                 leases is reached (the guard was not asked).
         """
@@ -129,9 +130,9 @@ class Leases:
             if existing is not None:
                 if existing.state is LeaseState.GRANTED:
                     return existing, None
-                raise UsageError(
+                raise AlreadyEndedError(
                     f"lease {lease_id!r} already ended ({existing.state.value}); use a new id",
-                    name="id",
+                    lease_id=lease_id,
                 )
             self._check_caps(owner)
             decision = self._guard.admit(
@@ -207,13 +208,13 @@ class Leases:
 
         Raises:
             UnknownJobError: no such lease.
-            UsageError: the lease already ended.
+            AlreadyEndedError: the lease already ended.
         """
         with self._lock:
             lease = self._get(lease_id)
             if lease.state is not LeaseState.GRANTED:
-                raise UsageError(
-                    f"lease {lease_id!r} already ended ({lease.state.value})", name="id"
+                raise AlreadyEndedError(
+                    f"lease {lease_id!r} already ended ({lease.state.value})", lease_id=lease_id
                 )
             ttl = lease.ttl_s if ttl_s is None else ttl_s
             if not ttl > 0:

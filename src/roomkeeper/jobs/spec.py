@@ -8,7 +8,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from roomkeeper.errors import UsageError
+from roomkeeper.errors import UnrunnableError, UsageError
 from roomkeeper.guard.rule import Reason
 
 
@@ -109,12 +109,13 @@ def check_runnable(spec: JobSpec) -> None:
     launch, with its reason, instead of failing the recovery.
 
     Raises:
-        UsageError: ``cwd`` is not an existing directory, or ``argv[0]`` does not
+        UnrunnableError: ``cwd`` is not an existing directory, or ``argv[0]`` does not
             resolve to an executable on the job's own PATH; the message says which.
     """
     if spec.cwd is not None and not os.path.isdir(spec.cwd):
-        raise UsageError(
+        raise UnrunnableError(
             f"cwd {spec.cwd!r} is not an existing directory; create it or give another",
+            reason="cwd_not_found",
             name="cwd",
         )
     if spec.shell:
@@ -127,10 +128,11 @@ def check_runnable(spec: JobSpec) -> None:
     else:
         found = shutil.which(program, path=path)
     if found is None:
-        raise UsageError(
+        raise UnrunnableError(
             f"argv[0] {program!r} is not an executable file"
             + ("" if "/" in program else " on the job's PATH")
             + "; check the name, give its full path, or set env.PATH",
+            reason="command_not_found",
             name="argv",
         )
 
