@@ -81,7 +81,7 @@ def test_non_finite_outcome_numbers_get_a_422(gw: RunningGateway) -> None:
 
 def test_a_job_that_can_never_fit_is_refused_at_once(gw: RunningGateway) -> None:
     """Memory above the guard's line with nothing else running: 422 with the numbers."""
-    text = refused(gw, "/v1/jobs", {"argv": ["true"], "memory_bytes": 2**60})
+    text = refused(gw, "/v1/jobs", {"argv": ["true"], "memory_bytes": 2**52})
     assert "no room for memory even with nothing else running" in text
-    text = refused(gw, "/v1/jobs", {"argv": ["true"], "memory_bytes": 0, "disk_bytes": 2**60})
+    text = refused(gw, "/v1/jobs", {"argv": ["true"], "memory_bytes": 0, "disk_bytes": 2**52})
     assert "no room on disk even when it is empty" in text

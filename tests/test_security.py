@@ -446,3 +446,61 @@ def test_the_socket_is_0600_and_other_users_are_refused(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(reachable, ignore_errors=True)
+
+
+# ------------------------------------------------------- the contract, pinned
+
+
+def test_an_unknown_query_parameter_is_refused(gw: RunningGateway) -> None:
+    """``?stat=uncertain`` (misspelt) is a 422 naming it, not a silent list of everything."""
+    answer = gw.client.get("/v1/jobs", params={"stat": "uncertain"})
+    assert answer.status_code == 422
+    assert answer.json()["reason"] == "invalid_request"
+    assert "unknown query parameter 'stat'" in answer.json()["detail"]
+    assert gw.client.get("/v1/jobs", params={"state": "waiting"}).status_code == 200
+    assert gw.client.get("/v1/jobs", params={"state": "nonsense"}).status_code == 422
+
+
+def test_a_405_lists_every_method_of_its_path(gw: RunningGateway) -> None:
+    """GET and DELETE are two routes at /v1/jobs/{id}: the Allow header names both."""
+    answer = gw.client.request("PATCH", "/v1/jobs/abc")
+    assert answer.status_code == 405
+    allowed = {m.strip() for m in answer.headers["allow"].split(",")}
+    assert {"GET", "DELETE"} <= allowed
+
+
+def test_creating_posts_link_their_id_to_the_resource(gw: RunningGateway) -> None:
+    """The document links POST /v1/jobs's id to GET and DELETE /v1/jobs/{job_id}."""
+    document = gw.anonymous.get("/openapi.json").json()
+    links = document["paths"]["/v1/jobs"]["post"]["responses"]["201"]["links"]
+    targets = {link["operationId"] for link in links.values()}
+    job_ops = {
+        op["operationId"]
+        for path, ops in document["paths"].items()
+        if path.startswith("/v1/jobs/{job_id}")
+        for op in ops.values()
+    }
+    assert targets == job_ops and len(targets) >= 4
+    assert all(v["parameters"] == {"job_id": "$response.body#/id"} for v in links.values())
+
+
+def test_an_ended_lease_is_a_409_conflict(gw: RunningGateway) -> None:
+    """Granting or extending an ended lease is a conflict with its state (409 already_ended)."""
+    assert gw.client.post("/v1/leases", json={"id": "gone", "memory_bytes": 0}).status_code == 201
+    assert gw.client.delete("/v1/leases/gone").status_code == 200
+    again = gw.client.post("/v1/leases", json={"id": "gone", "memory_bytes": 0})
+    beat = gw.client.post("/v1/leases/gone/heartbeat", json={})
+    assert (again.status_code, again.json()["reason"]) == (409, "already_ended")
+    assert (beat.status_code, beat.json()["reason"]) == (409, "already_ended")
+
+
+def test_what_this_machine_cannot_run_has_its_own_reason(gw: RunningGateway) -> None:
+    """Valid by the schema, not runnable here: 422 with a reason a client can act on."""
+    cases = {
+        "cwd_not_found": {"argv": ["true"], "cwd": "/nonexistent/rk"},
+        "command_not_found": {"argv": ["no-such-command-rk"]},
+        "never_fits": {"argv": ["true"], "memory_bytes": 2**52},
+    }
+    for reason, body in cases.items():
+        answer = gw.client.post("/v1/jobs", json=body)
+        assert (answer.status_code, answer.json()["reason"]) == (422, reason), answer.text

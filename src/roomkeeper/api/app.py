@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from roomkeeper import __version__
 from roomkeeper.api.bodylimit import BodyLimit
-from roomkeeper.api.contract import allowed_methods, install_links
+from roomkeeper.api.contract import allowed_methods, install_links, no_unknown_query
 from roomkeeper.api.hosts import LoopbackOnly
 from roomkeeper.api.jobs import work_routes
 from roomkeeper.api.leases import lease_routes
@@ -67,6 +67,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     # origin, and fail with no network.  /openapi.json stays for generated clients.
     app = FastAPI(
         responses=ERRORS,  # every route declares the error answers, one shape for all
+        dependencies=[Depends(no_unknown_query)],
         title="roomkeeper",
         version=__version__,
         lifespan=_lifespan(gateway, port, socket),
@@ -156,8 +157,9 @@ def _add_request_errors(app: FastAPI) -> None:
         )
         for name, value in (err.headers or {}).items():
             answer.headers[name] = value
-        if err.status_code == 405:  # every method served at this path, not one route's
-            answer.headers["Allow"] = ", ".join(allowed_methods(request.app.routes, request.scope))
+        allowed = allowed_methods(request.app, request.url.path) if err.status_code == 405 else []
+        if allowed:  # every method served at this path, not one route's
+            answer.headers["Allow"] = ", ".join(allowed)
         return answer
 
     @app.exception_handler(RequestValidationError)

@@ -6,6 +6,8 @@ Two things FastAPI does not do on its own:
   the new resource's ``id``; the document links that id to every operation
   on ``/v1/<resource>/{<resource>_id}``, so a generated client (and a
   stateful tester) knows where the id goes next.
+* **Unknown query parameters** are refused (422), as unknown body fields are:
+  a misspelt ``?stat=uncertain`` must not silently list everything.
 * **Allow.** Starlette answers 405 with the methods of the one route it
   matched; a path served by several routes (GET and DELETE of a job) lists
   them all, as RFC 9110 asks.
@@ -13,13 +15,14 @@ Two things FastAPI does not do on its own:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from starlette.routing import BaseRoute, Match, Route
-from starlette.types import Scope
+from fastapi.routing import APIRoute
 
 CREATED_BY = {"/v1/jobs": "job_id", "/v1/calls": "call_id", "/v1/leases": "lease_id"}
 
@@ -61,14 +64,50 @@ def add_links(schema: dict[str, Any]) -> None:
                 answer["links"] = links
 
 
-def allowed_methods(routes: Iterable[BaseRoute], scope: Scope) -> list[str]:
-    """Every method some route serves at this request's path (for a 405's ``Allow``)."""
+HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method the document serves at ``path`` (for a 405's ``Allow``); read from the
+    document itself, so the header and the contract cannot disagree."""
     methods: set[str] = set()
-    for route in routes:
-        if isinstance(route, Route) and route.methods:
-            match, _ = route.matches({**scope, "method": next(iter(route.methods))})
-            if match is Match.FULL:
-                methods |= route.methods
+    for template, operations in app.openapi().get("paths", {}).items():
+        pattern = "^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)) + "$"
+        if re.match(pattern, path):
+            methods |= {m.upper() for m in operations if m in HTTP_METHODS}
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)
+
+
+def query_names(dependant: Dependant) -> set[str]:
+    """The query parameters a route takes, its dependencies' included."""
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= query_names(sub)
+    return names
+
+
+def no_unknown_query(request: Request) -> None:
+    """Refuse a query parameter the route does not declare (a dependency of every route).
+
+    Raises:
+        RequestValidationError: answered as a 422 in the API's one error shape.
+    """
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known = query_names(route.dependant)
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("query", name),
+                    "msg": f"unknown query parameter {name!r}"
+                    + (f"; this route takes {', '.join(sorted(known))}" if known else ""),
+                    "type": "extra_forbidden",
+                }
+                for name in unknown
+            ]
+        )

@@ -13,12 +13,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, params
 
-from roomkeeper.api.models import CallIn, Id, JobIn, OutcomeIn, ResolveIn
+from roomkeeper.api.models import NAME, CallIn, Id, JobIn, OutcomeIn, ResolveIn
 from roomkeeper.api.output import output_routes
 from roomkeeper.api.views import job_json, row_json
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
+from roomkeeper.gateway.calls import CallState
 from roomkeeper.gateway.service import Gateway
-from roomkeeper.jobs.spec import JobSpec, check_runnable
+from roomkeeper.jobs.spec import JobSpec, JobState, check_runnable
 
 
 def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
@@ -47,11 +48,11 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
 
     @router.get("/v1/jobs", dependencies=auth)
     def list_jobs(
-        owner: Annotated[str | None, Query(max_length=200)] = None,
-        state: Annotated[str | None, Query(max_length=40)] = None,
+        owner: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME)] = None,
+        state: JobState | None = None,
     ) -> list[dict[str, Any]]:
         """Jobs of this run and earlier ones, newest first."""
-        return _listed_jobs(gateway, owner=owner, state=state)
+        return _listed_jobs(gateway, owner=owner, state=state.value if state else None)
 
     @router.get("/v1/jobs/{job_id}", dependencies=auth)
     def get_job(job_id: Id) -> dict[str, Any]:
@@ -138,11 +139,9 @@ def _call_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depe
             raise PersistenceError(f"the call was not registered: {err}") from err
 
     @router.get("/v1/calls", dependencies=auth)
-    def list_calls(
-        state: Annotated[str | None, Query(max_length=40)] = None,
-    ) -> list[dict[str, Any]]:
+    def list_calls(state: CallState | None = None) -> list[dict[str, Any]]:
         """Registered calls, newest first."""
-        return [c.to_json() for c in gateway.calls.list(state=state)]
+        return [c.to_json() for c in gateway.calls.list(state=state.value if state else None)]
 
     @router.get("/v1/calls/{call_id}", dependencies=auth)
     def get_call(call_id: Id) -> dict[str, Any]:

@@ -12,7 +12,15 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import Path as PathParam
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    WithJsonSchema,
+    field_validator,
+)
 
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.hooks import ReleaseHook, parse_hook
@@ -21,7 +29,23 @@ from roomkeeper.guard.rule import Reason
 
 NAME = r"^[A-Za-z0-9._:@-]+$"
 # No NUL anywhere a process's argv, cwd or env goes (the kernel cannot take one).
-Text = Annotated[str, Field(max_length=65536, pattern=r"^[^\x00]*$")]
+NO_NUL = r"^[^\x00]*$"
+Text = Annotated[str, Field(max_length=65536, pattern=NO_NUL)]
+ENV_NAME = r"^[^=\x00]+$"
+# Written out: pydantic would put the key's pattern under patternProperties, which leaves
+# other keys (and their values) unconstrained in the document though the server refuses them.
+EnvMap = Annotated[
+    dict[Annotated[str, Field(max_length=1024, pattern=ENV_NAME)], Text],
+    Field(max_length=1000),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": 1000,
+            "propertyNames": {"maxLength": 1024, "pattern": ENV_NAME},
+            "additionalProperties": {"type": "string", "maxLength": 65536, "pattern": NO_NUL},
+        }
+    ),
+]
 
 
 def _whole_number(value: object) -> object:
@@ -33,9 +57,18 @@ def _whole_number(value: object) -> object:
     return value
 
 
+MAX_BYTES = 2**53  # 8 PiB; the largest integer every JSON parser holds exactly (a double)
+
 # Strict as the models are, but JSON Schema's "integer" includes 1.0: what the schema
 # admits, the server admits.
-Bytes = Annotated[int, BeforeValidator(_whole_number), Field(ge=0, le=2**62, strict=False)]
+Bytes = Annotated[
+    int,
+    Strict(False),
+    BeforeValidator(_whole_number),
+    Field(ge=0, le=MAX_BYTES),
+    # Written out: with the validator in front, pydantic would print its own ge/le words.
+    WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_BYTES}),
+]
 # Imported at module level by the route modules so FastAPI can resolve it (they postpone
 # annotations).
 Id = Annotated[str, PathParam(max_length=200)]
@@ -137,13 +170,7 @@ class JobIn(BaseModel):
         ]
         | None
     ) = None
-    env: (
-        Annotated[
-            dict[Annotated[str, Field(max_length=1024, pattern=r"^[^=\x00]+$")], Text],
-            Field(max_length=1000),
-        ]
-        | None
-    ) = None
+    env: EnvMap | None = None
     memory_bytes: Bytes | None = None
     disk_bytes: Bytes | None = None
     timeout_s: Annotated[float, Field(gt=0, le=10**7)] | None = None
