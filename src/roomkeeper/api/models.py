@@ -9,6 +9,7 @@ no float may be ``NaN`` or infinite.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from fastapi import Path as PathParam
@@ -138,8 +139,8 @@ class ReleaseIn(BaseModel):
 
     model_config = STRICT
     method: Literal["DELETE", "POST", "PUT", "PATCH", "GET"] = "DELETE"
-    # The schema's pattern is a subset of what the server accepts (so a generated client
-    # never sends a URL the server refuses); the server's own check below gives the words.
+    # The schema's pattern, checked here after the hook's own rules so that a refusal
+    # says "loopback" in words: what the document admits, the server admits, no more.
     url: Annotated[str, Field(max_length=2048, json_schema_extra={"pattern": LOOPBACK_URL})]
 
     @field_validator("url")
@@ -149,6 +150,11 @@ class ReleaseIn(BaseModel):
             parse_hook({"method": "DELETE", "url": url})
         except UsageError as err:
             raise ValueError(str(err)) from None
+        if not re.match(LOOPBACK_URL, url):
+            raise ValueError(
+                "release.url must be http(s)://127.x.y.z, localhost or [::1], with an optional "
+                f"port and path of printable ASCII (got {url[:100]!r})"
+            )
         return url
 
     def hook(self) -> ReleaseHook:
