@@ -14,7 +14,6 @@ and session id, cannot be reused while we might still signal it.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import select
@@ -29,14 +28,13 @@ import psutil
 
 from roomkeeper.errors import KernelFileError, LaunchError
 from roomkeeper.jobs.lifeline import (
-    PR_SET_CHILD_SUBREAPER,
     Lifeline,
     cgroup_members,
     kill_cgroup,
-    prctl,
     scan_proc,
     tree_members,
 )
+from roomkeeper.jobs.orphans import become_subreaper, reap_orphans
 from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, job_cgroup_parent
 
 __all__ = [
@@ -51,12 +49,6 @@ __all__ = [
 ]
 
 _KILL_ROUNDS = 100
-_subreaper = False  # whether become_subreaper() made orphans ours to reap
-# Sessions of closed jobs: an adopted zombie in one of them is ours to reap.
-_job_sessions: collections.deque[int] = collections.deque(maxlen=4096)
-_ADOPTED_SCAN_EVERY_S = 1.0
-_last_adopted_scan = 0.0
-_adopted_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,51 +63,6 @@ class ProcessStatistics:
     members: int
     peak_bytes: int
     closed: bool
-
-
-def _zombie_children() -> bool:
-    """Whether any child of ours waits to be reaped (a peek that reaps nothing, ~2 us)."""
-    try:
-        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # no children at all
-        return False
-
-
-def _reap_adopted() -> None:
-    """Reap orphans of closed jobs that were reparented to us (subreaper) and died.
-
-    A zombie keeps its session id, which tells a job's orphan from any other
-    child of ours.  Scanning /proc costs about 0.5 ms, so it runs at most
-    once a second, not at every close: a zombie costs a pid slot, nothing else.
-    """
-    global _last_adopted_scan  # noqa: PLW0603 -- one scan clock per process
-    with _adopted_lock:
-        now = time.monotonic()
-        if now - _last_adopted_scan < _ADOPTED_SCAN_EVERY_S:
-            return
-        _last_adopted_scan = now
-        sessions = set(_job_sessions)
-    me = os.getpid()
-    for pid, stat in scan_proc().items():
-        if stat.ppid == me and stat.state == "Z" and stat.sid in sessions and pid not in sessions:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-
-
-def become_subreaper(enable: bool = True) -> bool:
-    """Make this process a child subreaper; returns whether the kernel agreed.
-
-    Orphans of a job are then reparented to us instead of to init, so the
-    tree can still be walked.  The scheduler calls it once; the orphans it
-    adopts are reaped when their job is closed.
-    """
-    global _subreaper  # noqa: PLW0603 -- mirrors a per-process kernel flag
-    try:
-        prctl(PR_SET_CHILD_SUBREAPER, int(enable))
-    except (OSError, AttributeError):  # not Linux, or a libc without prctl
-        return False
-    _subreaper = enable
-    return True
 
 
 class ManagedProcess:
@@ -285,15 +232,7 @@ class ManagedProcess:
                 os.close(self._pidfd)
                 self._pidfd = None
             self._closed = True
-            _job_sessions.append(self.pid)
-            if _subreaper:
-                for pid, proc in self._members.items():  # orphans we saw: reaped now, cheaply
-                    # is_running() compares create times: never reap a reused pid.
-                    with contextlib.suppress(ChildProcessError, psutil.Error):
-                        if proc.is_running():
-                            os.waitpid(pid, os.WNOHANG)
-                if _zombie_children():
-                    _reap_adopted()  # orphans never seen: a rate-limited /proc scan
+            reap_orphans(self.pid, self._members.values())
 
     def statistics(self) -> ProcessStatistics:
         """A snapshot of the job's state."""
