@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,30 @@ def test_exit_code_is_zero_only_when_every_command_succeeded(tmp_path: Path) -> 
     assert "exit 7" in summary and "peak memory" in summary
     ok = batch(tmp_path, stdin="true\necho fine\n")
     assert ok.returncode == 0
+
+
+@pytest.mark.cgroups
+def test_summary_shows_the_true_peak_of_a_100_mb_line_and_how_it_was_taken(
+    tmp_path: Path,
+) -> None:
+    """A line holding 100 MB for a second peaks at about 100 MB, and the summary says how."""
+    hold = (
+        f"{sys.executable} -c \"b = bytearray(100 * 10**6); b[::4096] = b'x' * 24415; "
+        'import time; time.sleep(1)"'
+    )
+    result = batch(tmp_path, "--quiet", "--job-memory", "200M", stdin=f"{hold}\nsleep 0.5\n")
+    assert result.returncode == 0, result.stderr
+    rows = {
+        cells[0]: cells
+        for line in result.stderr.splitlines()
+        if (cells := line.split()) and cells[0] in ("1", "2")
+    }
+    peak = re.search(
+        r"([0-9.]+) (kB|MB) \((memory\.peak|sampled cgroup|sampled)\)$", " ".join(rows["1"])
+    )
+    assert peak is not None, result.stderr
+    assert peak[2] == "MB" and 95 <= float(peak[1]) <= 150, result.stderr
+    assert re.search(r"\((memory\.peak|sampled cgroup|sampled)\)$", " ".join(rows["2"]))
 
 
 def test_lines_are_shell_text(tmp_path: Path) -> None:

@@ -129,8 +129,7 @@ class Reaper:
     def launch(self, job_id: str, spec: LaunchSpec, **kwargs: Lifeline) -> ManagedProcess:
         job = launch(job_id, spec, **kwargs)
         self.jobs.append(job)
-        if job.cgroup_dir is not None:
-            self.cgroups.append(job.cgroup_dir)
+        self.cgroups += [d for d in (job.cgroup_dir, job.freezer_dir) if d is not None]
         return job
 
     def watch(self, *pids: int) -> None:
@@ -171,6 +170,10 @@ class Reaper:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
         for directory in self.cgroups:
+            with contextlib.suppress(OSError):  # a frozen v1 task dies only once thawed
+                Path(directory, "freezer.state").write_text("THAWED")
+            with contextlib.suppress(OSError):
+                Path(directory, "cgroup.freeze").write_text("0")
             for pid in cgroup_members(directory):  # in a group we made: ours to kill
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

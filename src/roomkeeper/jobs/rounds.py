@@ -127,7 +127,8 @@ class Runner:
             del self.running[job.id]
             job.exit_code = code
             with contextlib.suppress(Exception):
-                job.peak_bytes = job.handle.peak_bytes()
+                peak = job.handle.peak()
+                job.peak_bytes, job.peak_method = peak.bytes, peak.method
             ended.append(job.handle)
             if job.pidfd >= 0:
                 os.close(job.pidfd)
