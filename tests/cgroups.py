@@ -1,10 +1,16 @@
-"""Real memory cgroups for kernel tests: created under our own group, always removed."""
+"""Real cgroups and file systems for kernel tests: made where job groups go, always removed.
+
+Each helper that cannot do its work skips the test and says where it looked;
+none skips for a reason the cgroup v2 VM that CI runs them in has.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,24 +18,34 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.kernel import parsers
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from roomkeeper.kernel.cgroup_hierarchy import controllers, locate_v2, v1_memory_group
+from roomkeeper.kernel.delegation import prepare_job_groups
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 
 
 def own_memory_group() -> tuple[int, Path]:
-    """(cgroup version, directory of this process's own memory group), or skip saying why."""
-    v2_path, v1_path = parsers.parse_proc_self_cgroup(Path("/proc/self/cgroup").read_bytes())
-    mounts = parsers.parse_mountinfo(Path("/proc/self/mountinfo").read_bytes())
-    for mount in mounts:
-        if mount.fs_type == "cgroup2" and v2_path is not None:
-            own = Path(mount.mount_point, v2_path.lstrip("/"))
-            if (own / "memory.current").exists():
-                return 2, own
-    for mount in mounts:
-        if mount.fs_type == "cgroup" and "memory" in mount.super_options and v1_path:
-            return 1, Path(mount.mount_point, v1_path.lstrip("/"))
-    pytest.skip("this kernel has no cgroup memory controller (neither v2 nor v1)")
+    """(cgroup version, this process's own group in the memory hierarchy), or skip saying why.
+
+    A process in the v2 root group has no ``memory.current`` (the kernel
+    does not account the root), yet the memory controller is there: the root
+    offers it in ``cgroup.controllers``.
+    """
+    v2 = locate_v2(PROC_ROOT, CGROUP_ROOT)
+    if v2 is not None and "memory" in controllers(v2.own_dir):
+        return 2, Path(v2.own_dir)
+    v1 = v1_memory_group(PROC_ROOT, CGROUP_ROOT)
+    if v1 is not None:
+        return 1, Path(v1.own_dir)
+    membership = Path("/proc/self/cgroup").read_text().strip().replace("\n", "; ")
+    looked = (
+        f"{v2.own_dir}/cgroup.controllers offers no memory"
+        if v2 is not None
+        else "no cgroup2 mount shows our group"
+    )
+    pytest.skip(
+        f"no cgroup memory controller: /proc/self/cgroup says {membership!r}; {looked}; "
+        "no v1 memory hierarchy in /proc/self/mountinfo"
+    )
 
 
 def memory_cgroup_version() -> int:
@@ -37,37 +53,142 @@ def memory_cgroup_version() -> int:
     return own_memory_group()[0]
 
 
-@contextlib.contextmanager
-def child_memory_cgroup(limit_bytes: int) -> Iterator[tuple[int, Path]]:
-    """A child memory cgroup with a real limit, removed afterwards even when the test fails.
+def job_group_folder() -> tuple[int, Path]:
+    """(version, the folder roomkeeper makes job groups in), made ready as roomkeeper does.
 
-    Processes still in the group at the end were started by the test: they
-    are killed (by pid from the group's own list, never by name) before the
-    group is removed.
+    On cgroup v2 this moves the test process into its leaf first, exactly as
+    a scheduler would (kernel/delegation.py).
     """
-    version, parent = own_memory_group()
     if os.geteuid() != 0:
         pytest.skip("creating a memory cgroup needs root (CI runs as root)")
-    group = parent / f"rktest-{uuid.uuid4().hex[:8]}"
-    try:
-        group.mkdir()
-    except OSError as err:
-        pytest.skip(f"cannot create a child memory cgroup here: {err.strerror}")
-    try:
-        limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
-        (group / limit_file).write_text(str(limit_bytes))
-        yield version, group
-    finally:
-        deadline = time.monotonic() + 10
+    own_memory_group()  # skips, saying where it looked, without any controller
+    place = prepare_job_groups()
+    if place.directory is None or place.version is None:
+        pytest.skip(f"roomkeeper makes no job groups here: {place.reason}")
+    return place.version, Path(place.directory)
+
+
+def kill_and_remove(group: Path, deadline_s: float = 10.0) -> None:
+    """SIGKILL every process in ``group`` and its children (ours: we made it), then rmdir all."""
+    deadline = time.monotonic() + deadline_s
+    children = sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+    for directory in [*children, group]:
+        with contextlib.suppress(OSError):
+            (directory / "cgroup.freeze").write_text("0")
         while True:
-            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                (directory / "cgroup.kill").write_text("1")
+            with contextlib.suppress(OSError):
+                for pid in (directory / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
             try:
-                group.rmdir()
+                directory.rmdir()
+                break
+            except FileNotFoundError:
                 break
             except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def child_memory_cgroup(limit_bytes: int) -> Iterator[tuple[int, Path]]:
+    """A child memory cgroup with a real limit, removed afterwards even when the test fails.
+
+    Made where roomkeeper makes job groups, so that cgroup v2's rules hold
+    (its parent holds no processes and has the memory controller on).
+    Processes still in the group at the end were started by the test: they
+    are killed (by pid from the group's own list, never by name) before the
+    group is removed.
+    """
+    version, folder = job_group_folder()
+    group = folder / f"rktest-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+    except OSError as err:
+        pytest.skip(f"cannot create a child memory cgroup in {folder}: {err.strerror}")
+    try:
+        limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
+        (group / limit_file).write_text(str(limit_bytes))
+        yield version, group
+    finally:
+        kill_and_remove(group)
+
+
+@contextlib.contextmanager
+def scratch_v2_group() -> Iterator[Path]:
+    """An empty cgroup v2 group with the memory controller, for a process to be moved into.
+
+    Skips on a v1 host (its memory controller is not on v2).  Whatever the
+    test makes inside is removed with it, its processes killed.
+    """
+    version, folder = job_group_folder()
+    if version != 2:
+        pytest.skip("this host's memory controller is on cgroup v1, which has no such rule")
+    group = folder / f"rktest-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        yield group
+    finally:
+        kill_and_remove(group)
+
+
+def _fs_type(path: Path) -> str:
+    """The file system type of the mount that holds ``path`` (mountinfo's longest prefix)."""
+    best, fs_type = "", ""
+    target = str(path.resolve())
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        mount_point, kind = fields[4], fields[fields.index("-", 6) + 1]
+        if (target == mount_point or target.startswith(mount_point.rstrip("/") + "/")) and len(
+            mount_point
+        ) >= len(best):
+            best, fs_type = mount_point, kind
+    return fs_type
+
+
+@contextlib.contextmanager
+def ext4_scratch(tmp_path: Path, size_mb: int = 400) -> Iterator[Path]:
+    """A fresh ext4 file system on a loop device, mounted; unmounted and removed afterwards.
+
+    Its page cache is a disk's: file pages the kernel can give back (in the
+    cgroup v2 VM ``/tmp`` is an overlay on tmpfs, whose pages are shared
+    memory, and the root is 9p, which caches nothing).  The image lies in
+    ``tmp_path`` where that is a disk; else in ``/dev/shm``, allocated in
+    full now, so that its pages are charged to this process and not to the
+    group under test when the loop device writes them.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("mounting a loop device needs root (CI runs as root)")
+    missing = [t for t in ("mkfs.ext4", "mount", "umount", "modprobe") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not found on PATH {os.environ.get('PATH')!r}")
+    if not Path("/dev/loop-control").exists():  # the VM's kernel has loop as a module
+        subprocess.run(["modprobe", "loop"], check=False, capture_output=True)
+    on_disk = _fs_type(tmp_path) in ("ext4", "ext3", "ext2", "xfs", "btrfs")
+    image = (tmp_path if on_disk else Path("/dev/shm")) / f"rktest-{uuid.uuid4().hex[:8]}.img"
+    mount_point = tmp_path / "ext4"
+    mount_point.mkdir()
+    try:
+        with image.open("wb") as out:
+            if on_disk:
+                out.truncate(size_mb << 20)  # sparse
+            else:
+                os.posix_fallocate(out.fileno(), 0, size_mb << 20)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+        mounted = subprocess.run(
+            ["mount", "-o", "loop", str(image), str(mount_point)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount {image} on a loop device: {mounted.stderr.strip()}")
+        try:
+            yield mount_point
+        finally:
+            subprocess.run(["umount", str(mount_point)], check=True)  # frees the loop device
+    finally:
+        image.unlink(missing_ok=True)

@@ -87,6 +87,24 @@ def test_proc_self_cgroup_finds_v2_and_v1_memory() -> None:
     )
 
 
+def test_v1_controller_path_is_read_from_its_own_line() -> None:
+    """The freezer's path comes from its v1 line; a pure v2 host has none."""
+    v1 = (V1 / "proc/self/cgroup").read_bytes()
+    assert parsers.parse_v1_controller_path(v1, "freezer") == "/"
+    assert parsers.parse_v1_controller_path(v1, "memory") == "/rkfix_v1"
+    assert parsers.parse_v1_controller_path(b"3:cpu,cpuacct:/a\n", "cpuacct") == "/a"
+    v2 = (V2 / "proc/self/cgroup").read_bytes()
+    assert parsers.parse_v1_controller_path(v2, "freezer") is None
+
+
+def test_pid_stat_reads_a_name_with_spaces_and_parentheses() -> None:
+    """comm may hold ") (": the state and parent follow the last ")"."""
+    raw = b"4242 (tmux: (server) 1) T 17 4242 4242 0 -1 4194560 0 0\n"
+    assert parsers.parse_pid_stat(raw) == parsers.ProcessStat("tmux: (server) 1", "T", 17)
+    with pytest.raises(KernelFileError, match="unexpected text"):
+        parsers.parse_pid_stat(b"4242 sleep S 1\n")
+
+
 def test_mountinfo_keeps_cgroup_mounts_and_unescapes() -> None:
     """Only cgroup mounts are kept; an escaped space in a mount point is decoded."""
     mounts = parsers.parse_mountinfo((V1 / "proc/self/mountinfo").read_bytes())
@@ -124,6 +142,8 @@ PARSERS = [
     lambda raw: parsers.parse_meminfo(raw, frozenset({"MemTotal"})),
     parsers.parse_pressure,
     parsers.parse_proc_self_cgroup,
+    lambda raw: parsers.parse_v1_controller_path(raw, "freezer"),
+    parsers.parse_pid_stat,
     parsers.parse_mountinfo,
 ]
 

@@ -35,6 +35,7 @@ from roomkeeper.jobs.process import (
     create_job_cgroup,
     job_cgroup_parent,
 )
+from roomkeeper.kernel.cgroup_hierarchy import own_memory_level
 from roomkeeper.testing import FakeClock
 from tests.trees import FIXTURES
 
@@ -128,8 +129,7 @@ class Reaper:
     def launch(self, job_id: str, spec: LaunchSpec, **kwargs: Lifeline) -> ManagedProcess:
         job = launch(job_id, spec, **kwargs)
         self.jobs.append(job)
-        if job.cgroup_dir is not None:
-            self.cgroups.append(job.cgroup_dir)
+        self.cgroups += [d for d in (job.cgroup_dir, job.freezer_dir) if d is not None]
         return job
 
     def watch(self, *pids: int) -> None:
@@ -170,6 +170,10 @@ class Reaper:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
         for directory in self.cgroups:
+            with contextlib.suppress(OSError):  # a frozen v1 task dies only once thawed
+                Path(directory, "freezer.state").write_text("THAWED")
+            with contextlib.suppress(OSError):
+                Path(directory, "cgroup.freeze").write_text("0")
             for pid in cgroup_members(directory):  # in a group we made: ours to kill
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -273,6 +277,7 @@ def test_own_session_and_nice_reach_a_grandchild(tmp_path: Path, reaper: Reaper)
 
 
 @pytest.mark.kernel
+@pytest.mark.cgroups
 @pytest.mark.parametrize("use_cgroup", [True, False], ids=["cgroup", "no-cgroup"])
 def test_stop_kills_the_whole_tree(
     tmp_path: Path,
@@ -337,6 +342,7 @@ SCHEDULER = textwrap.dedent(
 
 
 @pytest.mark.kernel
+@pytest.mark.cgroups
 def test_lifeline_kills_every_tree_when_the_scheduler_is_sigkilled(
     tmp_path: Path, reaper: Reaper, subreaper: None
 ) -> None:
@@ -468,6 +474,7 @@ HOLD_100_MIB = "import time; block = b'x' * (100 << 20); print('ready', flush=Tr
 
 
 @pytest.mark.kernel
+@pytest.mark.cgroups
 @pytest.mark.parametrize("use_cgroup", [True, False], ids=["cgroup", "psutil"])
 def test_footprint_of_a_job_holding_100_mib(
     tmp_path: Path, reaper: Reaper, use_cgroup: bool, request: pytest.FixtureRequest
@@ -505,6 +512,7 @@ def test_bad_cwd_is_a_failed_launch(tmp_path: Path, reaper: Reaper) -> None:
 
 
 @pytest.mark.kernel
+@pytest.mark.cgroups
 def test_cgroup_is_removed_after_close(tmp_path: Path, reaper: Reaper, cgroup_ok: None) -> None:
     """The job's own cgroup sits under ours while it runs and is gone after close()."""
     job = reaper.launch("cg", LaunchSpec(["sleep", "60"], str(tmp_path / "cg.log")))
@@ -539,34 +547,31 @@ def _our_cgroups() -> list[str]:
 def test_cgroup_readings_on_captured_hosts(
     host: str, version: int, directory: str, used: int, peak: str | None
 ) -> None:
-    """The own group is found from /proc/self, and the footprint leaves the file cache out."""
+    """The own group is found from /proc/self, and the footprint leaves the file cache out.
+
+    Job groups go under our own group on v1 only: on v2 they go beside the
+    leaf roomkeeper moves into (issue 11), so none is found before that.
+    """
     root = FIXTURES / host
-    found = job_cgroup_parent(str(root / "proc"), str(root / "sys/fs/cgroup"))
-    assert found == JobCgroup(str(root / directory), version)
-    assert found.footprint_bytes() == used
+    roots = (str(root / "proc"), str(root / "sys/fs/cgroup"))
+    assert own_memory_level(*roots) == (version, str(root / directory))
+    group = JobCgroup(str(root / directory), version)
+    expected_parent = group if version == 1 else None
+    assert job_cgroup_parent(*roots) == expected_parent
+    assert group.footprint_bytes() == used
     expected_peak = (root / directory / (peak or "memory.max_usage_in_bytes")).read_text()
-    assert found.peak_bytes() == int(expected_peak)
+    assert group.peak_bytes() == int(expected_peak)
 
 
-@pytest.mark.parametrize(
-    ("host", "version", "own"),
-    [
-        ("cgroup-v2-host", 2, "sys/fs/cgroup/rkfix_413"),
-        ("cgroup-v1-host", 1, "sys/fs/cgroup/memory/rkfix_v1"),
-    ],
-)
-def test_job_cgroup_is_made_under_our_own(
-    tmp_path: Path, host: str, version: int, own: str
-) -> None:
-    """The job's group is a child of ours, named by pid and a path-safe job id (v2: memory on)."""
-    root = tmp_path / host
-    shutil.copytree(FIXTURES / host, root)
-    if version == 2:
-        (root / own / "cgroup.subtree_control").write_text("cpu io\n")
+def test_v1_job_cgroup_is_made_under_our_own(tmp_path: Path) -> None:
+    """On v1 the job's group is a child of ours, named by pid and a path-safe job id.
+
+    (On v2 it goes under ``<own>/roomkeeper-jobs``: tests/test_job_cgroups.py.)
+    """
+    root, own = tmp_path / "cgroup-v1-host", "sys/fs/cgroup/memory/rkfix_v1"
+    shutil.copytree(FIXTURES / "cgroup-v1-host", root)
     made = create_job_cgroup("a/b c", str(root / "proc"), str(root / "sys/fs/cgroup"))
-    assert made == JobCgroup(str(root / own / f"roomkeeper-{os.getpid()}-a_b_c"), version)
-    if version == 2:  # v2 charges a child only where the parent enables the controller
-        assert (root / own / "cgroup.subtree_control").read_text().endswith("+memory")
+    assert made == JobCgroup(str(root / own / f"roomkeeper-{os.getpid()}-a_b_c"), 1)
     again = create_job_cgroup("a/b c", str(root / "proc"), str(root / "sys/fs/cgroup"))
     assert isinstance(again, JobCgroup) and again.directory.endswith("a_b_c-1")
 

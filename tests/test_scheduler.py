@@ -16,7 +16,7 @@ from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.launch import LaunchSpec
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.jobs.spec import JobSpec, JobState, MemoryPeak, PeakMethod
 from roomkeeper.testing import FakeClock
 
 
@@ -37,8 +37,8 @@ class FakeHandle:
     def footprint_bytes(self) -> int:
         return self.footprint
 
-    def peak_bytes(self) -> int:
-        return self.footprint
+    def peak(self) -> MemoryPeak:
+        return MemoryPeak(self.footprint, PeakMethod.SAMPLED)
 
     def stop(self, grace: float = 5.0) -> int | None:
         self.stopped_with = grace

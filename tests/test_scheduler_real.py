@@ -18,6 +18,8 @@ from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
 
+# Every test here but the plain output one is marked `cgroups` too: CI runs
+# them again on cgroup v2, where each tree has a v2 job group.
 pytestmark = pytest.mark.kernel
 
 MIB = 2**20
@@ -50,6 +52,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.cgroups
 def test_sigkill_of_the_scheduler_process_leaves_no_managed_tree(tmp_path: Path) -> None:
     """Every managed tree is gone within 2 s of a real SIGKILL of the scheduler's process."""
     pids = tmp_path / "pids"
@@ -65,7 +68,8 @@ def test_sigkill_of_the_scheduler_process_leaves_no_managed_tree(tmp_path: Path)
             def written() -> list[Path]:  # a pid file exists a moment before its pid is in it
                 return [p for p in pids.glob("*.*") if p.suffix != ".log" and p.read_text()]
 
-            deadline = time.monotonic() + 20
+            # An emulated kernel (CI's cgroup v2 VM) takes half a minute to start it all.
+            deadline = time.monotonic() + 120
             while len(written()) < 6 and time.monotonic() < deadline:
                 time.sleep(0.05)
             started = [int(p.read_text()) for p in pids.glob("*.*") if p.suffix != ".log"]
@@ -88,6 +92,7 @@ def limits(max_running: int = 4) -> Limits:
     return Limits(32, 8, max_running, 2, 100.0, 10)
 
 
+@pytest.mark.cgroups
 def test_real_deadline_stops_the_tree_and_reports_timed_out(tmp_path: Path) -> None:
     """A real job past its deadline is stopped, grandchild included, and ends as timed_out."""
     marker = tmp_path / "grandchild"
@@ -122,9 +127,13 @@ def test_output_and_exit_code_of_a_real_job(tmp_path: Path) -> None:
     assert Path(final.log_path).read_text() == "out $HOME;\n"
 
 
-HOLD = "import time; b = bytearray({n}); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"
+HOLD = (
+    "import time; b = bytearray({n}); b[::4096] = b'x' * len(b[::4096]); "
+    "print('ready', flush=True); time.sleep(60)"
+)
 
 
+@pytest.mark.cgroups
 def test_young_job_reserves_only_what_its_measured_footprint_does_not_show(tmp_path: Path) -> None:
     """A running job holding 200 MiB with a 300 MiB estimate reserves about 100 MiB."""
     guard = Guard(env=NO_DISK)
@@ -136,7 +145,12 @@ def test_young_job_reserves_only_what_its_measured_footprint_does_not_show(tmp_p
         scheduler.tick()
         assert scheduler.get(holder.id).state is JobState.RUNNING
         assert guard.statistics().reserved_bytes == 300 * MIB
-        time.sleep(1.5)  # let it touch its memory
+        # Once it has touched its memory (an emulated kernel takes seconds, not 1.5 s).
+        log = Path(scheduler.get(holder.id).log_path)
+        deadline = time.monotonic() + 60
+        while "ready" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, "the holder never touched its memory"
+            time.sleep(0.05)
         # A second job too big to fit makes a launch round, which measures young jobs first.
         scheduler.submit(JobSpec(argv=["true"], owner="b", memory_bytes=10**15))
         scheduler.tick()
@@ -146,6 +160,7 @@ def test_young_job_reserves_only_what_its_measured_footprint_does_not_show(tmp_p
     assert 60 * MIB <= reserved <= 100 * MIB, reserved / MIB
 
 
+@pytest.mark.cgroups
 def test_failed_spawn_is_failed_and_releases_its_reservation(tmp_path: Path) -> None:
     """A missing executable ends the job as failed with the reason, and nothing stays reserved."""
     guard = Guard(env=NO_DISK)

@@ -9,6 +9,7 @@
     │   └── UnrunnableError         valid, but this machine cannot run it (``reason``)
     ├── KernelFileError             a kernel file did not have the shape we expect
     ├── LaunchError                 a managed process could not be started (``job_id``)
+    ├── SuspendError                a managed tree could not be suspended (``job_id``)
     ├── QueueFullError              a submission met a bound (refused, not queued)
     ├── UnknownJobError             no job has the id asked for (``job_id``)
     ├── CallStateError              a registered call's state does not allow this (``call_id``)
@@ -71,6 +72,20 @@ class LaunchError(RoomkeeperError):
 
     def __init__(self, job_id: str, reason: str) -> None:
         super().__init__(f"job {job_id!r} could not start: {reason}")
+        self.job_id = job_id
+        self.reason = reason
+
+
+class SuspendError(RoomkeeperError):
+    """A managed process tree could not be suspended: it was let go on as it was.
+
+    Attributes:
+        job_id: the job whose tree would not stop.
+        reason: what did not stop, or what could not be written.
+    """
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        super().__init__(f"job {job_id!r} could not be suspended: {reason}")
         self.job_id = job_id
         self.reason = reason
 

@@ -42,6 +42,7 @@ from roomkeeper.guard.rule import (
     gb,
     memory_room,
 )
+from roomkeeper.kernel.delegation import prepared_place
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, Platform
 from roomkeeper.kernel.resources import (
     DiskReading,
@@ -86,6 +87,12 @@ class _Reservation:
         return max(0, self.estimate - self.measured)
 
 
+def _prepared_job_groups() -> str | None:
+    """Where this process makes job groups, once its scheduler has prepared them."""
+    place = prepared_place()
+    return None if place is None else place.describe()
+
+
 class Guard:
     """Admission control from the kernel's own numbers.
 
@@ -104,6 +111,9 @@ class Guard:
         reserve: bytes kept free on top of the headroom, asked on every
             decision (the gateway keeps ROOMKEEPER_GATEWAY_RESERVE_MB for its
             own growth; its current footprint is already in "used").
+        job_groups: where job cgroups are made, or why none are, in words;
+            None while nobody has asked (said in the "guard is on" line).
+            The process's own answer where the roots are the real ones.
     """
 
     def __init__(
@@ -116,8 +126,12 @@ class Guard:
         clock: Callable[[], float] = time.monotonic,
         platform: str = sys.platform,
         reserve: Callable[[], int] | None = None,
+        job_groups: Callable[[], str | None] | None = None,
     ) -> None:
         self._env = env
+        if job_groups is None and (proc_root, cgroup_root) == (PROC_ROOT, CGROUP_ROOT):
+            job_groups = _prepared_job_groups
+        self._job_groups = job_groups
         self._reserve = reserve
         self._proc_root = proc_root
         self._cgroup_root = cgroup_root
@@ -341,10 +355,17 @@ class Guard:
         return decision(ask, admit=True, reason=Reason.NO_CONTAINER, summary=summary, memory=memory)
 
     def _announce_readings(self, memory: MemoryReading, disk: DiskReading | None) -> None:
-        """Say which files the guard judges and which volume, when that changes."""
+        """Say which files the guard judges, which volume and where job groups go, on change.
+
+        Where roomkeeper makes no job groups (cgroup v2 forbids it in a group
+        that holds others' processes, or the cgroup files are read-only),
+        this line is where it says so, once.
+        """
         reads = memory.describe()
         volume = disk.path if disk else "not read"
-        if (reads, volume) != self._announced:
-            self._announce(
-                (reads, volume), f'roomkeeper guard is on {{reads: "{reads}", volume: "{volume}"}}'
-            )
+        groups = self._job_groups() if self._job_groups is not None else None
+        if (reads, volume, groups) != self._announced:
+            text = f'reads: "{reads}", volume: "{volume}"'
+            if groups is not None:
+                text += f', job groups: "{groups}"'
+            self._announce((reads, volume, groups), f"roomkeeper guard is on {{{text}}}")

@@ -25,7 +25,7 @@ from roomkeeper.config import read_queue_settings
 from roomkeeper.guard.admission import Guard
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, PeakMethod
 from roomkeeper.units import format_bytes
 
 STOP_GRACE_ON_INTERRUPT = 2.0
@@ -42,6 +42,7 @@ class BatchResult:
     wall_seconds: float
     peak_bytes: int | None
     log_path: str
+    peak_method: PeakMethod | None = None  # how peak_bytes was taken
 
     @property
     def succeeded(self) -> bool:
@@ -254,6 +255,7 @@ class _BatchRun:
                 wall_seconds=wall,
                 peak_bytes=v.peak_bytes,
                 log_path=v.log_path,
+                peak_method=v.peak_method,
             )
             if not self._quiet:
                 with contextlib.suppress(OSError):
@@ -261,7 +263,7 @@ class _BatchRun:
 
 
 def summary_table(results: Sequence[BatchResult], elapsed: float) -> str:
-    """The closing table: command, exit code, wall time, peak memory of its tree.
+    """The closing table: command, exit code, wall time, peak memory of its tree and how taken.
 
     Plain text, not a rich table: a batch may have thousands of lines, and
     the table must not cost more than running them did.
@@ -274,6 +276,8 @@ def summary_table(results: Sequence[BatchResult], elapsed: float) -> str:
             exit_text += f" ({r.exit_code})"
         command = r.command if len(r.command) <= 60 else r.command[:59] + "…"
         peak = format_bytes(r.peak_bytes) if r.peak_bytes is not None else "-"
+        if r.peak_bytes is not None and r.peak_method is not None:
+            peak += f" ({r.peak_method.value})"  # memory.peak, sampled cgroup, sampled
         rows.append((str(r.line), command, exit_text, f"{r.wall_seconds:.2f} s", peak))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = [f"roomkeeper batch: {len(results)} commands, {failed} failed, {elapsed:.1f} s"]

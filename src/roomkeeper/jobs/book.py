@@ -19,7 +19,7 @@ from typing import Protocol
 
 from roomkeeper.errors import UnknownJobError
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, MemoryPeak, PeakMethod, Transition
 
 KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one
 
@@ -31,7 +31,7 @@ class Handle(Protocol):
 
     def poll(self) -> int | None: ...
     def footprint_bytes(self) -> int: ...
-    def peak_bytes(self) -> int: ...
+    def peak(self) -> MemoryPeak: ...
     def stop(self, grace: float = ...) -> int | None: ...
     def close(self) -> None: ...
 
@@ -53,6 +53,7 @@ class JobRecord:
     ended: float | None = None
     exit_code: int | None = None
     peak_bytes: int | None = None
+    peak_method: PeakMethod | None = None
     error: str | None = None
     stop_cause: JobState | None = None
     stop_reason: Reason | None = None
@@ -201,4 +202,5 @@ class JobBook:
             error=job.error,
             history=tuple(job.history),
             pid=job.handle.pid if job.handle is not None else None,
+            peak_method=job.peak_method,
         )

@@ -5,13 +5,15 @@ killed abruptly."  One small helper per scheduler, ``python -m
 roomkeeper.jobs.lifeline``, reads registrations from a pipe on its stdin::
 
     add <pid> <session id = process group id> <cgroup dir or ->
+    frz <pid> <v1 freezer group dir>
     del <pid>
 
 The scheduler holds the only write end of that pipe, so when the scheduler
 dies, for any reason, SIGKILL included, the kernel closes it and the
 helper reads end-of-file.  It then SIGKILLs every registered tree (its
 process group, its session, every pid in its cgroup, and every descendant
-of those) until nothing is left, removes the trees' cgroups, and exits.
+of those) until nothing is left, thawing any v1 freezer group (a frozen
+v1 task dies only once thawed), removes the trees' cgroups, and exits.
 :meth:`Lifeline.close` ends it the same way after the scheduler has stopped
 its jobs itself, when nothing is left to kill.
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -173,40 +176,60 @@ def _signal_quietly(sig: int, pid: int, *, group: bool = False) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Registration:
-    """One tree the helper would kill: its leader, its session (= process group), its cgroup."""
+    """One tree the helper would kill: its leader, its session (= process group), its cgroups."""
 
     pid: int
     sid: int
     cgroup_dir: str | None
+    freezer_dir: str | None = None
 
 
 def kill_jobs(jobs: Iterable[Registration], *, deadline_s: float = _KILL_DEADLINE_S) -> set[int]:
     """SIGKILL every member of every tree until none is left; returns the pids still alive."""
     jobs = list(jobs)
     deadline = time.monotonic() + deadline_s
-    alive: set[int] = set()
     while True:
         # List before killing: a grandchild that called setsid() is found only
         # through its parent, which the first SIGKILL would take away.
-        table = scan_proc()
-        alive = set()
-        for job in jobs:
-            found = tree_members(table, job.sid, job.cgroup_dir)
-            alive |= {pid for pid in found if pid not in table or table[pid].state != "Z"}
-        for job in jobs:
-            _signal_quietly(signal.SIGKILL, job.sid, group=True)
-            if job.cgroup_dir is not None:
-                kill_cgroup(job.cgroup_dir)
-        for pid in alive:
-            _signal_quietly(signal.SIGKILL, pid)
+        alive = _living_members(jobs)
+        _kill_round(jobs, alive)
         # Again until a listing comes back empty: a member may fork in between.
         if not alive or time.monotonic() > deadline:
             break
         time.sleep(0.005)
     for job in jobs:
-        if job.cgroup_dir is not None:
-            _rmdir_soon(job.cgroup_dir, deadline + 0.3)
+        for directory in (job.cgroup_dir, job.freezer_dir):
+            if directory is not None:
+                _rmdir_soon(directory, deadline + 0.3)
     return alive
+
+
+def _living_members(jobs: list[Registration]) -> set[int]:
+    """Every member of the trees that is not yet a zombie, found now."""
+    table = scan_proc()
+    alive: set[int] = set()
+    for job in jobs:
+        found = tree_members(table, job.sid, job.cgroup_dir)
+        alive |= {pid for pid in found if pid not in table or table[pid].state != "Z"}
+    return alive
+
+
+def _kill_round(jobs: list[Registration], alive: set[int]) -> None:
+    """One SIGKILL of every group, cgroup and listed member (a frozen v1 group thawed)."""
+    for job in jobs:
+        _signal_quietly(signal.SIGKILL, job.sid, group=True)
+        if job.cgroup_dir is not None:
+            kill_cgroup(job.cgroup_dir)
+        if job.freezer_dir is not None:
+            _thaw_v1(job.freezer_dir)
+    for pid in alive:
+        _signal_quietly(signal.SIGKILL, pid)
+
+
+def _thaw_v1(directory: str) -> None:
+    """Thaw a v1 freezer group, so that its SIGKILLed tasks can die."""
+    with contextlib.suppress(OSError), open(f"{directory}/freezer.state", "w") as state:
+        state.write("THAWED")
 
 
 def _rmdir_soon(directory: str, deadline: float) -> None:
@@ -238,6 +261,9 @@ def _feed(chunk: bytes, buffer: bytearray, jobs: dict[int, Registration]) -> Non
             if fields[0] == "add" and len(fields) == 4 and min(pid, int(fields[2])) > 1:
                 cgroup_dir = None if fields[3] == "-" else fields[3]
                 jobs[pid] = Registration(pid, int(fields[2]), cgroup_dir)
+            elif fields[0] == "frz" and len(fields) >= 3 and pid in jobs:
+                freezer_dir = line.split(maxsplit=2)[2]  # a path may hold spaces
+                jobs[pid] = dataclasses.replace(jobs[pid], freezer_dir=freezer_dir)
             elif fields[0] == "del" and len(fields) == 2:
                 jobs.pop(pid, None)
             else:
@@ -327,14 +353,27 @@ class Lifeline:
         with self._lock:
             self._ensure_running()
 
-    def register(self, pid: int, sid: int, cgroup_dir: str | None) -> None:
-        """Have the helper kill this tree if the scheduler dies before :meth:`unregister`."""
-        if cgroup_dir is not None and ("\n" in cgroup_dir or not cgroup_dir.strip()):
-            raise ValueError(f"cgroup_dir must be a path on one line (got {cgroup_dir!r})")
+    def register(
+        self, pid: int, sid: int, cgroup_dir: str | None, freezer_dir: str | None = None
+    ) -> None:
+        """Have the helper kill this tree if the scheduler dies before :meth:`unregister`.
+
+        Args:
+            pid: the tree's leader.
+            sid: its session, which is also its process group.
+            cgroup_dir: its memory cgroup, every member of which is killed.
+            freezer_dir: its v1 freezer group, thawed so that its members can die.
+        """
+        for name, directory in (("cgroup_dir", cgroup_dir), ("freezer_dir", freezer_dir)):
+            if directory is not None and ("\n" in directory or not directory.strip()):
+                raise ValueError(f"{name} must be a path on one line (got {directory!r})")
         if min(pid, sid) <= 1:
             raise ValueError(f"pid and sid must be > 1 (got {pid}, {sid})")
+        line = f"add {pid} {sid} {cgroup_dir or '-'}\n"
+        if freezer_dir is not None:
+            line += f"frz {pid} {freezer_dir}\n"  # one write: under PIPE_BUF, so atomic
         with self._lock:
-            self._lines[pid] = f"add {pid} {sid} {cgroup_dir or '-'}\n".encode()
+            self._lines[pid] = line.encode()
             self._send(self._lines[pid])
 
     def unregister(self, pid: int) -> None:

@@ -4,8 +4,11 @@ A :class:`ManagedProcess` is a running job's tree, started by
 :func:`roomkeeper.jobs.launch.launch`.  Where the job has its own memory cgroup,
 the group measures its footprint and finds every member, however it tried
 to leave; without one, the tree is found through ``/proc`` and psutil
-measures it.  :func:`become_subreaper` makes a job's orphans ours, so that
-closing the job can reap them.
+measures it.  Its peak says how it was taken (:mod:`roomkeeper.jobs.peaks`
+samples what the kernel does not keep).  The whole tree can be suspended
+and resumed (:mod:`roomkeeper.kernel.freezer`'s three ways).
+:func:`~roomkeeper.jobs.orphans.become_subreaper` makes a job's orphans
+ours, so that closing the job can reap them.
 
 The leader is never reaped before :meth:`ManagedProcess.close`: its exit
 status is read with ``WNOWAIT``, so its pid, which is also the process group
@@ -14,7 +17,6 @@ and session id, cannot be reused while we might still signal it.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import select
@@ -27,36 +29,36 @@ from dataclasses import dataclass
 
 import psutil
 
-from roomkeeper.errors import KernelFileError, LaunchError
+from roomkeeper.errors import KernelFileError, LaunchError, SuspendError
 from roomkeeper.jobs.lifeline import (
-    PR_SET_CHILD_SUBREAPER,
     Lifeline,
+    ProcStat,
     cgroup_members,
     kill_cgroup,
-    prctl,
     scan_proc,
     tree_members,
 )
+from roomkeeper.jobs.orphans import become_subreaper, reap_orphans
+from roomkeeper.jobs.peaks import sampler, tree_footprint
+from roomkeeper.jobs.spec import MemoryPeak, PeakMethod
+from roomkeeper.jobs.suspension import Suspension
+from roomkeeper.kernel.freezer import FREEZE_TIMEOUT_S, FreezeMethod, FreezerGroup
 from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, job_cgroup_parent
 
 __all__ = [
+    "FreezeMethod",
     "JobCgroup",
     "LaunchError",
     "Lifeline",
     "ManagedProcess",
     "ProcessStatistics",
+    "SuspendError",
     "become_subreaper",
     "create_job_cgroup",
     "job_cgroup_parent",
 ]
 
 _KILL_ROUNDS = 100
-_subreaper = False  # whether become_subreaper() made orphans ours to reap
-# Sessions of closed jobs: an adopted zombie in one of them is ours to reap.
-_job_sessions: collections.deque[int] = collections.deque(maxlen=4096)
-_ADOPTED_SCAN_EVERY_S = 1.0
-_last_adopted_scan = 0.0
-_adopted_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,51 +73,9 @@ class ProcessStatistics:
     members: int
     peak_bytes: int
     closed: bool
-
-
-def _zombie_children() -> bool:
-    """Whether any child of ours waits to be reaped (a peek that reaps nothing, ~2 us)."""
-    try:
-        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # no children at all
-        return False
-
-
-def _reap_adopted() -> None:
-    """Reap orphans of closed jobs that were reparented to us (subreaper) and died.
-
-    A zombie keeps its session id, which tells a job's orphan from any other
-    child of ours.  Scanning /proc costs about 0.5 ms, so it runs at most
-    once a second, not at every close: a zombie costs a pid slot, nothing else.
-    """
-    global _last_adopted_scan  # noqa: PLW0603 -- one scan clock per process
-    with _adopted_lock:
-        now = time.monotonic()
-        if now - _last_adopted_scan < _ADOPTED_SCAN_EVERY_S:
-            return
-        _last_adopted_scan = now
-        sessions = set(_job_sessions)
-    me = os.getpid()
-    for pid, stat in scan_proc().items():
-        if stat.ppid == me and stat.state == "Z" and stat.sid in sessions and pid not in sessions:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-
-
-def become_subreaper(enable: bool = True) -> bool:
-    """Make this process a child subreaper; returns whether the kernel agreed.
-
-    Orphans of a job are then reparented to us instead of to init, so the
-    tree can still be walked.  The scheduler calls it once; the orphans it
-    adopts are reaped when their job is closed.
-    """
-    global _subreaper  # noqa: PLW0603 -- mirrors a per-process kernel flag
-    try:
-        prctl(PR_SET_CHILD_SUBREAPER, int(enable))
-    except (OSError, AttributeError):  # not Linux, or a libc without prctl
-        return False
-    _subreaper = enable
-    return True
+    peak_method: PeakMethod = PeakMethod.SAMPLED
+    freezer_dir: str | None = None
+    suspended: FreezeMethod | None = None  # how the tree is suspended now, None while it runs
 
 
 class ManagedProcess:
@@ -127,6 +87,7 @@ class ManagedProcess:
         started_at: ``time.monotonic()`` just after the spawn.
         log_path: where stdout and stderr went.
         cgroup_dir: the job's own memory cgroup, None when none could be made.
+        freezer_dir: the job's own v1 freezer group, None without one.
     """
 
     def __init__(
@@ -137,21 +98,40 @@ class ManagedProcess:
         log_path: str,
         cgroup: JobCgroup | str,
         lifeline: Lifeline | None,
+        freezer_group: FreezerGroup | None = None,
     ) -> None:
         self.job_id, self.pid, self.log_path = job_id, popen.pid, log_path
         self.started_at = time.monotonic()
         self._cgroup = cgroup if isinstance(cgroup, JobCgroup) else None
         self.cgroup_dir = None if self._cgroup is None else self._cgroup.directory
         self.cgroup_note = cgroup if isinstance(cgroup, str) else None
+        self._freezer = freezer_group
+        self.freezer_dir = None if freezer_group is None else freezer_group.directory
         self._popen, self._lifeline, self._lock = popen, lifeline, threading.RLock()
         self._returncode: int | None = None
         self._peak = 0
+        self._kernel_peak: int | None = None  # memory.peak, kept when the group is removed
+        self._latest: int | None = None  # the latest footprint measured
         self._members: dict[int, psutil.Process] = {}  # remembered while they ran
         self._closed = False
         try:  # a pidfd names this process and no later one with the same pid
             self._pidfd: int | None = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):
             self._pidfd = None
+        self._kernel_keeps_peak = (
+            self._cgroup is not None
+            and self._cgroup.version == 2
+            and (self._cgroup.peak_bytes() is not None)
+        )
+        if not self._kernel_keeps_peak:
+            sampler.add(self)
+        self._suspension = Suspension(
+            job_id,
+            cgroup=self._cgroup,
+            freezer_group=freezer_group,
+            members=self._tree_pids,
+            send=self._send,
+        )
 
     def poll(self) -> int | None:
         """The leader's exit code (negative: the signal that killed it), None while it runs."""
@@ -180,60 +160,166 @@ class ManagedProcess:
             time.sleep(0.005)
         return self._returncode
 
-    def refresh(self) -> list[psutil.Process]:
+    def refresh(self, table: dict[int, ProcStat] | None = None) -> list[psutil.Process]:
         """Find the tree's live members besides the leader, and remember them.
 
         A descendant that leaves the session and loses its parent can be found
         later only if it was seen here (or is in the job's cgroup), so a
-        scheduler without cgroups calls this now and then (footprint_bytes does).
-        """
-        if self._cgroup is not None:
-            # Every descendant joined the group before it could fork (the
-            # trampoline), and only a privileged process can move one out.
-            table, pids = {}, cgroup_members(self._cgroup.directory)
-        else:
-            table = scan_proc()
-            seeds = [pid for pid, proc in self._members.items() if proc.is_running()]
-            pids = tree_members(table, self.pid, None, seeds)
-        pids.discard(self.pid)
-        live: list[psutil.Process] = []
-        for pid in pids:
-            if pid in table and table[pid].state == "Z":
-                continue
-            proc = self._members.get(pid)
-            if proc is None or not proc.is_running():  # new, or its pid was reused
-                try:
-                    proc = self._members[pid] = psutil.Process(pid)
-                except psutil.Error:
-                    continue
-            live.append(proc)
-        return live
+        tree without a cgroup is sampled now and then (:mod:`roomkeeper.jobs.peaks`).
 
-    def footprint_bytes(self) -> int:
-        """Memory the job holds now that the kernel cannot give back (cgroup, else RSS sum)."""
-        value: int | None = None
-        if self._cgroup is not None and not self._closed:
-            try:
-                value = self._cgroup.footprint_bytes()
-            except (OSError, KernelFileError):
-                value = None  # the group is going away; measure the processes instead
-        if value is None:
-            value = 0
-            members = [] if self._closed else self.refresh()
-            if self.poll() is None:  # unreaped until close(): its pid is not reused
-                members.append(psutil.Process(self.pid))
-            for proc in members:
-                try:
-                    value += proc.memory_info().rss
-                except psutil.Error:
+        Args:
+            table: the machine's processes (:func:`scan_proc`), when just read.
+        """
+        with self._lock:
+            if self._cgroup is not None:
+                # Every descendant joined the group before it could fork (the
+                # trampoline), and only a privileged process can move one out.
+                table, pids = {}, cgroup_members(self._cgroup.directory)
+            else:
+                table = scan_proc() if table is None else table
+                seeds = [pid for pid, proc in self._members.items() if proc.is_running()]
+                pids = tree_members(table, self.pid, None, seeds)
+            pids.discard(self.pid)
+            live: list[psutil.Process] = []
+            for pid in pids:
+                if pid in table and table[pid].state == "Z":
                     continue
+                proc = self._members.get(pid)
+                if proc is None or not proc.is_running():  # new, or its pid was reused
+                    try:
+                        proc = self._members[pid] = psutil.Process(pid)
+                    except psutil.Error:
+                        continue
+                live.append(proc)
+            return live
+
+    # ----------------------------------------------------------------- memory
+
+    @property
+    def needs_process_table(self) -> bool:
+        """Whether a sample reads the machine's process table (a tree without a group)."""
+        return self._cgroup is None
+
+    def _measure(self, table: dict[int, ProcStat] | None = None) -> int:
+        """The footprint now: the group's usage less file cache, else the tree's anonymous RSS."""
+        if self._cgroup is not None:
+            try:
+                return self._cgroup.footprint_bytes()
+            except (OSError, KernelFileError):
+                pass  # the group is going away; measure the processes instead
+        members = self.refresh(table)
+        if self.poll() is None:  # unreaped until close(): its pid is not reused
+            with contextlib.suppress(psutil.Error):
+                members.append(psutil.Process(self.pid))
+        return tree_footprint(members)
+
+    def _record(self, value: int) -> int:
         self._peak = max(self._peak, value)
+        self._latest = value
         return value
 
+    def sample(self, table: dict[int, ProcStat] | None) -> bool:
+        """Take one sample for the peak (the sampler's call); False once the tree has ended."""
+        if not self._lock.acquire(blocking=False):
+            return True  # stopping or closing right now: the next round samples
+        try:
+            if self._closed or self.poll() is not None:
+                return False
+            self._record(self._measure(table))
+            return True
+        finally:
+            self._lock.release()
+
+    def footprint_bytes(self) -> int:
+        """Memory the job holds now that the kernel cannot give back (cgroup, else tree).
+
+        Measured now, the way the sampler measures for the peak, and kept as
+        a sample: the guard's young-job reservations see the same figure the
+        peak is made of.  While the tree is being stopped or closed, the
+        latest sample.
+        """
+        if self._closed or not self._lock.acquire(blocking=False):
+            return self._latest or 0
+        try:
+            return self._record(self._measure())
+        finally:
+            self._lock.release()
+
+    def peak(self) -> MemoryPeak:
+        """The highest memory the tree held, and how that was taken.
+
+        A v2 job group's ``memory.peak`` where the kernel keeps one (file
+        cache included); else the highest of the samples, taken every
+        :data:`~roomkeeper.jobs.peaks.SAMPLE_SECONDS` from the v1 group
+        (less file cache) or from the tree's processes.
+        """
+        if self._kernel_keeps_peak and self._cgroup is not None:
+            kernel = self._kernel_peak if self._closed else self._cgroup.peak_bytes()
+            if kernel is not None:
+                return MemoryPeak(kernel, PeakMethod.KERNEL)
+        method = PeakMethod.SAMPLED_CGROUP if self._cgroup is not None else PeakMethod.SAMPLED
+        return MemoryPeak(self._peak, method)
+
     def peak_bytes(self) -> int:
-        """The highest footprint seen: the kernel's mark where kept, else our samples."""
-        kernel = None if self._cgroup is None or self._closed else self._cgroup.peak_bytes()
-        return max(self._peak, kernel or 0)
+        """The bytes of :meth:`peak`."""
+        return self.peak().bytes
+
+    # ------------------------------------------------------------- suspension
+
+    def suspend(self, *, timeout: float = FREEZE_TIMEOUT_S) -> FreezeMethod:
+        """Suspend the whole tree; returns how.  Idempotent: a suspended tree stays so.
+
+        The job's v2 group is frozen (``cgroup.freeze``), else its v1
+        freezer group, else every process of the tree gets SIGSTOP, a
+        descendant that left the process group included.  A suspended tree
+        uses no CPU and its memory stops growing; :meth:`resume` lets it go on.
+
+        Raises:
+            SuspendError: it would not stop within ``timeout`` seconds, or the
+                kernel refused; the tree was let go on.
+        """
+        with self._lock:
+            if self._closed and self._suspension.method is None:
+                raise SuspendError(self.job_id, "it has ended and been closed")
+            return self._suspension.suspend(timeout)
+
+    def resume(self) -> FreezeMethod | None:
+        """Let a suspended tree go on; returns how it had been suspended, None if it was not.
+
+        Idempotent: resuming a running tree does nothing (it sends no SIGCONT).
+
+        Raises:
+            SuspendError: the kernel refused to thaw the group (the tree stays suspended).
+        """
+        with self._lock:
+            return self._suspension.resume()
+
+    @property
+    def suspended(self) -> FreezeMethod | None:
+        """How the tree is suspended now, None while it runs."""
+        return self._suspension.method
+
+    def _tree_pids(self) -> set[int]:
+        """Every live member and the unreaped leader."""
+        pids = {proc.pid for proc in self.refresh()}
+        if self.poll() is None:
+            pids.add(self.pid)
+        return pids
+
+    def _send(self, pid: int, sig: int) -> None:
+        """Signal one member, never a process that took a member's pid since it was seen."""
+        if pid == self.pid:  # unreaped: its pid cannot have been reused
+            os.kill(pid, sig)
+            return
+        proc = self._members.get(pid)
+        try:
+            if proc is None or not proc.is_running():  # psutil compares create times
+                raise ProcessLookupError(pid)
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess as err:
+            raise ProcessLookupError(pid) from err
+
+    # ---------------------------------------------------------------- ending
 
     def stop(
         self,
@@ -244,6 +330,10 @@ class ManagedProcess:
     ) -> int | None:
         """Stop the whole tree: SIGTERM to all, up to ``grace`` seconds, then SIGKILL the rest.
 
+        A suspended tree is resumed just after its SIGTERM, so it dies of
+        that signal instead of running on first (and a v1-frozen task could
+        not die of SIGKILL at all).
+
         Returns:
             the leader's exit code.
         """
@@ -252,6 +342,7 @@ class ManagedProcess:
                 return self._returncode
             members = self.refresh()
             self._signal(signal.SIGTERM, members)
+            self._suspension.resume_quietly()
             deadline, step = clock() + grace, 0.001
             while (left := deadline - clock()) > 0 and self._alive(members):
                 sleep(min(step, left))
@@ -265,7 +356,7 @@ class ManagedProcess:
             return self.wait(timeout=5.0)
 
     def close(self) -> None:
-        """Kill what is left of the tree, reap it, remove its cgroup, leave the lifeline.
+        """Kill what is left of the tree, reap it, remove its cgroups, leave the lifeline.
 
         Idempotent.  Call :meth:`stop` first for a graceful end: whatever still
         runs here gets SIGTERM and at once SIGKILL.
@@ -275,8 +366,7 @@ class ManagedProcess:
                 return
             if self.poll() is None or self.refresh():
                 self.stop(grace=0.0)
-            if self._cgroup is not None and not self._cgroup.remove():
-                self.cgroup_note = f"{self._cgroup.directory} could not be removed"
+            self._remove_groups()
             if self._lifeline is not None:
                 self._lifeline.unregister(self.pid)
             self._popen.wait()  # from here on the pid may be reused
@@ -285,18 +375,23 @@ class ManagedProcess:
                 os.close(self._pidfd)
                 self._pidfd = None
             self._closed = True
-            _job_sessions.append(self.pid)
-            if _subreaper:
-                for pid, proc in self._members.items():  # orphans we saw: reaped now, cheaply
-                    # is_running() compares create times: never reap a reused pid.
-                    with contextlib.suppress(ChildProcessError, psutil.Error):
-                        if proc.is_running():
-                            os.waitpid(pid, os.WNOHANG)
-                if _zombie_children():
-                    _reap_adopted()  # orphans never seen: a rate-limited /proc scan
+            sampler.discard(self)
+            reap_orphans(self.pid, self._members.values())
+
+    def _remove_groups(self) -> None:
+        """Keep the kernel's peak, then remove the job's groups (noting one that stays)."""
+        if self._cgroup is not None:
+            if self._kernel_keeps_peak:
+                self._kernel_peak = self._cgroup.peak_bytes()
+            if not self._cgroup.remove():
+                self.cgroup_note = f"{self._cgroup.directory} could not be removed"
+        if self._freezer is not None and not self._freezer.remove():
+            self.cgroup_note = f"{self._freezer.directory} could not be removed"
+        self._suspension.forget()  # the groups are gone, the processes dead
 
     def statistics(self) -> ProcessStatistics:
         """A snapshot of the job's state."""
+        peak = self.peak()
         return ProcessStatistics(
             self.job_id,
             self.pid,
@@ -304,8 +399,11 @@ class ManagedProcess:
             self.cgroup_dir,
             self.cgroup_note,
             len(self._members),
-            self.peak_bytes(),
+            peak.bytes,
             self._closed,
+            peak.method,
+            self.freezer_dir,
+            self._suspension.method,
         )
 
     def _alive(self, members: list[psutil.Process]) -> bool:

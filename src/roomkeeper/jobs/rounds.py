@@ -34,6 +34,7 @@ from roomkeeper.jobs.launch import LaunchSpec, launch
 from roomkeeper.jobs.process import Lifeline, become_subreaper
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.kernel.delegation import prepare_job_groups
 
 log = logging.getLogger("roomkeeper")
 
@@ -86,6 +87,9 @@ class Runner:
         if launcher is None:
             # Orphans of our jobs reparent to us, so a tree stays findable.
             become_subreaper()
+            # Now, before the guard's first decision says where job groups go
+            # (cgroup v2: roomkeeper first moves into a leaf, where it may).
+            prepare_job_groups()
             self._lifeline = Lifeline()
             lifeline = self._lifeline
             launcher = lambda job_id, spec: launch(job_id, spec, lifeline=lifeline)  # noqa: E731
@@ -127,7 +131,8 @@ class Runner:
             del self.running[job.id]
             job.exit_code = code
             with contextlib.suppress(Exception):
-                job.peak_bytes = job.handle.peak_bytes()
+                peak = job.handle.peak()
+                job.peak_bytes, job.peak_method = peak.bytes, peak.method
             ended.append(job.handle)
             if job.pidfd >= 0:
                 os.close(job.pidfd)

@@ -33,6 +33,31 @@ class JobState(enum.Enum):
         return self not in (JobState.WAITING, JobState.RUNNING)
 
 
+class PeakMethod(enum.Enum):
+    """How a job's peak memory was taken: every peak says so."""
+
+    # The kernel's high-water mark of the job's v2 group (Linux 5.19): it
+    # misses no spike, and counts the file cache the job wrote.
+    KERNEL = "memory.peak"
+    # The job's v1 group, sampled: usage less file cache (v1's own mark,
+    # memory.max_usage_in_bytes, counts the cache).
+    SAMPLED_CGROUP = "sampled cgroup"
+    # No job group: the tree's processes, sampled and summed (psutil).
+    SAMPLED = "sampled"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPeak:
+    """The highest memory a job's tree held, and how that was taken."""
+
+    bytes: int
+    method: PeakMethod
+
+    def describe(self) -> str:
+        """The method in words, as the batch summary shows it."""
+        return self.method.value
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """What to run, for whom, and what it is expected to take.
@@ -154,6 +179,7 @@ class JobView:
         reason: why it waits (None once it runs or has ended).
         exit_code: the leader's exit status; negative for a signal, as subprocess reports.
         peak_bytes: the highest memory its tree held, when measured.
+        peak_method: how ``peak_bytes`` was taken (the journal keeps the bytes only).
         error: why it could not start (state ``failed``).
         history: every state change, oldest first.
     """
@@ -171,6 +197,7 @@ class JobView:
     error: str | None
     history: tuple[Transition, ...]
     pid: int | None = None
+    peak_method: PeakMethod | None = None
 
     @property
     def owner(self) -> str:

@@ -140,42 +140,117 @@ def _join(base: str, rel: str) -> str:
     return f"{base}/{rel}" if rel else base
 
 
+def _membership(proc_root: str) -> tuple[str | None, str | None, list[parsers.Mount]]:
+    """The process's v2 path, its v1 memory path, and the cgroup mounts it sees."""
+    v2_path, v1_path = parsers.parse_proc_self_cgroup(_read(f"{proc_root}/self/cgroup"))
+    if proc_root == PROC_ROOT:
+        mounts = _mount_table.mounts()
+    else:
+        mounts = parsers.parse_mountinfo(_read(f"{proc_root}/self/mountinfo"))
+    return v2_path, v1_path, mounts
+
+
+def _v2_groups(
+    v2_path: str | None, mounts: list[parsers.Mount], cgroup_root: str
+) -> list[Hierarchy]:
+    """The process's v2 group in each cgroup2 mount that may show it."""
+    if v2_path is None:
+        return []
+    found = []
+    for mount in mounts:
+        if mount.fs_type == "cgroup2":
+            rel = _relative(v2_path, mount)
+            base = _rebase(mount.mount_point, cgroup_root)
+            found.append(Hierarchy(2, _join(base, rel), rel, base))
+    return found
+
+
 def locate(proc_root: str, cgroup_root: str) -> Hierarchy | None:
     """Find the memory hierarchy the process is charged in: v2 first, then v1.
 
     Returns None when no cgroup memory controller can be found at all.
     Raises OSError or KernelFileError when the files cannot be read.
     """
-    v2_path, v1_path = parsers.parse_proc_self_cgroup(_read(f"{proc_root}/self/cgroup"))
-    if proc_root == PROC_ROOT:
-        mounts = _mount_table.mounts()
-    else:
-        mounts = parsers.parse_mountinfo(_read(f"{proc_root}/self/mountinfo"))
+    v2_path, v1_path, mounts = _membership(proc_root)
     missing_v2 = ""
-    if v2_path is not None:
-        for mount in mounts:
-            if mount.fs_type != "cgroup2":
-                continue
-            rel = _relative(v2_path, mount)
-            base = _rebase(mount.mount_point, cgroup_root)
-            own = _join(base, rel)
-            # A v2 group charges memory only where the controller is enabled,
-            # which shows as memory.current (absent on this development
-            # machine, whose memory controller is bound to v1).
-            if os.path.exists(f"{own}/memory.current"):
-                return Hierarchy(2, own, rel, base)
-            missing_v2 = own
-    if v1_path is not None:
-        for mount in mounts:
-            if mount.fs_type == "cgroup" and "memory" in mount.super_options:
-                rel = _relative(v1_path, mount)
-                base = _rebase(mount.mount_point, cgroup_root)
-                return Hierarchy(1, _join(base, rel), rel, base)
+    for group in _v2_groups(v2_path, mounts, cgroup_root):
+        # A v2 group charges memory only where the controller is enabled,
+        # which shows as memory.current (absent on this development
+        # machine, whose memory controller is bound to v1, and in the root
+        # group, which the kernel does not account).
+        if os.path.exists(f"{group.own_dir}/memory.current"):
+            return group
+        missing_v2 = group.own_dir
+    v1 = _v1_group("memory", v1_path, mounts, cgroup_root)
+    if v1 is not None:
+        return v1
     if missing_v2 and not os.path.isdir(missing_v2):
         # Our own v2 group must be readable: it vanished, or this mount does
         # not show it.  Guessing from meminfo would be wrong.
         raise FileNotFoundError(errno.ENOENT, "the process's own cgroup is gone", missing_v2)
     return None
+
+
+def locate_v2(proc_root: str, cgroup_root: str) -> Hierarchy | None:
+    """This process's own cgroup v2 group, whatever it charges; None where no mount shows it.
+
+    Unlike :func:`locate`, the group is returned without ``memory.current``:
+    the root group has none, yet its children can have the memory
+    controller.  Whether they can is in the group's ``cgroup.controllers``
+    (:func:`controllers`).
+
+    Raises:
+        OSError, KernelFileError: the membership files could not be read.
+    """
+    v2_path, _, mounts = _membership(proc_root)
+    for group in _v2_groups(v2_path, mounts, cgroup_root):
+        if os.path.isdir(group.own_dir):
+            return group
+    return None
+
+
+def _v1_group(
+    controller: str, path: str | None, mounts: list[parsers.Mount], cgroup_root: str
+) -> Hierarchy | None:
+    """The process's group in the v1 hierarchy of ``controller``, None where none is mounted."""
+    if path is None:
+        return None
+    for mount in mounts:
+        if mount.fs_type == "cgroup" and controller in mount.super_options:
+            rel = _relative(path, mount)
+            base = _rebase(mount.mount_point, cgroup_root)
+            return Hierarchy(1, _join(base, rel), rel, base)
+    return None
+
+
+def v1_memory_group(proc_root: str, cgroup_root: str) -> Hierarchy | None:
+    """This process's own group in the v1 memory hierarchy; None where none is mounted.
+
+    Raises:
+        OSError, KernelFileError: the membership files could not be read.
+    """
+    _, v1_path, mounts = _membership(proc_root)
+    return _v1_group("memory", v1_path, mounts, cgroup_root)
+
+
+def v1_controller_group(controller: str, proc_root: str, cgroup_root: str) -> Hierarchy | None:
+    """This process's own group in the v1 hierarchy of ``controller`` (``freezer``), if mounted.
+
+    Raises:
+        OSError, KernelFileError: the membership files could not be read.
+    """
+    path = parsers.parse_v1_controller_path(_read(f"{proc_root}/self/cgroup"), controller)
+    _, _, mounts = _membership(proc_root)
+    return _v1_group(controller, path, mounts, cgroup_root)
+
+
+def controllers(directory: str) -> frozenset[str]:
+    """The controllers a v2 group may use (its ``cgroup.controllers``).
+
+    Raises:
+        OSError: the file could not be read.
+    """
+    return frozenset(_read(f"{directory}/cgroup.controllers").decode("ascii", "replace").split())
 
 
 def _level_used(directory: str, version: int) -> tuple[int, dict[str, int]]:

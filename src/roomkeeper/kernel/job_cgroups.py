@@ -1,8 +1,14 @@
-"""A job's own memory cgroup: made under roomkeeper's own group, measured, removed.
+"""A job's own cgroups: its memory group (v2 or v1) and, on v1, its freezer group.
 
-Nested under our own group so the container is still charged for the job
-(DESIGN.md), and so every member can be found however it tried to leave.
-Locating our group and what "used" means are :mod:`cgroup_hierarchy`'s.
+Made inside roomkeeper's own group so the container is still charged for
+the job (DESIGN.md), and so every member can be found however it tried to
+leave.  Where they go, and the room cgroup v2's rules need first, is
+:mod:`roomkeeper.kernel.delegation`'s; what "used" means is
+:mod:`roomkeeper.kernel.cgroup_hierarchy`'s.
+
+Each group is named ``roomkeeper-<pid>-<job id>`` after the process that
+made it, so a later gateway finds the groups an earlier one left behind
+(:func:`stale_job_cgroups`).
 """
 
 from __future__ import annotations
@@ -14,9 +20,13 @@ from dataclasses import dataclass
 
 from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
-from roomkeeper.kernel.cgroup_hierarchy import group_used_bytes, own_memory_level
+from roomkeeper.kernel.cgroup_hierarchy import group_used_bytes
 from roomkeeper.kernel.cgroup_hierarchy import read_file as _read
+from roomkeeper.kernel.delegation import job_group_place, prepare_job_groups
+from roomkeeper.kernel.freezer import FreezerGroup, freezer_parent
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
+
+JOB_CGROUP_PREFIX = "roomkeeper-"  # then the pid of the process that made it, "-", the job id
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +43,10 @@ class JobCgroup:
     def peak_bytes(self) -> int | None:
         """The kernel's high-water mark, file cache included; None where none is kept.
 
-        v2's ``memory.peak`` exists since Linux 5.19.
+        v2's ``memory.peak`` exists since Linux 5.19; v1's
+        ``memory.max_usage_in_bytes`` counts the file cache the job wrote,
+        which is why a v1 job's peak is sampled instead
+        (:mod:`roomkeeper.jobs.process`).
         """
         name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
         try:
@@ -57,44 +70,131 @@ class JobCgroup:
 def job_cgroup_parent(
     proc_root: str = PROC_ROOT, cgroup_root: str = CGROUP_ROOT
 ) -> JobCgroup | None:
-    """Where job cgroups are made: this process's own memory group (v2 first, then v1).
+    """The folder job cgroups are made in, as they are now; None where none are made.
 
-    None where there is no cgroup memory controller.  Each job's group is
-    made directly under it (:func:`create_job_cgroup`), so its listing is
-    where a job group is found again.
+    On v2 that is ``<own>/roomkeeper-jobs`` once roomkeeper moved into its
+    leaf (or under the root group); on v1, this process's own memory group.
+    Reads only: it never moves anything.
 
     Raises:
         OSError, KernelFileError: the membership files could not be read.
     """
-    found = own_memory_level(proc_root, cgroup_root)
-    return None if found is None else JobCgroup(found[1], found[0])
+    place = job_group_place(proc_root, cgroup_root)
+    if place.directory is None or place.version is None or not os.path.isdir(place.directory):
+        return None
+    return JobCgroup(place.directory, place.version)
+
+
+def _safe_name(job_id: str) -> str:
+    return f"{JOB_CGROUP_PREFIX}{os.getpid()}-{re.sub(r'[^A-Za-z0-9_.-]', '_', job_id)[:80]}"
+
+
+def _make_unique(parent: str, base: str) -> str | None:
+    """mkdir ``parent/base`` or, where taken, ``base-1``, ``base-2``...; None after 100."""
+    for suffix in range(100):  # a job id may come back within one scheduler
+        directory = f"{parent}/{base}-{suffix}" if suffix else f"{parent}/{base}"
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            continue
+        return directory
+    return None
 
 
 def create_job_cgroup(
     job_id: str, proc_root: str = PROC_ROOT, cgroup_root: str = CGROUP_ROOT
 ) -> JobCgroup | str:
-    """Make the job's memory cgroup under our own group; a sentence saying why not otherwise."""
+    """Make the job's memory cgroup; a sentence saying why not otherwise.
+
+    The first call may move roomkeeper into its leaf (cgroup v2,
+    :func:`~roomkeeper.kernel.delegation.prepare_job_groups`).
+    """
+    place = prepare_job_groups(proc_root, cgroup_root)
+    if place.directory is None or place.version is None:
+        return place.reason or "no job groups"
+    base = _safe_name(job_id)
     try:
-        parent = job_cgroup_parent(proc_root, cgroup_root)
-        if parent is None:
-            return "no cgroup memory controller"
-        if (
-            parent.version == 2
-            and b"memory" not in _read(f"{parent.directory}/cgroup.subtree_control").split()
-        ):
-            # EBUSY where our own group holds processes ("no internal
-            # processes"): v2 without delegation.
-            with open(f"{parent.directory}/cgroup.subtree_control", "w") as out:
-                out.write("+memory")
-        safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:80]
-        base = f"{parent.directory}/roomkeeper-{os.getpid()}-{safe_id}"
-        for suffix in range(100):  # a job id may come back within one scheduler
-            directory = f"{base}-{suffix}" if suffix else base
-            try:
-                os.mkdir(directory)
-            except FileExistsError:
-                continue
-            return JobCgroup(directory, parent.version)
-        return f"{base}: 100 groups of that name exist"
-    except (OSError, KernelFileError) as err:
+        directory = _make_unique(place.directory, base)
+    except OSError as err:
         return f"cannot create a cgroup: {err}"
+    if directory is None:
+        return f"{place.directory}/{base}: 100 groups of that name exist"
+    return JobCgroup(directory, place.version)
+
+
+def create_job_freezer(
+    job_id: str, proc_root: str = PROC_ROOT, cgroup_root: str = CGROUP_ROOT
+) -> FreezerGroup | str:
+    """Make the job's group in the v1 freezer hierarchy; a sentence saying why not otherwise.
+
+    For a job without a v2 group (whose ``cgroup.freeze`` does the same): on
+    a v1 host, or where a v1 freezer hierarchy is mounted beside v2.
+    """
+    try:
+        parent = freezer_parent(proc_root, cgroup_root)
+        if parent is None:
+            return "no v1 freezer hierarchy is mounted"
+        base = _safe_name(job_id)
+        directory = _make_unique(parent, base)
+    except (OSError, KernelFileError) as err:
+        return f"cannot create a freezer group: {err}"
+    if directory is None:
+        return f"{parent}/{base}: 100 groups of that name exist"
+    return FreezerGroup(directory)
+
+
+def stale_job_cgroups(
+    previous_pid: int | None = None, proc_root: str = PROC_ROOT, cgroup_root: str = CGROUP_ROOT
+) -> list[str]:
+    """Job groups (memory and v1 freezer) that an earlier process left behind.
+
+    Args:
+        previous_pid: only that process's groups; None for those of every
+            process that no longer runs.  This process's own are never listed.
+    """
+    folders = []
+    for find in (job_cgroup_parent, _freezer_parent_group):
+        try:
+            found = find(proc_root, cgroup_root)
+        except (OSError, KernelFileError):
+            continue
+        if found is not None:
+            folders.append(found.directory)
+    stale = []
+    for folder in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            pid = _maker(name)
+            if pid is None or pid == os.getpid():
+                continue
+            if (pid == previous_pid if previous_pid is not None else not _running(pid)) and (
+                os.path.isdir(f"{folder}/{name}")
+            ):
+                stale.append(f"{folder}/{name}")
+    return stale
+
+
+def _freezer_parent_group(proc_root: str, cgroup_root: str) -> FreezerGroup | None:
+    parent = freezer_parent(proc_root, cgroup_root)
+    return None if parent is None else FreezerGroup(parent)
+
+
+def _maker(name: str) -> int | None:
+    """The pid in a job group's name, None for a name that is not one of ours."""
+    if not name.startswith(JOB_CGROUP_PREFIX):
+        return None
+    pid = name[len(JOB_CGROUP_PREFIX) :].split("-", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -217,6 +217,42 @@ def parse_proc_self_cgroup(raw: bytes) -> tuple[str | None, str | None]:
     return v2_path, v1_memory_path
 
 
+def parse_v1_controller_path(raw: bytes, controller: str) -> str | None:
+    """``/proc/self/cgroup``: the path of the v1 hierarchy that holds ``controller`` (``freezer``).
+
+    None where no v1 hierarchy holds it (a pure v2 host has only the ``0::`` line).
+    """
+    what = "cgroup membership"
+    for line in _text(raw, what).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[0] != "0" and controller in parts[1].split(","):
+            if not parts[2].startswith("/"):
+                raise KernelFileError(what, f"unexpected line {line[:60]!r}")
+            return parts[2]
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStat:
+    """The fields of ``/proc/<pid>/stat`` that say what a process is and where it hangs."""
+
+    comm: str  # the command name, at most 15 characters
+    state: str  # "R", "S", "D", "T" (stopped), "t" (traced), "Z" (zombie)...
+    ppid: int
+
+
+def parse_pid_stat(raw: bytes) -> ProcessStat:
+    """``/proc/<pid>/stat``: its name, state and parent."""
+    what = "stat"
+    text = _text(raw, what)
+    # comm (field 2) may hold spaces and parentheses: it ends at the last ")".
+    head, sep, rest = text.rpartition(")")
+    fields = rest.split()
+    if not sep or "(" not in head or len(fields) < 2:
+        raise KernelFileError(what, f"unexpected text {text[:60]!r}")
+    return ProcessStat(head.partition("(")[2], fields[0], _count(fields[1], what))
+
+
 def _unescape_mount_field(field: str) -> str:
     # mountinfo escapes space, tab, newline and backslash as \040 \011 \012 \134.
     if "\\" not in field:
