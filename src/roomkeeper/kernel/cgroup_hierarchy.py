@@ -21,6 +21,7 @@ import errno
 import os
 import select
 import threading
+import time
 from dataclasses import dataclass
 
 from roomkeeper.kernel import parsers
@@ -330,3 +331,19 @@ def walk(hierarchy: Hierarchy) -> list[Level]:
         used = _level_used(directory, version)[0] if limit is not None else None
         levels.append(Level(rel or "/", limit, used))
     return levels
+
+
+def remove_group(directory: str, attempts: int = 100) -> bool:
+    """rmdir a cgroup, retrying while its last tasks drain; True once it is gone.
+
+    The kernel refuses (EBUSY) while an exiting task still counts as a member.
+    """
+    for _ in range(attempts):
+        try:
+            os.rmdir(directory)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.01)
+    return False

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
-from roomkeeper.kernel.cgroup_hierarchy import read_file, v1_controller_group
+from roomkeeper.kernel.cgroup_hierarchy import read_file, remove_group, v1_controller_group
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 
 FREEZE_TIMEOUT_S = 5.0
@@ -82,15 +82,7 @@ class FreezerGroup:
         """Thaw and rmdir the group, retrying while its last tasks drain; True once it is gone."""
         with contextlib.suppress(OSError):
             _write(f"{self.directory}/freezer.state", "THAWED")  # a frozen task cannot exit
-        for _ in range(attempts):
-            try:
-                os.rmdir(self.directory)
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                time.sleep(0.01)  # EBUSY: an exiting task still counts as a member
-        return False
+        return remove_group(self.directory, attempts)
 
 
 def _write(path: str, text: str) -> None:

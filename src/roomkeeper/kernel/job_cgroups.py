@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass
 
 from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
-from roomkeeper.kernel.cgroup_hierarchy import group_used_bytes
+from roomkeeper.kernel.cgroup_hierarchy import group_used_bytes, remove_group
 from roomkeeper.kernel.cgroup_hierarchy import read_file as _read
 from roomkeeper.kernel.delegation import job_group_place, prepare_job_groups
 from roomkeeper.kernel.freezer import FreezerGroup, freezer_parent
@@ -56,15 +55,7 @@ class JobCgroup:
 
     def remove(self, attempts: int = 100) -> bool:
         """rmdir the group, retrying while its last tasks drain; True once it is gone."""
-        for _ in range(attempts):
-            try:
-                os.rmdir(self.directory)
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                time.sleep(0.01)  # EBUSY: an exiting task still counts as a member
-        return False
+        return remove_group(self.directory, attempts)
 
 
 def job_cgroup_parent(
