@@ -116,7 +116,9 @@ def check_suspension(job: ManagedProcess, log: Path, way: FreezeMethod) -> None:
     cpu, memory = tree_cpu_seconds(job), job.footprint_bytes()
     time.sleep(1.0)
     assert tree_cpu_seconds(job) - cpu < 0.05, "a suspended tree used CPU"
-    assert abs(job.footprint_bytes() - memory) < 2 * MB, "a suspended tree's memory changed"
+    # Running, the tree grows by 50 MiB a second.  Frozen, only the kernel's own
+    # work moves its figure, by a huge page or so (khugepaged collapses pages).
+    assert abs(job.footprint_bytes() - memory) < 5 * MB, "a suspended tree's memory changed"
     assert job.resume() is way
     assert job.resume() is None  # idempotent: nothing to resume
     assert job.wait(120) == 0
