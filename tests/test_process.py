@@ -88,8 +88,11 @@ def gone(pid: int) -> bool:
     return stat is None or stat.state == "Z"
 
 
-def read_log(path: Path, needle: str, timeout: float = 10.0) -> str:
-    """The log once it holds ``needle`` (waits for a child to get ready, not for a timeout)."""
+def read_log(path: Path, needle: str, timeout: float = 60.0) -> str:
+    """The log once it holds ``needle`` (waits for a child to get ready, not for a timeout).
+
+    Generous: an emulated kernel (CI's cgroup v2 VM) takes seconds to start a child.
+    """
     deadline = time.monotonic() + timeout
     while True:
         text = path.read_text() if path.exists() else ""

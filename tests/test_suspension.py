@@ -107,7 +107,7 @@ def tree_cpu_seconds(job: ManagedProcess) -> float:
 
 def check_suspension(job: ManagedProcess, log: Path, way: FreezeMethod) -> None:
     """Suspended: no CPU, memory still; suspended again: no change; resumed: both finish."""
-    read_log(log, "ready", timeout=60)
+    read_log(log, "ready")
     time.sleep(0.3)  # let both grow a little
     assert len(job.refresh()) == 1  # the escaped child is found
     assert job.suspend() is way
@@ -122,7 +122,7 @@ def check_suspension(job: ManagedProcess, log: Path, way: FreezeMethod) -> None:
     assert job.resume() is way
     assert job.resume() is None  # idempotent: nothing to resume
     assert job.wait(120) == 0
-    assert "escaped done" in read_log(log, "escaped done", timeout=60)
+    assert "escaped done" in read_log(log, "escaped done")
 
 
 @pytest.mark.cgroups
@@ -163,7 +163,7 @@ def test_a_suspended_tree_is_stopped_whole(tmp_path: Path, reaper: Reaper) -> No
     """stop() of a suspended job resumes it into its SIGTERM: nothing is left frozen or alive."""
     log = tmp_path / "grow.log"
     job = reaper.launch("stopped", LaunchSpec([sys.executable, "-c", GROW], str(log)))
-    read_log(log, "ready", timeout=60)
+    read_log(log, "ready")
     members = [psutil.Process(job.pid), *job.refresh()]
     job.suspend()
     assert job.stop(grace=10.0) == -15

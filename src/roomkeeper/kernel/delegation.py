@@ -210,9 +210,9 @@ def _prepare(proc_root: str, cgroup_root: str) -> JobGroupPlace:
         foreign = _foreign_processes(group.own_dir, proc_root)
         if foreign:
             return _none(_refusal(group.own_path, foreign))
-        leaf = _move_into_leaf(group, proc_root)
-        if isinstance(leaf, str):
-            return _none(leaf)
+        refused = _move_into_leaf(group, proc_root)
+        if refused is not None:
+            return _none(refused)
     except OSError as err:
         return _none(f"cannot make job groups under {group.own_path}: {_words(err)}")
     return JobGroupPlace(2, jobs_dir, jobs_path, _child_path(group.own_path, LEAF))
