@@ -51,6 +51,7 @@ from roomkeeper.gateway.link import SupervisorLink
 from roomkeeper.gateway.recovery import recover
 from roomkeeper.gateway.refusals import REFUSALS_KEPT, Refusal
 from roomkeeper.gateway.samples import Sample, Sampler
+from roomkeeper.gateway.workspaces import gateway_workspaces
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner
 from roomkeeper.guard.leases import Leases
@@ -186,6 +187,9 @@ class Gateway:
             watch=self._watch,
             hooks=self.hooks,
             job_user=self.job_user,
+            workspaces=gateway_workspaces(
+                journal=self.journal, workspace=self.workspace, env=self.env, watch=self._watch
+            ),
         )
 
     def say_who_jobs_run_as(self) -> None:
