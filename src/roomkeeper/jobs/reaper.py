@@ -10,8 +10,7 @@ Here every protection is a named pure check, asked in this order:
    (a re-dispatch must never reap its own tree).
 3. :func:`changes_protection`: ``git status --porcelain --untracked-files=all``
    shows anything.
-4. :func:`stash_protection`: a stash entry was made on the tree's branch or
-   its HEAD.
+4. :func:`stash_protection`: a stash entry was made on the tree's branch.
 5. :func:`unpushed_protection`: HEAD is on no other branch and no
    remote-tracking branch.
 
@@ -81,7 +80,7 @@ class TreeFacts:
     Attributes:
         inspected: whether git answered every question (else the tree is kept).
         changes: lines ``git status --porcelain --untracked-files=all`` printed.
-        stashes: stash entries made on the tree's branch or HEAD.
+        stashes: stash entries made on the tree's branch.
         pushed: whether HEAD is on another branch or a remote-tracking branch.
     """
 
@@ -184,7 +183,7 @@ def inspect_tree(tree: RegisteredTree) -> TreeFacts:
         return TreeFacts(inspected=False)
     status = git(tree.path, "status", "--porcelain", "--untracked-files=all")
     head = git(tree.path, "rev-parse", "HEAD")
-    stashes = git(tree.path, "stash", "list", "--format=%P%x09%gs")
+    stashes = git(tree.path, "stash", "list", "--format=%gs")
     holders = git(
         tree.path,
         "for-each-ref",
@@ -200,21 +199,17 @@ def inspect_tree(tree: RegisteredTree) -> TreeFacts:
     return TreeFacts(
         inspected=True,
         changes=sum(1 for line in status.out.splitlines() if line.strip()),
-        stashes=_stashes_of(stashes.out, tree.branch, head.out.strip()),
+        stashes=_stashes_of(stashes.out, tree.branch),
         pushed=any(ref and ref != own for ref in holders.out.splitlines()),
     )
 
 
-def _stashes_of(listing: str, branch: str, head: str) -> int:
-    """Stash entries made on ``branch`` (git names it in the entry) or on ``head``."""
-    count = 0
-    for line in listing.splitlines():
-        parents, _, subject = line.partition("\t")
-        first = parents.split(" ")[0] if parents else ""
-        on_branch = subject.startswith((f"WIP on {branch}:", f"On {branch}:"))
-        if on_branch or (head and first == head):
-            count += 1
-    return count
+def _stashes_of(listing: str, branch: str) -> int:
+    """Stash entries made on ``branch``: git names the branch in each entry's subject
+    (``WIP on B: ...`` or ``On B: ...``).  Stashes live in the repository, shared by
+    every tree, so the parent commit alone would blame every tree cut from the same base."""
+    marks = (f"WIP on {branch}:", f"On {branch}:")
+    return sum(1 for line in listing.splitlines() if line.startswith(marks))
 
 
 def tree_size(path: str) -> int:
