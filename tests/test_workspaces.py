@@ -13,8 +13,8 @@ from roomkeeper.errors import WorkspaceError
 from roomkeeper.gateway.workspaces import reap_event
 from roomkeeper.jobs.reaper import (
     Protection,
-    RegisteredTree,
     ReapReport,
+    RegisteredTree,
     TreeFacts,
     git_protection,
     reap,
