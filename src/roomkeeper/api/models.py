@@ -195,7 +195,13 @@ class WorktreeIn(BaseModel):
 class JobIn(BaseModel):
     """A job to run: argv (no shell), for an owner, with what it is expected to take."""
 
-    model_config = STRICT
+    # A job runs in its cwd or in its worktree, never both: the document says so too.
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        json_schema_extra={"not": {"required": ["cwd", "worktree"]}},
+    )
     argv: Annotated[list[Text], Field(min_length=1, max_length=4096)]
     owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
     # Absolute: the schema says so, the validator below says it in words.
