@@ -218,6 +218,37 @@ def test_an_unreadable_registry_reaps_nothing_and_says_so(
     assert reap_event(report).code is RecoveryCode.REAP_REFUSED
 
 
+class LockedProtectLookup:
+    """The real registry, whose protect lookup fails (a locked or damaged journal)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def registered_trees(self) -> list[RegisteredTree]:
+        return self.journal.registered_trees()
+
+    def protected_paths(self) -> frozenset[str]:
+        raise sqlite3.OperationalError("database is locked")
+
+    def forget_tree(self, path: str) -> object:
+        return self.journal.forget_tree(path)
+
+
+def test_a_failing_protect_lookup_reaps_nothing(
+    small_fs: Path, repo: Path, journal: Journal
+) -> None:
+    """The trees are listed but their jobs' states cannot be read: even a running job's
+    tree would look unprotected, so nothing is removed."""
+    ws = workspaces(small_fs, journal)
+    view = job_view("live", repo)
+    tree = ws.prepare(view)
+    assert tree is not None
+    record_running(journal, view, tree)
+    report = reap(LockedProtectLookup(journal), volume=small_fs, target_free=None)
+    assert report.refused is not None and "database is locked" in report.refused
+    assert Path(tree.path).is_dir()
+
+
 def test_the_guard_s_reap_stops_at_the_guard_s_line(
     tmp_path: Path, small_fs: Path, journal: Journal
 ) -> None:

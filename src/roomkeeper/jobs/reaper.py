@@ -244,9 +244,15 @@ def survey(registry: Registry, dispatching: frozenset[str] = frozenset()) -> lis
     Raises:
         Exception: whatever the registry raised when it could not be read.
     """
-    protect = registry.protected_paths()
-    trees = sorted(registry.registered_trees(), key=lambda t: t.registered_at)
-    return [TreeVerdict(t, tree_size(t.path), judge(t, protect, dispatching)) for t in trees]
+    return verdicts(registry.registered_trees(), registry.protected_paths(), dispatching)
+
+
+def verdicts(
+    trees: list[RegisteredTree], protect: frozenset[str], dispatching: frozenset[str]
+) -> list[TreeVerdict]:
+    """Each tree, oldest first, with its size and why it stays."""
+    ordered = sorted(trees, key=lambda t: t.registered_at)
+    return [TreeVerdict(t, tree_size(t.path), judge(t, protect, dispatching)) for t in ordered]
 
 
 def reap(
@@ -271,7 +277,8 @@ def reap(
     """
     read_free = free_bytes or (lambda: read_disk(volume).free_bytes)
     try:
-        verdicts = survey(registry, dispatching)
+        trees = registry.registered_trees()
+        protect = registry.protected_paths()
     except Exception as err:  # an unreadable registry protects nobody: reap nothing
         said = f"the workspace registry could not be read ({type(err).__name__}: {err})"
         log.error("reap refused: %s; no tree was removed", said)
@@ -279,7 +286,7 @@ def reap(
     removed: list[TreeVerdict] = []
     kept: list[TreeVerdict] = []
     freed = 0
-    for verdict in verdicts:
+    for verdict in verdicts(trees, protect, dispatching):
         if verdict.protection is not None or _low_mark_reached(
             read_free, freed, target_free, dry_run
         ):
