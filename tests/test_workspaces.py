@@ -250,7 +250,7 @@ def test_a_failing_protect_lookup_reaps_nothing(
 
 
 def test_the_guard_s_reap_stops_at_the_guard_s_line(
-    tmp_path: Path, small_fs: Path, journal: Journal
+    tmp_path: Path, small_fs: Path, journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Short of the line by 30 MiB, with 20 MiB trees: the two oldest go, no more."""
     big = make_repo(tmp_path, big_file_mib=20)
@@ -265,7 +265,10 @@ def test_the_guard_s_reap_stops_at_the_guard_s_line(
         record_ended(journal, record_running(journal, view, tree))
     needed = 136 * MIB
     fill(small_fs, leave_free=needed - 30 * MIB)
-    assert ws.reclaim(job_view("next", big), _disk_refusal(needed=needed))
+    with caplog.at_level(logging.INFO, logger="roomkeeper"):
+        assert ws.reclaim(job_view("next", big), _disk_refusal(needed=needed))
+    assert "reap removed 2 tree(s), freed" in caplog.text  # what it removed and freed
+    assert "the tree of job old0" in caplog.text
     assert free_bytes(small_fs) >= needed
     (report,) = reports
     assert [v.tree.job_id for v in report.removed] == ["old0", "old1"]

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from roomkeeper.jobs.git import git
 from roomkeeper.kernel.resources import read_disk
-from roomkeeper.units import format_gb
+from roomkeeper.units import format_bytes
 
 log = logging.getLogger("roomkeeper")
 
@@ -337,12 +337,20 @@ def _log(report: ReapReport) -> None:
         reasons[key] = reasons.get(key, 0) + 1
     why = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items())) or "none"
     verb = "would remove" if report.dry_run else "removed"
+    for verdict in report.removed:  # the log may name trees; the history gets numbers only
+        log.info(
+            "reap %s the tree of job %s (%s, %s)",
+            verb,
+            verdict.tree.job_id,
+            verdict.tree.path,
+            format_bytes(verdict.size_bytes),
+        )
     log.info(
         "reap %s %d tree(s), %s %s; kept %d (%s)",
         verb,
         len(report.removed),
         "freeing" if report.dry_run else "freed",
-        format_gb(report.freed_bytes),
+        format_bytes(report.freed_bytes),
         len(report.kept),
         why,
     )
