@@ -210,3 +210,49 @@ def test_a_real_command_runs_inside_its_tree_on_its_branch(
         assert git(where, "status", "--porcelain") == ""
     finally:
         sched.close(grace=0.5)
+
+
+def test_a_lease_refused_for_disk_gets_one_reap_then_is_granted(
+    tmp_path: Path, small_fs: Path, journal: Journal
+) -> None:
+    """Leases too: disk gets one reap to the guard's line before the refusal stands."""
+    import asyncio
+    from collections import deque
+
+    from roomkeeper.gateway.leases import DurableLeases
+    from roomkeeper.guard.hooks import HookRunner
+    from roomkeeper.guard.leases import Leases
+
+    big = make_repo(tmp_path, big_file_mib=20)
+    env = guard_env(small_fs, job_disk_mib=100)
+    ws = Workspaces(workspace=lambda: small_fs, registry=journal, env=env)
+    trees = []
+    for i in range(3):
+        view = job_view(f"old{i}", big)
+        tree = ws.prepare(view)
+        assert tree is not None
+        trees.append(tree)
+        record_ended(journal, record_running(journal, view, tree))
+    fill(small_fs, leave_free=120 * MIB)  # 10 MiB short of 130 MiB
+    guard = Guard(env=env, workspace=small_fs)
+    hooks = HookRunner()
+    leases = DurableLeases(
+        leases=Leases(guard),
+        guard=guard,
+        journal=journal,
+        refusals=deque(),
+        closing=lambda: False,
+        watch=lambda _: None,
+        hooks=hooks,
+        reclaim_disk=ws.reclaim_space,
+    )
+    try:
+        lease, decision, created = asyncio.run(
+            leases.grant(
+                None, owner="o", memory_bytes=1, disk_bytes=None, ttl_s=60, wait_s=0, release=None
+            )
+        )
+        assert lease is not None and created, decision
+        assert [Path(t.path).is_dir() for t in trees] == [False, True, True]
+    finally:
+        hooks.close()

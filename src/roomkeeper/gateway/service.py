@@ -130,6 +130,9 @@ class Gateway:
         self._shutdown_lock = asyncio.Lock()
         self._shut = False
         self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
+        self.workspaces = gateway_workspaces(
+            journal=journal, workspace=self.workspace, env=env, watch=self._watch
+        )
         self.durable_jobs = self._durable_jobs()
         self.scheduler = self.durable_jobs.scheduler
         self.durable_leases = self._durable_leases()
@@ -187,9 +190,7 @@ class Gateway:
             watch=self._watch,
             hooks=self.hooks,
             job_user=self.job_user,
-            workspaces=gateway_workspaces(
-                journal=self.journal, workspace=self.workspace, env=self.env, watch=self._watch
-            ),
+            workspaces=self.workspaces,
         )
 
     def say_who_jobs_run_as(self) -> None:
@@ -221,6 +222,7 @@ class Gateway:
             closing=lambda: self._closing,
             watch=self._watch,
             hooks=self.hooks,
+            reclaim_disk=self.workspaces.reclaim_space,
         )
 
     def _supervisor_link(self, channel: Channel | None) -> SupervisorLink:

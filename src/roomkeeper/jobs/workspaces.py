@@ -278,6 +278,13 @@ class Workspaces:
         report = self._reap(decision.disk_needed_bytes, dispatching, workspace)
         return report.freed_bytes > 0
 
+    def reclaim_space(self, decision: Decision) -> bool:
+        """The same reap for work that has no tree here (a lease): down to the guard's line."""
+        if decision.disk_needed_bytes is None:
+            return False
+        report = self._reap(decision.disk_needed_bytes, None, self._workspace())
+        return report.freed_bytes > 0
+
     def _reap(self, target_free: int, dispatching: str | None, workspace: Path) -> ReapReport:
         report = reap(
             self._registry,
