@@ -361,3 +361,19 @@ def _disk_refusal(*, needed: int):  # type: ignore[no-untyped-def]
     return Decision(
         "x", admit=False, reason=Reason.DISK, summary="no room", disk_needed_bytes=needed
     )
+
+
+def test_a_branch_whose_tree_a_running_job_holds_is_not_shared(
+    small_fs: Path, repo: Path, journal: Journal
+) -> None:
+    """Two jobs never run in one tree; the same job (resumed) gets its own tree back."""
+    ws = workspaces(small_fs, journal)
+    first = job_view("holder", repo, branch="shared")
+    tree = ws.prepare(first)
+    assert tree is not None
+    record_running(journal, first, tree)
+    with pytest.raises(WorkspaceError, match="tree of job holder") as err:
+        ws.prepare(job_view("second", repo, branch="shared"))
+    assert err.value.reason == "branch_checked_out"
+    again = ws.prepare(first)
+    assert again is not None and again.reused

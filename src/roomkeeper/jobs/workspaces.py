@@ -247,6 +247,8 @@ class Workspaces:
             return None
         workspace = self._workspace()
         plan = plan_tree(request, job_branch(view.id, request), workspace)
+        if plan.in_place:
+            self._refuse_if_in_use(plan, view.id)
         disk = read_disk(workspace)
         if disk.free_bytes is not None and disk.total_bytes:
             used = 100 * (disk.total_bytes - disk.free_bytes) / disk.total_bytes
@@ -256,6 +258,31 @@ class Workspaces:
                 target = disk.total_bytes - int(disk.total_bytes * low / 100)
                 self._reap(target, plan.path, workspace)
         return make_tree(plan)
+
+    def _refuse_if_in_use(self, plan: TreePlan, job_id: str) -> None:
+        """A tree that another unsettled job holds is not shared: two jobs never run in one.
+
+        Raises:
+            WorkspaceError: ``branch_checked_out`` naming the job, or ``worktree_failed``
+                when the registry cannot say (a guess could put two jobs in one tree).
+        """
+        try:
+            protected = self._registry.protected_paths()
+            owners = [t.job_id for t in self._registry.registered_trees() if t.path == plan.path]
+        except Exception as err:
+            raise WorkspaceError(
+                f"the workspace registry could not be read ({err}), so whether the tree of "
+                f"{plan.branch!r} is in use is unknown; try again",
+                reason="worktree_failed",
+                repo=plan.root,
+            ) from err
+        if plan.path in protected and owners and owners[0] != job_id:
+            raise WorkspaceError(
+                f"branch {plan.branch!r} is checked out in the tree of job {owners[0]}, which "
+                "has not finished; wait for it, or give another branch",
+                reason="branch_checked_out",
+                repo=plan.root,
+            )
 
     def reclaim(self, view: JobView, decision: Decision) -> bool:
         """The guard's one reap before it refuses for disk: down to its own line, no further.
