@@ -256,3 +256,25 @@ def test_a_lease_refused_for_disk_gets_one_reap_then_is_granted(
         assert [Path(t.path).is_dir() for t in trees] == [False, True, True]
     finally:
         hooks.close()
+
+
+def test_a_scheduler_without_workspaces_never_runs_a_worktree_job_elsewhere(
+    tmp_path: Path, small_fs: Path, repo: Path
+) -> None:
+    """No prepare given: the job fails saying so instead of running in some other directory."""
+    recorder = Recorder()
+    sched = Scheduler(
+        logs_dir=tmp_path / "logs",
+        guard=Guard(env=guard_env(small_fs), workspace=small_fs),
+        limits=lambda: LIMITS,
+        launcher=recorder,
+        cpu_percent=lambda: None,
+    )
+    try:
+        view = sched.submit(JobSpec(argv=["true"], worktree=WorktreeRequest(str(repo))))
+        sched.tick()
+        job = sched.get(view.id)
+        assert job.state is JobState.FAILED and "makes no worktrees" in (job.error or "")
+        assert recorder.events == []
+    finally:
+        sched.close(grace=0.1)

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from roomkeeper.errors import LaunchError
+from roomkeeper.errors import LaunchError, WorkspaceError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord
@@ -233,8 +233,15 @@ class Runner:
 
     def _make_tree(self, job: JobRecord) -> tuple[Worktree | None, Exception | None]:
         """The job's git worktree, made or reused after admission (lock not held)."""
-        if self._prepare is None or job.spec.worktree is None:
+        if job.spec.worktree is None:
             return None, None
+        if self._prepare is None:  # never run it elsewhere than the tree it asked for
+            return None, WorkspaceError(
+                "this scheduler makes no worktrees (it was given no prepare); "
+                "run the job without worktree, or through the gateway or batch",
+                reason="worktree_failed",
+                repo=job.spec.worktree.repo,
+            )
         with self._lock:
             view = self._book.view(job)
         try:
