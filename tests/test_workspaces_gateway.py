@@ -39,6 +39,10 @@ def test_a_job_runs_in_its_tree_and_the_tree_is_listed_then_reaped(
         wait_until(
             lambda: gw.client.get(f"/v1/jobs/{job_id}").json()["state"] == "exited", "the job's end"
         )
+        assert gw.client.get(f"/v1/jobs/{job_id}").json()["worktree"] == {
+            "repo": str(repo),
+            "branch": None,
+        }
         output = gw.client.get(f"/v1/jobs/{job_id}/output").text
         assert f"roomkeeper/{job_id}" in output
         listed = gw.client.get("/v1/workspaces")
