@@ -7,6 +7,7 @@
     │   ├── SizeError               a size such as ``600M`` could not be read
     │   ├── UnwritablePlaceError    a directory roomkeeper must write to refuses writes
     │   └── UnrunnableError         valid, but this machine cannot run it (``reason``)
+    │       └── WorkspaceError      a job's git worktree cannot be made (``reason``, ``repo``)
     ├── KernelFileError             a kernel file did not have the shape we expect
     ├── LaunchError                 a managed process could not be started (``job_id``)
     ├── SuspendError                a managed tree could not be suspended (``job_id``)
@@ -177,3 +178,17 @@ class AlreadyEndedError(RoomkeeperError):
     def __init__(self, message: str, *, lease_id: str) -> None:
         super().__init__(message)
         self.lease_id = lease_id
+
+
+class WorkspaceError(UnrunnableError):
+    """A job's git worktree cannot be made; nothing was started.
+
+    Attributes:
+        reason: ``not_a_repository``, ``invalid_branch``, ``branch_checked_out``,
+            ``dirty_base`` or ``worktree_failed``.
+        repo: the repository path the job gave.
+    """
+
+    def __init__(self, message: str, *, reason: str, repo: str) -> None:
+        super().__init__(message, reason=reason, name="worktree")
+        self.repo = repo

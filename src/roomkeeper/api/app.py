@@ -37,6 +37,7 @@ from roomkeeper.api.leases import lease_routes
 from roomkeeper.api.metrics import render_metrics
 from roomkeeper.api.models import ERRORS
 from roomkeeper.api.views import feed_json, status_json
+from roomkeeper.api.workspaces import workspace_routes
 from roomkeeper.errors import (
     AlreadyEndedError,
     CallStateError,
@@ -79,6 +80,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     _add_open_routes(app, gateway)
     app.include_router(work_routes(gateway, auth))
     app.include_router(lease_routes(gateway, auth))
+    app.include_router(workspace_routes(gateway, auth))
     _add_service_routes(app, gateway, auth)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(LoopbackOnly)  # outermost: a rebound page is refused before anything

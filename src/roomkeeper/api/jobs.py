@@ -19,7 +19,8 @@ from roomkeeper.api.views import job_json, row_json
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.gateway.calls import CallState
 from roomkeeper.gateway.service import Gateway
-from roomkeeper.jobs.spec import JobSpec, JobState, check_runnable
+from roomkeeper.jobs.spec import JobSpec, JobState, WorktreeRequest, check_runnable
+from roomkeeper.jobs.workspaces import check_worktree
 
 
 def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
@@ -73,7 +74,16 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
 
 
 def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
-    """The job a request asks for; without a ``cwd`` it runs in the workspace (made if need be)."""
+    """The job a request asks for; without a ``cwd`` it runs in the workspace (made if need be).
+
+    A job with a ``worktree`` runs in its own tree, made after admission; what
+    would stop that tree being made (no repository, a branch checked out
+    elsewhere, a dirty base) is a 422 now, before anything is queued.
+    """
+    worktree = None
+    if body.worktree is not None:
+        worktree = WorktreeRequest(body.worktree.repo, body.worktree.branch)
+        check_worktree(worktree, gateway.workspace)
     spec = JobSpec(
         argv=body.argv,
         owner=body.owner,
@@ -84,10 +94,14 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
         disk_bytes=body.disk_bytes,
         timeout_s=body.timeout_s,
         resumable=body.resumable,
+        worktree=worktree,
     )
     if body.cwd is None:
         gateway.ensure_workspace()
-    check_runnable(spec)  # 422 saying which, before anything is queued
+    program = spec.argv[0]
+    if worktree is None or "/" not in program or program.startswith("/"):
+        # (a relative path in a worktree job is found in its tree, which is made later)
+        check_runnable(spec)  # 422 saying which, before anything is queued
     return spec
 
 

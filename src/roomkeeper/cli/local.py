@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,12 +16,15 @@ from rich.console import Console
 from rich.table import Table
 
 from roomkeeper.cli.options import parse_size_option
+from roomkeeper.cli.workspaces import batch_trees, reap
 from roomkeeper.config import read_queue_settings, read_settings
 from roomkeeper.errors import UsageError
+from roomkeeper.gateway.home import open_journal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.batch import (
     BatchProgress,
+    BatchTrees,
     default_logs_dir,
     read_commands,
     run_batch,
@@ -190,6 +194,13 @@ def probe(as_json: bool, memory: int | None, disk: int | None) -> None:
     help="Keep each command's output here; default ROOMKEEPER_HOME/batch/<time>-<pid>/.",
 )
 @click.option("--quiet", is_flag=True, help="Do not print the commands' output (logs are kept).")
+@click.option(
+    "--worktree",
+    "worktree_repo",
+    metavar="REPO",
+    default=None,
+    help="Run each line in its own git worktree of REPO (registered in ROOMKEEPER_HOME).",
+)
 def batch(
     file: TextIO,
     job_memory: int | None,
@@ -197,6 +208,7 @@ def batch(
     timeout_text: str | None,
     logs: Path | None,
     quiet: bool,
+    worktree_repo: str | None,
 ) -> None:
     """Run each line of FILE (or stdin) as a shell command, as memory allows.
 
@@ -220,6 +232,25 @@ def batch(
         what="the logs directory",
         fix="choose another with --logs DIR (or ROOMKEEPER_HOME=DIR)",
     )
+    journal = open_journal(home_dir(), os.environ) if worktree_repo is not None else None
+    try:
+        trees = batch_trees(worktree_repo, journal) if worktree_repo and journal else None
+        _run_batch_lines(commands, logs_dir, job_memory, max_running, timeout_s, quiet, trees)
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+def _run_batch_lines(
+    commands: list[str],
+    logs_dir: Path,
+    job_memory: int | None,
+    max_running: int,
+    timeout_s: float | None,
+    quiet: bool,
+    trees: BatchTrees | None,
+) -> None:
+    """Run the lines, print the summary, exit non-zero unless every line exited 0."""
     err_console = Console(stderr=True)
     started = time.monotonic()
     on_terminal = sys.stderr.isatty()
@@ -239,6 +270,7 @@ def batch(
                 timeout_s=timeout_s,
                 quiet=quiet,
                 progress=progress,
+                trees=trees,
             )
         except KeyboardInterrupt:
             interrupted = True
@@ -252,4 +284,4 @@ def batch(
         sys.exit(1)
 
 
-COMMANDS: tuple[click.Command, ...] = (probe, batch)
+COMMANDS: tuple[click.Command, ...] = (probe, batch, reap)

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from roomkeeper.cli.client import connect
 from roomkeeper.cli.options import parse_size_option
+from roomkeeper.cli.workspaces import parse_worktree
 from roomkeeper.errors import NoGatewayError, UsageError
 from roomkeeper.units import format_gb, parse_duration
 
@@ -69,9 +70,21 @@ def _check(response: httpx.Response) -> Any:
     "--timeout", "timeout_text", metavar="DURATION", help="Deadline from submission (90s, 5m)."
 )
 @click.option("--detach", is_flag=True, help="Print the job id and return at once.")
+@click.option(
+    "--worktree",
+    "worktree_text",
+    metavar="REPO[:BRANCH]",
+    default=None,
+    help="Run in a git worktree of REPO of its own, on BRANCH (default roomkeeper/<job id>).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
-    owner: str, memory: int | None, timeout_text: str | None, detach: bool, command: tuple[str, ...]
+    owner: str,
+    memory: int | None,
+    timeout_text: str | None,
+    detach: bool,
+    worktree_text: str | None,
+    command: tuple[str, ...],
 ) -> None:
     """Submit COMMAND (after --) as a job, stream its output, exit with its exit code."""
     timeout_s = None
@@ -80,13 +93,17 @@ def run(
             timeout_s = parse_duration(timeout_text, name="--timeout")
         except UsageError as err:
             raise click.BadParameter(str(err), param_hint="--timeout") from None
-    body = {
+    body: dict[str, Any] = {
         "argv": list(command),
         "owner": owner,
         "cwd": os.getcwd(),
         "memory_bytes": memory,
         "timeout_s": timeout_s,
     }
+    if worktree_text is not None:
+        tree = parse_worktree(worktree_text)
+        del body["cwd"]  # the job runs inside its tree
+        body["worktree"] = {"repo": tree.repo, **({"branch": tree.branch} if tree.branch else {})}
     with _client() as client:
         job = _check(client.post("/v1/jobs", json={k: v for k, v in body.items() if v is not None}))
         job_id = job["id"]

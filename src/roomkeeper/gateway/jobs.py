@@ -33,7 +33,8 @@ from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, WorktreeRequest
+from roomkeeper.jobs.workspaces import Workspaces
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 
@@ -66,6 +67,8 @@ class DurableJobs:
         hooks: the pool release hooks run on, never the scheduler's thread: a hung
             hook holds only its own job's memory, until its deadline.
         job_user: the user jobs run as; None for the gateway's own.
+        workspaces: makes jobs' git worktrees and reaps finished ones (the guard's
+            disk refusal gets one reap first); None: jobs cannot ask for a tree.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class DurableJobs:
         watch: Callable[[concurrent.futures.Future[None]], None],
         hooks: HookRunner,
         job_user: JobUser | None = None,
+        workspaces: Workspaces | None = None,
     ) -> None:
         self._journal = journal
         self._hooks = hooks
@@ -104,6 +108,8 @@ class DurableJobs:
             on_refusal=self._job_refused,
             before_launch=self._mark_launch,
             job_user=job_user,
+            prepare=workspaces.prepare if workspaces is not None else None,
+            reclaim_disk=workspaces.reclaim if workspaces is not None else None,
         )
 
     def _mark_launch(self, view: JobView) -> None:
@@ -237,6 +243,7 @@ class DurableJobs:
             timeout_s=spec.get("timeout_s"),
             shell=bool(spec.get("shell")),
             resumable=resumable,
+            worktree=_worktree_from_row(spec.get("worktree")),
         )
 
     def resume_next(self) -> str | None:
@@ -279,3 +286,11 @@ class DurableJobs:
             self._journal.record_history(HistoryEvent(now, RecoveryCode.RESOLVED, {"jobs": 1}))
         )
         return resolution
+
+
+def _worktree_from_row(saved: Any) -> WorktreeRequest | None:
+    """The saved ask for a worktree (a row from before issue 14 has none)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("repo"), str):
+        return None
+    branch = saved.get("branch")
+    return WorktreeRequest(saved["repo"], branch if isinstance(branch, str) else None)

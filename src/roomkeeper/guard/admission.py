@@ -38,6 +38,7 @@ from roomkeeper.guard.rule import (
     MemoryRoom,
     Reason,
     decision,
+    disk_needed,
     disk_rule,
     gb,
     memory_room,
@@ -290,6 +291,9 @@ class Guard:
             return self._no_room_for_memory(ask, memory, room)
         assert disk is not None
         reason, summary, never = disk_rule(ask, disk, room, settings.disk_headroom_percent)
+        needed = None
+        if disk.total_bytes is not None:
+            needed = disk_needed(ask.job_disk, disk.total_bytes, settings.disk_headroom_percent)
         return decision(
             ask,
             admit=reason is Reason.OK,
@@ -299,6 +303,7 @@ class Guard:
             disk=disk,
             room=room,
             never_fits=never,
+            disk_needed=needed,
         )
 
     @staticmethod

@@ -4,6 +4,11 @@ Each non-empty line is one command, run with ``/bin/sh -c``.  The whole
 batch is one owner, so the per-owner caps do not apply, and lines are fed
 to the scheduler as room frees, so a file of any length never meets the
 waiting bound.  Needs no server.
+
+With ``--worktree REPO`` each line runs in its own git worktree of REPO, on
+the branch ``roomkeeper/batch-<run>-<line>`` (:class:`BatchTrees`); the
+registry of those trees is a journal in ROOMKEEPER_HOME, which the caller
+(the ``batch`` command) opens and hands over as callables.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -25,7 +30,8 @@ from roomkeeper.config import read_queue_settings
 from roomkeeper.guard.admission import Guard
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, PeakMethod
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, PeakMethod, WorktreeRequest
+from roomkeeper.jobs.workspaces import BRANCH_PREFIX, Workspaces
 from roomkeeper.units import format_bytes
 
 STOP_GRACE_ON_INTERRUPT = 2.0
@@ -109,6 +115,29 @@ class BatchProgress:
         self._done = done
 
 
+@dataclass(frozen=True, slots=True)
+class BatchTrees:
+    """One git worktree per line, and where the trees are registered.
+
+    Attributes:
+        repo: the repository every line gets a tree of.
+        run_id: this run's name, in every branch (``roomkeeper/batch-<run>-<line>``).
+        workspaces: makes the trees and reaps finished ones.
+        register: saves a line's tree as its own before the line starts (durable on return).
+        follow: records each change of a line's state against its tree.
+    """
+
+    repo: str
+    run_id: str
+    workspaces: Workspaces
+    register: Callable[[JobView], None]
+    follow: Callable[[JobView], None]
+
+    def request(self, line: int) -> WorktreeRequest:
+        """The tree line ``line`` (1-based) asks for."""
+        return WorktreeRequest(self.repo, f"{BRANCH_PREFIX}batch-{self.run_id}-{line}")
+
+
 def run_batch(
     commands: Sequence[str],
     *,
@@ -120,17 +149,29 @@ def run_batch(
     progress: BatchProgress,
     guard: Guard | None = None,
     scheduler_factory: Callable[..., Scheduler] = Scheduler,
+    trees: BatchTrees | None = None,
 ) -> list[BatchResult]:
     """Run every command as memory allows, print each job's output as it ends.
 
     Ctrl-C (KeyboardInterrupt) stops every running tree before it propagates.
+    With ``trees``, each line runs in its own git worktree.
     """
     events: queue.Queue[JobView] = queue.Queue()
+    options: dict[str, Any] = {"on_change": events.put}
+    if trees is not None:
+
+        def changed(view: JobView) -> None:
+            trees.follow(view)
+            events.put(view)
+
+        options = {
+            "on_change": changed,
+            "prepare": trees.workspaces.prepare,
+            "reclaim_disk": trees.workspaces.reclaim,
+            "before_launch": trees.register,
+        }
     scheduler = scheduler_factory(
-        logs_dir=logs_dir,
-        guard=guard,
-        limits=lambda: _limits(max_running),
-        on_change=events.put,
+        logs_dir=logs_dir, guard=guard, limits=lambda: _limits(max_running), **options
     )
     run = _BatchRun(
         commands,
@@ -141,6 +182,7 @@ def run_batch(
         timeout_s=timeout_s,
         quiet=quiet,
         progress=progress,
+        trees=trees,
     )
     try:
         scheduler.start()
@@ -176,7 +218,9 @@ class _BatchRun:
         timeout_s: float | None,
         quiet: bool,
         progress: BatchProgress,
+        trees: BatchTrees | None = None,
     ) -> None:
+        self._trees = trees
         self._commands = commands
         self._scheduler = scheduler
         self._events = events
@@ -204,6 +248,7 @@ class _BatchRun:
                     memory_bytes=self._job_memory,
                     timeout_s=self._timeout_s,
                     shell=True,
+                    worktree=self._trees.request(self._next_line + 1) if self._trees else None,
                 ),
                 job_id=str(self._next_line + 1),
             )

@@ -19,7 +19,15 @@ from typing import Protocol
 
 from roomkeeper.errors import UnknownJobError
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, MemoryPeak, PeakMethod, Transition
+from roomkeeper.jobs.spec import (
+    JobSpec,
+    JobState,
+    JobView,
+    MemoryPeak,
+    PeakMethod,
+    Transition,
+    Worktree,
+)
 
 KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one
 
@@ -58,6 +66,7 @@ class JobRecord:
     stop_cause: JobState | None = None
     stop_reason: Reason | None = None
     history: list[Transition] = field(default_factory=list)
+    workspace: Worktree | None = None
 
 
 class JobBook:
@@ -203,4 +212,5 @@ class JobBook:
             history=tuple(job.history),
             pid=job.handle.pid if job.handle is not None else None,
             peak_method=job.peak_method,
+            workspace=job.workspace,
         )

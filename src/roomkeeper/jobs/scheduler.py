@@ -37,7 +37,14 @@ from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.rounds import RETRY_SECONDS, STOP_GRACE_SECONDS, Launcher, Runner
+from roomkeeper.jobs.rounds import (
+    RETRY_SECONDS,
+    STOP_GRACE_SECONDS,
+    Launcher,
+    Prepare,
+    ReclaimDisk,
+    Runner,
+)
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.kernel.resources import cpu_pressure_percent
 
@@ -82,6 +89,12 @@ class Scheduler:
             raises, the job is not started and ends as failed.
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
         job_user: the user jobs run as; None for ours (``ROOMKEEPER_JOB_USER``).
+        prepare: makes or reuses the git worktree of a job that asked for one,
+            after admission and before ``before_launch`` (lock not held); the
+            command runs inside it.  If it raises, the job fails without starting.
+        reclaim_disk: the one reap a refusal for disk gets before it stands,
+            given the job and the refusal (its ``disk_needed_bytes`` is the
+            line to reach); True when it freed anything, and the guard judges again.
     """
 
     def __init__(
@@ -100,6 +113,8 @@ class Scheduler:
         before_launch: Callable[[JobView], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
         job_user: JobUser | None = None,
+        prepare: Prepare | None = None,
+        reclaim_disk: ReclaimDisk | None = None,
     ) -> None:
         self._logs_dir = Path(logs_dir)
         self._guard = guard if guard is not None else Guard()
@@ -124,6 +139,8 @@ class Scheduler:
             before_launch=before_launch,
             stop_grace=stop_grace,
             job_user=job_user,
+            prepare=prepare,
+            reclaim_disk=reclaim_disk,
         )
         self._thread: threading.Thread | None = None
         self._closing = False

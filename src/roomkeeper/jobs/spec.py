@@ -59,6 +59,36 @@ class MemoryPeak:
 
 
 @dataclass(frozen=True, slots=True)
+class WorktreeRequest:
+    """A job's ask for a git worktree of a local repository (issue 14).
+
+    Attributes:
+        repo: a path inside the repository (its working tree or a worktree of it).
+        branch: the branch the tree is on; ``roomkeeper/<job id>`` when None.
+    """
+
+    repo: str
+    branch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Worktree:
+    """A job's git worktree, made or reused under ROOMKEEPER_WORKSPACE.
+
+    Attributes:
+        path: the tree's directory: the command runs there.
+        repo: the repository's top level.
+        branch: the branch the tree is on.
+        reused: whether the tree was already there (a re-dispatch), not made now.
+    """
+
+    path: str
+    repo: str
+    branch: str
+    reused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """What to run, for whom, and what it is expected to take.
 
@@ -78,6 +108,8 @@ class JobSpec:
         inherit_env: ``env`` holds only what the submitter gave, set over the
             scheduler's environment (less ``ROOMKEEPER_*``) when the job
             launches; the journal then never stores the inherited variables.
+        worktree: run in a git worktree of this repository, made after
+            admission and before the command starts (then ``cwd`` is not used).
     """
 
     argv: Sequence[str]
@@ -90,6 +122,7 @@ class JobSpec:
     shell: bool = False
     resumable: bool = False
     inherit_env: bool = False
+    worktree: WorktreeRequest | None = None
 
     def environment(self) -> Mapping[str, str] | None:
         """The whole environment the job launches with (None: the scheduler's own)."""
@@ -180,6 +213,7 @@ class JobView:
         exit_code: the leader's exit status; negative for a signal, as subprocess reports.
         peak_bytes: the highest memory its tree held, when measured.
         peak_method: how ``peak_bytes`` was taken (the journal keeps the bytes only).
+        workspace: the git worktree the job runs in, once made (its spec asked for one).
         error: why it could not start (state ``failed``).
         history: every state change, oldest first.
     """
@@ -198,6 +232,7 @@ class JobView:
     history: tuple[Transition, ...]
     pid: int | None = None
     peak_method: PeakMethod | None = None
+    workspace: Worktree | None = None  # the job's git worktree, once made
 
     @property
     def owner(self) -> str:

@@ -9,7 +9,7 @@ the writer); the gateway makes them off its event loop.
 
 This module is that core.  Each table's schema, SQL and named operations
 live in its own module (``jobs``, ``leases``, ``markers``, ``calls``,
-``history``); :class:`Journal` gathers them, so a caller says what it means
+``history``, ``workspaces``); :class:`Journal` gathers them, so a caller says what it means
 (``journal.settle_call(...)``) and never writes SQL.
 """
 
@@ -26,19 +26,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from roomkeeper.journal import calls, history, jobs, leases, markers
+from roomkeeper.journal import calls, history, jobs, leases, markers, workspaces
 from roomkeeper.journal.calls import CallsTable
 from roomkeeper.journal.history import MAX_EVENTS, HistoryTable
 from roomkeeper.journal.jobs import JobsTable
 from roomkeeper.journal.leases import LeasesTable
+from roomkeeper.journal.workspaces import WorkspacesTable
 
 log = logging.getLogger("roomkeeper")
 
 _T = TypeVar("_T")
 _GROUP_MAX = 512  # writes per transaction at most
 
-# Each table's schema lives with its SQL, in its own module.
-SCHEMA = "".join(m.SCHEMA for m in (jobs, leases, markers, calls, history))
+# Each table's schema lives with its SQL, in its own module.  A table added later
+# (workspaces, issue 14) is its own migration: CREATE TABLE IF NOT EXISTS on open.
+SCHEMA = "".join(m.SCHEMA for m in (jobs, leases, markers, calls, history, workspaces))
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -49,7 +51,7 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
-class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable):
+class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorkspacesTable):
     """Durable records, written off the caller's thread with group commit.
 
     The tables' named operations come from their modules (``jobs``,

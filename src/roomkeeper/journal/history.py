@@ -46,6 +46,8 @@ class RecoveryCode(enum.Enum):
     ORPHANS_STOPPED = "orphans_stopped"  # managed trees of an earlier run, stopped at start
     RESOLVED = "resolved"  # a person or client resolved uncertain work
     REPAIRED = "repaired"  # a repair passed its checks: the restart budget is cleared
+    WORKSPACES_REAPED = "workspaces_reaped"  # finished jobs' trees removed to free disk
+    REAP_REFUSED = "reap_refused"  # the workspace registry was unreadable: nothing removed
 
 
 # Numbers only, by name: resource evidence and counts.
@@ -60,6 +62,9 @@ ALLOWED_FIELDS = frozenset(
         "free_bytes",
         "uptime_s",
         "exit_code",
+        "trees",  # worktrees a reap removed
+        "kept",  # worktrees a reap left, protected or past its low mark
+        "freed_bytes",  # what a reap freed
     }
 )
 

@@ -18,6 +18,7 @@ from typing import Any
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.markers import MarkerKind, clear, mark, marked
 from roomkeeper.journal.store import Store
+from roomkeeper.journal.workspaces import follow, register
 
 STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
 
@@ -128,6 +129,9 @@ def spec_json(view: JobView) -> str:
             "timeout_s": spec.timeout_s,
             "shell": spec.shell,
             "inherit_env": spec.inherit_env,
+            "worktree": None
+            if spec.worktree is None
+            else {"repo": spec.worktree.repo, "branch": spec.worktree.branch},
         }
     )
 
@@ -179,12 +183,14 @@ class JobsTable(Store):
     # ------------------------------------------------------------- writing
 
     def record_launch(self, view: JobView) -> Future[None]:
-        """The job's row and its pending marker, before it is spawned (no state change added)."""
+        """The job's row, its pending marker and its tree's registry row, before it is
+        spawned (no state change added): one transaction."""
         at = time.time()
 
         def write(conn: sqlite3.Connection) -> None:
             _upsert(conn, view, None)
             mark(conn, MarkerKind.JOB, view.id, at=at)
+            register(conn, view, at)
 
         return self.submit(write)
 
@@ -201,6 +207,7 @@ class JobsTable(Store):
             if last is not None:
                 reason = last.reason.value if last.reason else None
                 _event(conn, view.id, last.state.value, reason, last.at)
+            follow(conn, view)  # its tree's row, in the same transaction
             if view.state.final:
                 clear(conn, MarkerKind.JOB, view.id)
 
