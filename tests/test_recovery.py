@@ -163,8 +163,8 @@ def test_cancelled_and_stopped_work_stays_so_across_a_restart(tmp_path: Path) ->
         waiting = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"], "resumable": True})
         run_id, wait_id = running.json()["id"], waiting.json()["id"]
         wait_state(gw, run_id, "running")
-        gw.client.delete(f"/v1/jobs/{wait_id}")
-        gw.client.delete(f"/v1/jobs/{run_id}")
+        gw.client.post(f"/v1/jobs/{wait_id}/cancel")
+        gw.client.post(f"/v1/jobs/{run_id}/cancel")
         wait_state(gw, run_id, "stopped")
         time.sleep(0.3)
         kill_whole_tree(gw)
@@ -231,7 +231,7 @@ def test_registered_calls_keep_their_marker_until_a_saved_outcome(tmp_path: Path
         assert refused.status_code == 409  # error text is never recorded as a success
 
         late_id = gw.client.post("/v1/calls", json={"kind": "write"}).json()["id"]
-        assert gw.client.delete(f"/v1/calls/{late_id}").json()["state"] == "cancelled"
+        assert gw.client.post(f"/v1/calls/{late_id}/cancel").json()["state"] == "cancelled"
         late = gw.client.post(f"/v1/calls/{late_id}/outcome", json={"outcome": "succeeded"})
         assert late.status_code == 409 and "cannot retire" in late.json()["detail"]
         assert gw.client.get(f"/v1/calls/{late_id}").json()["pending_marker"] is True
@@ -362,8 +362,8 @@ def test_a_cancel_answered_is_a_cancel_saved(tmp_path: Path) -> None:
         waiting = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"], "resumable": True})
         run_id, wait_id = running.json()["id"], waiting.json()["id"]
         wait_state(gw, run_id, "running")
-        assert gw.client.delete(f"/v1/jobs/{wait_id}").json()["state"] == "cancelled"
-        gw.client.delete(f"/v1/jobs/{run_id}")
+        assert gw.client.post(f"/v1/jobs/{wait_id}/cancel").json()["state"] == "cancelled"
+        gw.client.post(f"/v1/jobs/{run_id}/cancel")
         kill_whole_tree(gw)  # at once: no time to reap the stopped tree
     with running_gateway(tmp_path) as gw:
         time.sleep(1.0)

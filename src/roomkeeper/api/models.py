@@ -100,6 +100,8 @@ ERROR_REASONS = (
     "duplicate",
     "followers_full",
     "already_ended",
+    "not_ended",
+    "in_doubt",
     "leases_full",
     "owner_leases_full",
     "cwd_not_found",
