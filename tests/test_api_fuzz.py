@@ -158,9 +158,13 @@ def untyped(schema: dict[str, Any], components: dict[str, Any]) -> list[str]:
     if "$ref" in schema:
         return untyped(components[schema["$ref"].rsplit("/", 1)[1]], components)
     found = [] if schema else ["an empty schema"]
-    if schema.get("type") == "object" and not schema.get("properties"):
-        if not isinstance(schema.get("additionalProperties"), dict):
-            found.append(f"an object without properties: {schema.get('title', '')}")
+    shapeless = not schema.get("properties")
+    if (
+        schema.get("type") == "object"
+        and shapeless
+        and not isinstance(schema.get("additionalProperties"), dict)
+    ):
+        found.append(f"an object without properties: {schema.get('title', '')}")
     if schema.get("additionalProperties") is True:
         found.append(f"an object open to any key: {schema.get('title', '')}")
     for part in ("items", "additionalProperties"):

@@ -154,7 +154,7 @@ def test_delete_removes_only_an_ended_job(gw: RunningGateway) -> None:
 
 
 def test_delete_removes_only_a_settled_call(gw: RunningGateway) -> None:
-    """DELETE refuses a pending call (not_ended) and a cancelled one (in_doubt); a saved one goes."""
+    """DELETE refuses a pending call (not_ended), a cancelled one (in_doubt); a settled one goes."""
     pending = gw.client.post("/v1/calls", json={"kind": "write"}).json()["id"]
     refused = gw.client.delete(f"/v1/calls/{pending}")
     assert refused.status_code == 409 and refused.json()["reason"] == "not_ended"
