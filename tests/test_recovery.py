@@ -122,6 +122,22 @@ def test_resolve_succeeded_settles_an_uncertain_job(tmp_path: Path) -> None:
         assert (job["state"], job["resolution"]) == ("resolved", "succeeded")
 
 
+def test_work_in_doubt_is_removed_only_once_it_is_resolved(tmp_path: Path) -> None:
+    """DELETE of an uncertain job is 409 in_doubt; resolved, its record and output go (404)."""
+    with running_gateway(tmp_path) as gw:
+        job_id = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]}).json()["id"]
+        wait_state(gw, job_id, "running")
+        kill_whole_tree(gw)
+    with running_gateway(tmp_path) as gw:
+        refused = gw.client.delete(f"/v1/jobs/{job_id}")
+        assert (refused.status_code, refused.json()["reason"]) == (409, "in_doubt")
+        assert gw.client.get(f"/v1/jobs/{job_id}").json()["state"] == "uncertain"
+        gw.client.post(f"/v1/jobs/{job_id}/resolve", json={"resolution": "failed"})
+        assert gw.client.delete(f"/v1/jobs/{job_id}").status_code == 204
+        assert gw.client.get(f"/v1/jobs/{job_id}").status_code == 404
+        assert not (gw.home / "logs" / f"{job_id}.log").exists()
+
+
 def test_resumable_work_is_deferred_and_survives_a_second_restart(tmp_path: Path) -> None:
     """Interrupted resumable jobs are resumed one at a time; a second crash loses none."""
     out = tmp_path / "appends"
