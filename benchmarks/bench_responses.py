@@ -65,8 +65,12 @@ def main() -> None:
     model = best_ms(with_model)
     untyped = best_ms(lambda: jsonable_encoder(jobs))
     print(f"{JOBS} jobs, best of {ROUNDS}:")
-    print(f"  response model (validate + dump): {model:7.2f} ms  ({model / JOBS * 1000:.1f} us/job)")
-    print(f"  jsonable_encoder on dicts:        {untyped:7.2f} ms  ({untyped / JOBS * 1000:.1f} us/job)")
+    print(
+        f"  response model (validate + dump): {model:7.2f} ms  ({model / JOBS * 1000:.1f} us/job)"
+    )
+    print(
+        f"  jsonable_encoder on dicts:        {untyped:7.2f} ms  ({untyped / JOBS * 1000:.1f} us/job)"
+    )
 
 
 if __name__ == "__main__":
