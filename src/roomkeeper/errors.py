@@ -14,6 +14,7 @@
     ├── QueueFullError              a submission met a bound (refused, not queued)
     ├── UnknownJobError             no job has the id asked for (``job_id``)
     ├── CallStateError              a registered call's state does not allow this (``call_id``)
+    ├── NotEndedError               work still live or in doubt cannot be removed (``reason``)
     ├── AlreadyEndedError           the lease asked about has already ended (``lease_id``)
     ├── PersistenceError            the journal could not save (disk full, I/O error)
     └── NoGatewayError              no gateway answers for this ROOMKEEPER_HOME
@@ -135,6 +136,21 @@ class CallStateError(RoomkeeperError):
     def __init__(self, message: str, *, call_id: str = "") -> None:
         super().__init__(message)
         self.call_id = call_id
+
+
+class NotEndedError(RoomkeeperError):
+    """A job or call cannot be removed yet: it is live, or its effect is in doubt.
+
+    Attributes:
+        work_id: the job or call asked about.
+        reason: ``not_ended`` (cancel it, or let it end, first) or ``in_doubt`` (resolve it
+            first: removing it would forget work whose effect nobody knows).
+    """
+
+    def __init__(self, message: str, *, work_id: str, reason: str) -> None:
+        super().__init__(message)
+        self.work_id = work_id
+        self.reason = reason
 
 
 class NoGatewayError(RoomkeeperError):

@@ -101,6 +101,8 @@ ERROR_REASONS = (
     "duplicate",
     "followers_full",
     "already_ended",
+    "not_ended",
+    "in_doubt",
     "leases_full",
     "owner_leases_full",
     "cwd_not_found",
@@ -289,19 +291,3 @@ class HeartbeatIn(BaseModel):
 
     model_config = STRICT
     ttl_s: Annotated[float, Field(gt=0, le=86400)] | None = None
-
-
-class WorkspaceOut(BaseModel):
-    """One job's git worktree, as ``GET /v1/workspaces`` lists it."""
-
-    path: str
-    repo: str
-    branch: str
-    job_id: str
-    state: str
-    size_bytes: int
-    protection: str | None = Field(
-        description="why the reaper keeps it (job_active, dispatching, changes, stash, "
-        "unpushed, uninspectable); null: a reap may remove it"
-    )
-    registered_at: float

@@ -29,6 +29,7 @@ CHUNK = 256 * 1024  # bytes read and sent at a time
 FOLLOW_EVERY_S = 0.2  # how often a followed job's output is read again
 MAX_FOLLOWERS = 16  # follow=true streams at once
 RUNNING_STATES = frozenset({JobState.WAITING.value, JobState.RUNNING.value})
+TEXT = {"schema": {"type": "string"}}
 
 
 class Followers:
@@ -67,7 +68,15 @@ def output_routes(
     """Register the output route; ``find_job`` answers 404 for an unknown job."""
     followers = Followers()
 
-    @router.get("/v1/jobs/{job_id}/output", dependencies=auth, response_model=None)
+    # Documented as what it is, text/plain, while its errors stay JSON (a response_class
+    # of text/plain would document them as text too).
+    @router.get(
+        "/v1/jobs/{job_id}/output",
+        dependencies=auth,
+        response_model=None,
+        response_class=StreamingResponse,
+        responses={200: {"description": "The output", "content": {"text/plain": TEXT}}},
+    )
     async def job_output(
         job_id: Id,
         follow: bool = False,

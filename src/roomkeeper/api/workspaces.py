@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from fastapi import APIRouter, params
 
-from roomkeeper.api.models import WorkspaceOut
+from roomkeeper.api.responses import WorkspaceOut
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.gateway.workspaces import list_trees
 

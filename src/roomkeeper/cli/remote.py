@@ -114,7 +114,7 @@ def run(
             final = _follow(client, job_id)
         except KeyboardInterrupt:
             with contextlib.suppress(httpx.HTTPError):
-                client.delete(f"/v1/jobs/{job_id}")
+                client.post(f"/v1/jobs/{job_id}/cancel")
             click.echo(f"roomkeeper: cancelled job {job_id}", err=True)
             sys.exit(130)
     state = final["state"]
@@ -231,7 +231,7 @@ def output(job_id: str, follow: bool) -> None:
 def cancel(job_id: str) -> None:
     """Cancel a waiting job, or stop a running job's whole tree."""
     with _client() as client:
-        job = _check(client.delete(f"/v1/jobs/{job_id}"))
+        job = _check(client.post(f"/v1/jobs/{job_id}/cancel"))
     click.echo(f"job {job['id']}: {job['state']}")
 
 

@@ -25,7 +25,13 @@ from typing import Any
 
 import psutil
 
-from roomkeeper.errors import PersistenceError, UnknownJobError, UnrunnableError, UsageError
+from roomkeeper.errors import (
+    NotEndedError,
+    PersistenceError,
+    UnknownJobError,
+    UnrunnableError,
+    UsageError,
+)
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
@@ -228,6 +234,61 @@ class DurableJobs:
         if write is not None and view.state.final:
             write.result(timeout=MARKER_TIMEOUT_S)
         return view
+
+    def remove(self, job_id: str) -> None:
+        """Forget an ended job: its record, its state changes and its kept output.
+
+        Work in doubt is never forgotten this way: it is resolved first.
+
+        Raises:
+            UnknownJobError: no job has that id.
+            NotEndedError: ``not_ended`` while it waits or runs, ``in_doubt`` while it is
+                uncertain or deferred.
+        """
+        state, log_path = self._state_and_log(job_id)
+        if not state.final:
+            raise NotEndedError(
+                f"job {job_id!r} is {state.value}: cancel it first "
+                f"(POST /v1/jobs/{job_id}/cancel), then remove it once it has ended",
+                work_id=job_id,
+                reason="not_ended",
+            )
+        if state in (JobState.UNCERTAIN, JobState.DEFERRED):
+            raise NotEndedError(
+                f"job {job_id!r} is {state.value}: what it did is not known; resolve it "
+                f"first (POST /v1/jobs/{job_id}/resolve)",
+                work_id=job_id,
+                reason="in_doubt",
+            )
+        # Its final state saved first: the scheduler may not have handed it on yet, and a
+        # write still queued would bring the row back.
+        self.scheduler.flush()
+        write = self.writes.get(job_id)
+        if write is not None:
+            write.result(timeout=MARKER_TIMEOUT_S)
+        if not self._journal.forget_job(job_id).result():
+            raise NotEndedError(
+                f"job {job_id!r} is not saved as ended yet; try again in a moment",
+                work_id=job_id,
+                reason="not_ended",
+            )
+        self.scheduler.forget(job_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(log_path)
+
+    def _state_and_log(self, job_id: str) -> tuple[JobState, str]:
+        """The job's state (this run's view over the journal's) and its output file.
+
+        Raises:
+            UnknownJobError: no job has that id.
+        """
+        with contextlib.suppress(UnknownJobError):
+            view = self.scheduler.get(job_id)
+            return view.state, view.log_path
+        row = self._journal.job(job_id)
+        if row is None:
+            raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)
+        return JobState(row.state), row.log_path
 
     def spec_from_row(self, spec: dict[str, Any], owner: str, resumable: bool) -> JobSpec:
         """The job as it was asked for, to run it again (its deadline counts from now)."""

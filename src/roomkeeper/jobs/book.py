@@ -195,6 +195,14 @@ class JobBook:
             del self._jobs[job_id]
         return True
 
+    def forget(self, job_id: str) -> bool:
+        """Forget one finished job (its record was removed); False if it is unknown or live."""
+        job = self._jobs.get(job_id)
+        if job is None or not job.state.final:
+            return False
+        del self._jobs[job_id]
+        return True
+
     def view(self, job: JobRecord) -> JobView:
         """A frozen snapshot of the record."""
         return JobView(

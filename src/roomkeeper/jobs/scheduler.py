@@ -193,6 +193,16 @@ class Scheduler:
         self._wake()
         return self.get(job_id)
 
+    def flush(self) -> None:
+        """Hand every change recorded so far to ``on_change`` now, in order (a round does it
+        too, at its end): a caller about to act on a job's saved state waits for it so."""
+        self._book.flush()
+
+    def forget(self, job_id: str) -> bool:
+        """Forget a job that has ended; False if this scheduler does not know it or it is live."""
+        with self._lock:
+            return self._book.forget(job_id)
+
     def get(self, job_id: str) -> JobView:
         """The job's current view.
 

@@ -16,11 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from roomkeeper.jobs.spec import JobState, JobView
-from roomkeeper.journal.markers import MarkerKind, clear, mark, marked
+from roomkeeper.journal.markers import MarkerKind, clear, is_marked, mark, marked
 from roomkeeper.journal.store import Store
 from roomkeeper.journal.workspaces import follow, register
 
 STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
+# The states a job's record may be removed in: ended, and not in doubt.
+REMOVABLE = tuple(
+    s.value for s in JobState if s.final and s not in (JobState.UNCERTAIN, JobState.DEFERRED)
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -258,6 +262,22 @@ class JobsTable(Store):
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE jobs SET reason = NULL WHERE id = :id", {"id": job_id})
+
+        return self.submit(write)
+
+    def forget_job(self, job_id: str) -> Future[bool]:
+        """Delete an ended job's row and its state changes; False (nothing deleted) while it
+        is live, in doubt, or still has its pending marker."""
+        states = {f"s{i}": s for i, s in enumerate(REMOVABLE)}
+        sql = f"DELETE FROM jobs WHERE id = :id AND state IN ({', '.join(':' + k for k in states)})"
+
+        def write(conn: sqlite3.Connection) -> bool:
+            if is_marked(conn, MarkerKind.JOB, job_id):
+                return False
+            if not conn.execute(sql, {"id": job_id, **states}).rowcount:
+                return False
+            conn.execute("DELETE FROM job_events WHERE job_id = :id", {"id": job_id})
+            return True
 
         return self.submit(write)
 
