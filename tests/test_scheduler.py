@@ -12,6 +12,7 @@ import pytest
 from roomkeeper.config import read_queue_settings
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.launch import LaunchSpec
 from roomkeeper.jobs.queue import FairQueue, Limits
@@ -78,13 +79,20 @@ class ScriptedGuard(Guard):
         self.asked: list[str] = []
         self.released: list[str] = []
         self.measured: dict[str, int] = {}
+        self.asked_with: dict[str, tuple[int | None, MemoryPolicy]] = {}
         self.before_answer: threading.Event | None = None
         self.judging = threading.Event()
 
     def admit(
-        self, job_id: str, *, memory_bytes: int | None = None, disk_bytes: int | None = None
+        self,
+        job_id: str,
+        *,
+        memory_bytes: int | None = None,
+        disk_bytes: int | None = None,
+        policy: MemoryPolicy = MemoryPolicy.STRICT,
     ) -> Decision:
         self.asked.append(job_id)
+        self.asked_with[job_id] = (memory_bytes, policy)
         if self.before_answer is not None:
             self.judging.set()
             self.before_answer.wait(10)

@@ -4,9 +4,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sqlite3
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -14,18 +18,23 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from roomkeeper.cli.options import parse_size_option
+from roomkeeper.cli.options import parse_kind_option, parse_size_option
 from roomkeeper.config import read_queue_settings, read_settings
 from roomkeeper.errors import UsageError
+from roomkeeper.gateway.home import open_journal
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.batch import (
+    BatchOptions,
     BatchProgress,
     default_logs_dir,
+    line_kinds,
     read_commands,
     run_batch,
     summary_table,
 )
+from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.parsers import Pressure
 from roomkeeper.kernel.resources import Resources, read_resources
 from roomkeeper.paths import home_dir, writable_dir
@@ -190,6 +199,17 @@ def probe(as_json: bool, memory: int | None, disk: int | None) -> None:
     help="Keep each command's output here; default ROOMKEEPER_HOME/batch/<time>-<pid>/.",
 )
 @click.option("--quiet", is_flag=True, help="Do not print the commands' output (logs are kept).")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Young commands reserve their whole estimate (default: only their measured growth).",
+)
+@click.option(
+    "--kind",
+    callback=parse_kind_option,
+    metavar="NAME",
+    help="Learn sizes under this name for lines that name no kind of their own (#kind=NAME).",
+)
 def batch(
     file: TextIO,
     job_memory: int | None,
@@ -197,12 +217,19 @@ def batch(
     timeout_text: str | None,
     logs: Path | None,
     quiet: bool,
+    strict: bool,
+    kind: str | None,
 ) -> None:
     """Run each line of FILE (or stdin) as a shell command, as memory allows.
 
     Each command's output is printed, unaltered and in one piece, when it
     ends; a summary table goes to stderr. Exits 0 only when every command
     exited 0. Ctrl-C stops every running command's whole tree.
+
+    Without --job-memory each line is expected to take what past runs of its
+    kind peaked at (kept in ROOMKEEPER_HOME): its own kind, written at the end
+    of the line as a shell comment ('make test #kind=unit-tests'), else
+    --kind, else a hash of the line and the directory.
     """
     timeout_s = None
     if timeout_text is not None:
@@ -214,6 +241,7 @@ def batch(
     if not commands:
         click.echo("roomkeeper batch: no commands to run (every line was empty)", err=True)
         return
+    kinds = line_kinds(commands, kind)  # a bad "#kind=" fails here, before anything runs
     max_running = max_running or read_queue_settings().max_running
     logs_dir = writable_dir(
         logs if logs is not None else default_logs_dir(home_dir()),
@@ -224,12 +252,16 @@ def batch(
     started = time.monotonic()
     on_terminal = sys.stderr.isatty()
     interrupted = False
-    with BatchProgress(
-        len(commands),
-        console=err_console,
-        on_terminal=on_terminal,
-        out=sys.stdout.buffer,
-    ) as progress:
+    policy = MemoryPolicy.STRICT if strict else MemoryPolicy.PACK
+    with (
+        _learned_sizes() as sizes,
+        BatchProgress(
+            len(commands),
+            console=err_console,
+            on_terminal=on_terminal,
+            out=sys.stdout.buffer,
+        ) as progress,
+    ):
         try:
             results = run_batch(
                 commands,
@@ -239,6 +271,7 @@ def batch(
                 timeout_s=timeout_s,
                 quiet=quiet,
                 progress=progress,
+                options=BatchOptions(policy=policy, kinds=kinds, sizes=sizes),
             )
         except KeyboardInterrupt:
             interrupted = True
@@ -250,6 +283,28 @@ def batch(
     click.echo(f"logs kept in {logs_dir}", err=True)
     if not all(r.succeeded for r in results):
         sys.exit(1)
+
+
+@contextlib.contextmanager
+def _learned_sizes() -> Iterator[Journal | None]:
+    """The journal in ROOMKEEPER_HOME, where learned sizes are kept; None when it cannot open.
+
+    A batch that cannot learn still runs: it says why once, and sizes its
+    lines by --job-memory or the default.  Closing waits for the peaks
+    recorded to be durable.
+    """
+    try:
+        journal = open_journal(home_dir(), os.environ)
+    except (OSError, sqlite3.Error) as err:
+        click.echo(
+            f"roomkeeper batch: learned sizes are off: the journal did not open ({err})", err=True
+        )
+        yield None
+        return
+    try:
+        yield journal
+    finally:
+        journal.close()
 
 
 COMMANDS: tuple[click.Command, ...] = (probe, batch)

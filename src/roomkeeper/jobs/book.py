@@ -57,6 +57,7 @@ class JobRecord:
     error: str | None = None
     stop_cause: JobState | None = None
     stop_reason: Reason | None = None
+    estimate_bytes: int | None = None  # the memory estimate it was submitted with
     history: list[Transition] = field(default_factory=list)
 
 
@@ -203,4 +204,5 @@ class JobBook:
             history=tuple(job.history),
             pid=job.handle.pid if job.handle is not None else None,
             peak_method=job.peak_method,
+            estimate_bytes=job.estimate_bytes,
         )

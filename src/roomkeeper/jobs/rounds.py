@@ -174,7 +174,10 @@ class Runner:
                     assert other.handle is not None
                     self._guard.report_measured(other.id, other.handle.footprint_bytes())
             decision = self._guard.admit(
-                job.id, memory_bytes=job.spec.memory_bytes, disk_bytes=job.spec.disk_bytes
+                job.id,
+                memory_bytes=job.spec.memory_estimate,
+                disk_bytes=job.spec.disk_bytes,
+                policy=job.spec.memory_policy,
             )
             with self._lock:
                 if job.state is not JobState.WAITING:  # cancelled while it was judged
