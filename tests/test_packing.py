@@ -1,0 +1,128 @@
+"""Memory policies: strict holds estimate less footprint; pack holds only forecast growth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.packing import (
+    FLOOR_BYTES,
+    HORIZON_SECONDS,
+    MemoryPolicy,
+    Report,
+    forecast_bytes,
+    growth_slope,
+    held_bytes,
+)
+from roomkeeper.testing import FakeClock
+from tests.trees import Level, v2_tree
+
+MB = 10**6
+GB = 10**9
+NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
+
+
+def reports(*points: tuple[float, int]) -> list[Report]:
+    return [Report(at, measured) for at, measured in points]
+
+
+def test_pack_forecasts_the_measured_slope_over_the_horizon() -> None:
+    """Growing 100 MB/s, a pack job holds 5 s of that growth plus the floor."""
+    grown = reports((0.0, 0), (1.0, 100 * MB), (2.0, 200 * MB))
+    assert growth_slope(grown) == pytest.approx(100 * MB)
+    expected = int(100 * MB * HORIZON_SECONDS) + FLOOR_BYTES
+    assert forecast_bytes(grown) == expected
+    assert held_bytes(MemoryPolicy.PACK, 10 * GB, grown) == expected
+
+
+def test_pack_never_holds_more_than_strict() -> None:
+    """The forecast is capped at estimate - measured: packing only ever reserves less."""
+    steep = reports((0.0, 0), (1.0, 400 * MB))
+    assert forecast_bytes(steep) > 600 * MB
+    assert held_bytes(MemoryPolicy.PACK, GB, steep) == GB - 400 * MB
+    past = reports((0.0, 0), (1.0, 2 * GB))
+    assert held_bytes(MemoryPolicy.PACK, GB, past) == 0
+
+
+def test_a_job_that_stopped_growing_holds_only_the_floor() -> None:
+    """The slope is taken over the recent reports: old growth is forgotten."""
+    flat = reports((0.0, 0), (1.0, 500 * MB), (10.0, 500 * MB), (11.0, 500 * MB))
+    assert growth_slope(flat) == 0.0
+    assert held_bytes(MemoryPolicy.PACK, 2 * GB, flat) == FLOOR_BYTES
+    shrinking = reports((0.0, 0), (5.0, 500 * MB), (6.0, 300 * MB))
+    assert held_bytes(MemoryPolicy.PACK, 2 * GB, shrinking) == FLOOR_BYTES
+
+
+def test_the_slope_uses_the_last_report_older_than_the_window_when_none_is_inside() -> None:
+    """Two reports far apart still give a slope (the scheduler may report rarely)."""
+    sparse = reports((0.0, 0), (10.0, 100 * MB))
+    assert growth_slope(sparse) == pytest.approx(10 * MB)
+
+
+@given(
+    estimate=st.integers(0, 10 * GB),
+    points=st.lists(
+        st.tuples(st.floats(0, 100, allow_nan=False), st.integers(0, 10 * GB)), max_size=8
+    ),
+)
+def test_strict_is_estimate_less_measured_and_pack_never_more(
+    estimate: int, points: list[tuple[float, int]]
+) -> None:
+    """Strict is exactly today's rule, whatever was reported; pack is never above it."""
+    ordered = reports(*sorted(points))
+    measured = ordered[-1].measured if ordered else 0
+    strict = held_bytes(MemoryPolicy.STRICT, estimate, ordered)
+    assert strict == max(0, estimate - measured)
+    assert 0 <= held_bytes(MemoryPolicy.PACK, estimate, ordered) <= strict
+
+
+def _guard(tmp_path: Path, used: int, limit: int = 10 * GB) -> tuple[Guard, FakeClock]:
+    roots = v2_tree(tmp_path / "tree", "/job", {"/job": Level(limit, used + 12345, 12345)})
+    clock = FakeClock()
+    guard = Guard(
+        env=NO_DISK,
+        proc_root=roots.proc,
+        cgroup_root=roots.cgroup,
+        workspace=tmp_path,
+        clock=clock,
+    )
+    return guard, clock
+
+
+def test_the_guard_holds_a_pack_jobs_forecast_and_a_strict_jobs_estimate(
+    tmp_path: Path,
+) -> None:
+    """Admitted alike; young, the pack job holds the floor then its growth, strict its estimate."""
+    guard, clock = _guard(tmp_path, used=GB)
+    assert guard.admit("strict", memory_bytes=3 * GB).admit
+    assert guard.admit("pack", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    assert guard.statistics().reserved_bytes == 3 * GB + FLOOR_BYTES
+    clock.advance(1.0)
+    guard.report_measured("strict", 100 * MB)
+    guard.report_measured("pack", 100 * MB)  # 100 MB in its first second
+    forecast = int(100 * MB * HORIZON_SECONDS) + FLOOR_BYTES
+    assert guard.statistics().reserved_bytes == (3 * GB - 100 * MB) + forecast
+
+
+def test_packing_admits_what_strict_would_refuse(tmp_path: Path) -> None:
+    """Line 9 GB, used 1 GB: after two 3 GB strict jobs a third is refused; after pack, not."""
+    strict, _ = _guard(tmp_path / "s", used=GB)
+    for job in ("a", "b"):
+        assert strict.admit(job, memory_bytes=3 * GB).admit
+    assert not strict.admit("c", memory_bytes=3 * GB).admit
+    pack, _ = _guard(tmp_path / "p", used=GB)
+    for job in ("a", "b"):
+        assert pack.admit(job, memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    third = pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK)
+    assert third.admit and third.young_reserved_bytes == 2 * FLOOR_BYTES
+
+
+def test_the_job_asked_about_still_needs_its_whole_estimate(tmp_path: Path) -> None:
+    """Pack changes what young jobs hold, not the question: the new job's estimate must fit."""
+    guard, _ = _guard(tmp_path, used=GB)
+    assert not guard.admit("big", memory_bytes=8 * GB + 1, policy=MemoryPolicy.PACK).admit
+    assert guard.admit("fits", memory_bytes=8 * GB, policy=MemoryPolicy.PACK).admit
