@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ MB = 10**6
 
 
 @pytest.fixture
-def journal(tmp_path: Path) -> Journal:
+def journal(tmp_path: Path) -> Iterator[Journal]:
     j = Journal(tmp_path / "journal.db", synchronous="OFF")
     yield j
     j.close()
