@@ -12,11 +12,13 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
     HORIZON_SECONDS,
+    OBSERVE_SECONDS,
     MemoryPolicy,
     Report,
     forecast_bytes,
     growth_slope,
     held_bytes,
+    observed,
 )
 from roomkeeper.testing import FakeClock
 from tests.trees import Level, v2_tree
@@ -93,14 +95,28 @@ def _guard(tmp_path: Path, used: int, limit: int = 10 * GB) -> tuple[Guard, Fake
     return guard, clock
 
 
+def test_a_pack_job_holds_strict_until_it_has_been_observed(tmp_path: Path) -> None:
+    """Just admitted (or reported within OBSERVE_SECONDS), a pack job has no growth to go by."""
+    assert held_bytes(MemoryPolicy.PACK, GB, reports((0.0, 0))) == GB
+    early = reports((0.0, 0), (OBSERVE_SECONDS - 0.01, 0))
+    assert not observed(early) and held_bytes(MemoryPolicy.PACK, GB, early) == GB
+    late = reports((0.0, 0), (OBSERVE_SECONDS, 0))
+    assert observed(late) and held_bytes(MemoryPolicy.PACK, GB, late) == FLOOR_BYTES
+    guard, clock = _guard(tmp_path, used=GB)
+    assert guard.admit("a", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    clock.advance(0.2)
+    guard.report_measured("a", 0)  # a burst: the next launch of the same round
+    assert guard.statistics().reserved_bytes == 3 * GB
+
+
 def test_the_guard_holds_a_pack_jobs_forecast_and_a_strict_jobs_estimate(
     tmp_path: Path,
 ) -> None:
-    """Admitted alike; young, the pack job holds the floor then its growth, strict its estimate."""
+    """Admitted alike; young, the pack job holds its forecast growth, the strict one its estimate."""
     guard, clock = _guard(tmp_path, used=GB)
     assert guard.admit("strict", memory_bytes=3 * GB).admit
     assert guard.admit("pack", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
-    assert guard.statistics().reserved_bytes == 3 * GB + FLOOR_BYTES
+    assert guard.statistics().reserved_bytes == 6 * GB
     clock.advance(1.0)
     guard.report_measured("strict", 100 * MB)
     guard.report_measured("pack", 100 * MB)  # 100 MB in its first second
@@ -114,9 +130,13 @@ def test_packing_admits_what_strict_would_refuse(tmp_path: Path) -> None:
     for job in ("a", "b"):
         assert strict.admit(job, memory_bytes=3 * GB).admit
     assert not strict.admit("c", memory_bytes=3 * GB).admit
-    pack, _ = _guard(tmp_path / "p", used=GB)
+    pack, clock = _guard(tmp_path / "p", used=GB)
     for job in ("a", "b"):
         assert pack.admit(job, memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    assert not pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    clock.advance(OBSERVE_SECONDS)
+    for job in ("a", "b"):
+        pack.report_measured(job, 0)  # observed, and not growing
     third = pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK)
     assert third.admit and third.young_reserved_bytes == 2 * FLOOR_BYTES
 

@@ -3,8 +3,9 @@
 ``strict`` is seed 000's rule as the guard has always applied it: a young job
 reserves ``max(0, estimate - measured)`` until its warm-up window ends.
 
-``pack`` fills the container by measurement: a young job reserves only what
-its observed growth forecasts for the next :data:`HORIZON_SECONDS`::
+``pack`` fills the container by measurement: once it has been observed for
+:data:`OBSERVE_SECONDS`, a young job reserves only what its observed growth
+forecasts for the next :data:`HORIZON_SECONDS`::
 
     forecast = max(0, slope) x HORIZON_SECONDS + FLOOR_BYTES
     held     = min(forecast, max(0, estimate - measured))
@@ -13,7 +14,10 @@ where ``slope`` is the growth of its measured footprint over the reports of
 the last :data:`SLOPE_WINDOW_SECONDS` (the admission itself counts as a
 report of 0 bytes, so a job's first report already gives a slope).  The
 forecast is never more than ``strict`` would hold: packing only ever
-reserves less.  What a forecast misses, the pressure monitor's relief
+reserves less.  Before its first report :data:`OBSERVE_SECONDS` after its
+admission a job has no observed growth, only a start-up: it holds what
+``strict`` holds, so a burst of launches in one round cannot each count as
+a floor's worth.  What a forecast misses, the pressure monitor's relief
 ladder answers (issue 12); that is why ``pack`` is only for work roomkeeper
 itself runs and can suspend, never for leases.
 
@@ -32,6 +36,7 @@ from roomkeeper.units import MIB
 HORIZON_SECONDS = 5.0  # how far ahead a pack reservation looks
 SLOPE_WINDOW_SECONDS = 3.0  # the reports a slope is taken over: the recent ones
 FLOOR_BYTES = 64 * MIB  # held on top of the forecast: a job that has not grown yet still costs
+OBSERVE_SECONDS = 1.0  # a pack job holds its strict reservation until observed this long
 REPORTS_KEPT = 16  # per young job; more than the window ever needs at the scheduler's rate
 
 
@@ -92,6 +97,11 @@ def held_bytes(policy: MemoryPolicy, estimate: int, reports: Sequence[Report]) -
     """
     measured = reports[-1].measured if reports else 0
     strict = max(0, estimate - measured)
-    if policy is MemoryPolicy.STRICT:
+    if policy is MemoryPolicy.STRICT or not observed(reports):
         return strict
     return min(strict, forecast_bytes(reports))
+
+
+def observed(reports: Sequence[Report], observe_s: float = OBSERVE_SECONDS) -> bool:
+    """Whether the reports span ``observe_s`` since the first (the admission)."""
+    return len(reports) >= 2 and reports[-1].at - reports[0].at >= observe_s
