@@ -112,7 +112,7 @@ def test_a_pack_job_holds_strict_until_it_has_been_observed(tmp_path: Path) -> N
 def test_the_guard_holds_a_pack_jobs_forecast_and_a_strict_jobs_estimate(
     tmp_path: Path,
 ) -> None:
-    """Admitted alike; young, the pack job holds its forecast growth, the strict one its estimate."""
+    """Admitted alike; young, the pack job holds its forecast, the strict one its estimate."""
     guard, clock = _guard(tmp_path, used=GB)
     assert guard.admit("strict", memory_bytes=3 * GB).admit
     assert guard.admit("pack", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
