@@ -38,6 +38,16 @@ def test_the_learned_size_is_the_max_of_the_last_five_peaks(journal: Journal) ->
     assert journal.learned_size("kind:x") == 500 * MB  # keys do not mix
 
 
+def test_the_read_takes_the_last_five_even_of_more_rows(journal: Journal, tmp_path: Path) -> None:
+    """The statistic itself looks at the newest five rows, whatever the table holds."""
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        for peak in (900, 100, 500, 200, 300, 400):
+            conn.execute(
+                "INSERT INTO learned_sizes (key, peak_bytes, at) VALUES ('kind:x', ?, 0)", (peak,)
+            )
+    assert journal.learned_size("kind:x") == 500
+
+
 def test_each_key_keeps_only_its_last_five_rows(journal: Journal, tmp_path: Path) -> None:
     """The table does not grow with the number of runs."""
     for peak in range(20):
@@ -95,6 +105,7 @@ def test_a_batch_line_names_its_kind_in_a_trailing_comment() -> None:
     assert line_kind("make test #kind=unit-tests", 1) == "unit-tests"
     assert line_kind("make test   # kind=build:linux  ", 1) == "build:linux"
     assert line_kind("echo '#kind=x' done", 1) is None
+    assert line_kind("make #kind=x && echo done", 1) is None
     assert line_kind("make test", 1) is None
     with pytest.raises(UsageError, match=r"line 3: kind must be 1 to 200 letters.*'a/b'"):
         line_kind("make #kind=a/b", 3)
