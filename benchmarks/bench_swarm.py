@@ -27,6 +27,7 @@ import contextlib
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -140,9 +141,10 @@ def main() -> None:
         env_home = tmpdir / "home"  # the journal (learned sizes) and every batch's logs
         os.environ["ROOMKEEPER_HOME"] = str(env_home)
         for name, argv in contenders:
-            done = tmpdir / "done" / name.replace(" ", "_")
+            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)  # shell text: no ( ) or ,
+            done = tmpdir / "done" / slug
             done.mkdir(parents=True)
-            commands = tmpdir / f"{name.replace(' ', '_')}.txt"
+            commands = tmpdir / f"{slug}.txt"
             # The learning runs name each line's kind, so run 2 learns run 1's peaks
             # although the lines' done files differ.
             kinds = "learn" in name
