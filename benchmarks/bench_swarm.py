@@ -54,10 +54,28 @@ def oom_kills(group: Path, version: int) -> int:
     raise RuntimeError(f"{name} has no oom_kill counter (Linux >= 4.13 needed)")
 
 
+def kernel_oom_kills() -> int:
+    """The kernel's count of OOM kills anywhere since boot (``/proc/vmstat``, Linux >= 4.13).
+
+    cgroup v1 counts a kill in the victim's own group only: one inside a job's
+    group (roomkeeper makes one per job) never shows in the contender's
+    ``memory.oom_control``.  The machine-wide delta catches it (and any other
+    kill on the machine meanwhile, so it is an upper bound).
+    """
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    raise RuntimeError("/proc/vmstat has no oom_kill counter (Linux >= 4.13 needed)")
+
+
 def run_in_group(
     parent: Path, version: int, limit: int, argv: list[str], stdin: Path
 ) -> tuple[float, int]:
-    """Run argv inside a fresh child group with ``limit``; return (wall seconds, OOM kills)."""
+    """Run argv inside a fresh child group with ``limit``; return (wall seconds, OOM kills).
+
+    The kills are the larger of the group's own counter and the kernel-wide delta.
+    """
     group = parent / f"rkbench-{os.getpid()}-{time.monotonic_ns()}"
     group.mkdir()
     try:
@@ -66,6 +84,7 @@ def run_in_group(
             with contextlib.suppress(OSError):  # no swap here; keep it that way if swap exists
                 (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
         joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
+        before = kernel_oom_kills()
         start = time.monotonic()
         with stdin.open() as f:
             subprocess.run(
@@ -76,7 +95,7 @@ def run_in_group(
                 check=False,
             )
         wall = time.monotonic() - start
-        return wall, oom_kills(group, version)
+        return wall, max(oom_kills(group, version), kernel_oom_kills() - before)
     finally:
         deadline = time.monotonic() + 30
         while True:
