@@ -124,3 +124,17 @@ def test_roomkeeper_jobs_shows_the_estimate_and_where_it_came_from(
     assert "(default)" in result.stdout
     bad = roomkeeper_cli(env, "run", "--kind", "no/slash", "--", "true")
     assert bad.returncode == 2 and "kind must be 1 to 200 letters" in bad.stderr
+
+
+def test_a_learned_size_above_the_line_is_asked_for_at_the_line(gw: RunningGateway) -> None:
+    """A past peak bigger than the line is not the submitter's word: 201, never never_fits."""
+    with contextlib.closing(sqlite3.connect(gw.home / "journal.db", timeout=30)) as conn:
+        conn.execute(
+            "INSERT INTO learned_sizes (key, peak_bytes, at) VALUES ('kind:huge', ?, 0)", (2**52,)
+        )
+        conn.commit()
+    job = gw.client.get(f"/v1/jobs/{_submit(gw, argv=['true'], kind='huge')}").json()
+    assert job["estimate_source"] == "learned"
+    assert 0 < job["estimate_bytes"] < 2**52
+    stated = gw.client.post("/v1/jobs", json={"argv": ["true"], "memory_bytes": 2**52})
+    assert stated.status_code == 422 and stated.json()["reason"] == "never_fits"
