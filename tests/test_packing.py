@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.console import Console
 
+from roomkeeper.cli import local
+from roomkeeper.cli.app import main
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
@@ -20,6 +27,8 @@ from roomkeeper.guard.packing import (
     held_bytes,
     observed,
 )
+from roomkeeper.guard.rule import Decision
+from roomkeeper.jobs.batch import BatchOptions, BatchProgress, BatchResult, run_batch
 from roomkeeper.testing import FakeClock
 from tests.trees import Level, v2_tree
 
@@ -146,3 +155,56 @@ def test_the_job_asked_about_still_needs_its_whole_estimate(tmp_path: Path) -> N
     guard, _ = _guard(tmp_path, used=GB)
     assert not guard.admit("big", memory_bytes=8 * GB + 1, policy=MemoryPolicy.PACK).admit
     assert guard.admit("fits", memory_bytes=8 * GB, policy=MemoryPolicy.PACK).admit
+
+
+def test_batch_packs_unless_strict_and_passes_its_kind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``roomkeeper batch`` runs its lines under pack; ``--strict`` and ``--kind`` reach them."""
+    seen: list[BatchOptions] = []
+
+    def fake_run_batch(commands: Sequence[str], **kw: Any) -> list[BatchResult]:
+        seen.append(kw["options"])
+        return []
+
+    monkeypatch.setattr(local, "run_batch", fake_run_batch)
+    env = {"ROOMKEEPER_HOME": str(tmp_path / "home")}
+    lines = "true\ntrue #kind=own\n"
+    for args in ([], ["--strict", "--kind", "all"]):
+        result = CliRunner().invoke(main, ["batch", *args, "-"], input=lines, env=env)
+        assert result.exit_code == 0, result.output
+    assert [o.policy for o in seen] == [MemoryPolicy.PACK, MemoryPolicy.STRICT]
+    assert [list(o.kinds) for o in seen] == [[None, "own"], ["all", "own"]]
+    assert all(o.sizes is not None for o in seen)  # ROOMKEEPER_HOME's journal
+
+
+class _RecordingGuard(Guard):
+    """A real guard that remembers the policy each job was admitted under."""
+
+    policies: dict[str, MemoryPolicy]
+
+    def admit(self, job_id: str, **kw: Any) -> Decision:
+        self.policies[job_id] = kw["policy"]
+        return super().admit(job_id, **kw)
+
+
+@pytest.mark.kernel
+def test_run_batch_defaults_to_pack(tmp_path: Path) -> None:
+    """Without options, every line reaches the guard under the pack policy."""
+    guard = _RecordingGuard(env=NO_DISK, workspace=tmp_path)
+    guard.policies = {}
+    progress = BatchProgress(
+        2, console=Console(file=io.StringIO()), on_terminal=False, out=io.BytesIO()
+    )
+    results = run_batch(
+        ["true", "true"],
+        logs_dir=tmp_path / "logs",
+        job_memory=MB,
+        max_running=2,
+        timeout_s=None,
+        quiet=True,
+        progress=progress,
+        guard=guard,
+    )
+    assert [r.succeeded for r in results] == [True, True]
+    assert guard.policies == {"1": MemoryPolicy.PACK, "2": MemoryPolicy.PACK}
