@@ -182,3 +182,20 @@ def test_a_bad_kind_fails_the_batch_before_anything_runs(tmp_path: Path) -> None
     assert not flag.exists()
     option = batch(tmp_path, "--kind", "a b", stdin="true\n")
     assert option.returncode == 2 and "kind must be 1 to 200 letters" in option.stderr
+
+
+@pytest.mark.kernel
+def test_a_batch_that_cannot_open_the_journal_still_runs(tmp_path: Path) -> None:
+    """ROOMKEEPER_HOME unusable but --logs fine: one line says learning is off, the lines run."""
+    (tmp_path / "home").write_text("")  # the helper's ROOMKEEPER_HOME: a file, not a folder
+    # The disk rule reads the workspace, by default under the home: give it one that exists.
+    result = batch(
+        tmp_path,
+        "--logs",
+        str(tmp_path / "logs"),
+        stdin="true\n",
+        ROOMKEEPER_WORKSPACE=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("learned sizes are off") == 1
+    assert "1 commands, 0 failed" in result.stderr

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from roomkeeper.cli.options import parse_kind_option, parse_size_option
 from roomkeeper.config import read_queue_settings, read_settings
-from roomkeeper.errors import UsageError
+from roomkeeper.errors import RoomkeeperError, UsageError
 from roomkeeper.gateway.home import open_journal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import MemoryPolicy
@@ -295,7 +295,7 @@ def _learned_sizes() -> Iterator[Journal | None]:
     """
     try:
         journal = open_journal(home_dir(), os.environ)
-    except (OSError, sqlite3.Error) as err:
+    except (OSError, sqlite3.Error, RoomkeeperError) as err:
         click.echo(
             f"roomkeeper batch: learned sizes are off: the journal did not open ({err})", err=True
         )
