@@ -20,6 +20,7 @@ from roomkeeper.api.views import job_json, row_json
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.gateway.calls import CallState
 from roomkeeper.gateway.service import Gateway
+from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.jobs.spec import JobSpec, JobState, WorktreeRequest, check_runnable
 from roomkeeper.jobs.workspaces import check_worktree
 
@@ -118,6 +119,8 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
         timeout_s=body.timeout_s,
         resumable=body.resumable,
         worktree=worktree,
+        memory_policy=MemoryPolicy(body.memory_policy),
+        kind=body.kind,
     )
     if body.cwd is None:
         gateway.ensure_workspace()

@@ -220,6 +220,10 @@ class JobIn(BaseModel):
     timeout_s: Annotated[float, Field(gt=0, le=10**7)] | None = None
     resumable: bool = False
     release: ReleaseIn | None = None
+    # strict: a young job reserves its estimate less its footprint; pack: its forecast growth.
+    memory_policy: Literal["strict", "pack"] = "strict"
+    # The name its learned size is kept under (else a hash of argv and cwd).
+    kind: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
     worktree: WorktreeIn | None = None
 
     @model_validator(mode="after")

@@ -115,6 +115,16 @@ class JobOut(BaseModel):
     worktree: WorktreeOut | None = Field(
         default=None, description="The git worktree it asked for, if it asked for one."
     )
+    memory_policy: Literal["strict", "pack"] | None = Field(
+        default=None, description="strict: reserves its estimate while young; pack: its growth."
+    )
+    estimate_bytes: int | None = Field(
+        default=None, description="The memory estimate it was judged with."
+    )
+    estimate_source: Literal["stated", "learned", "default"] | None = Field(
+        default=None, description="Where the estimate came from."
+    )
+    kind: str | None = Field(default=None, description="The name its learned size is kept under.")
     resolution: Literal["succeeded", "failed"] | None = Field(
         default=None, description="How uncertain work was settled; sent for earlier runs' jobs."
     )

@@ -35,6 +35,9 @@ JOB_FIELDS = (
     "ended_at",
     "peak_bytes",
     "error",
+    "memory_policy",
+    "estimate_bytes",
+    "estimate_source",
 )
 
 
@@ -56,6 +59,10 @@ def job_json(view: JobView) -> dict[str, Any]:
         "worktree": None
         if view.spec.worktree is None
         else {"repo": view.spec.worktree.repo, "branch": view.spec.worktree.branch},
+        "memory_policy": view.spec.memory_policy.value,
+        "estimate_bytes": view.estimate_bytes,
+        "estimate_source": view.estimate_source.value,  # stated, learned or default
+        "kind": view.spec.kind,
     }
 
 
@@ -66,6 +73,7 @@ def row_json(row: JobRow) -> dict[str, Any]:
         **fields,
         "argv": row.spec.get("argv", []),
         "worktree": row.spec.get("worktree"),
+        "kind": row.spec.get("kind"),
         "resolution": row.resolution,
     }
     if row.state == JobState.UNCERTAIN.value:

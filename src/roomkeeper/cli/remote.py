@@ -20,10 +20,10 @@ from rich.console import Console
 from rich.table import Table
 
 from roomkeeper.cli.client import connect
-from roomkeeper.cli.options import parse_size_option
+from roomkeeper.cli.options import parse_kind_option, parse_size_option
 from roomkeeper.cli.workspaces import parse_worktree
 from roomkeeper.errors import NoGatewayError, UsageError
-from roomkeeper.units import format_gb, parse_duration
+from roomkeeper.units import format_bytes, format_gb, parse_duration
 
 EXIT_CODES = {"failed": 127, "timed_out": 124, "expired": 124, "cancelled": 130, "stopped": 143}
 
@@ -77,6 +77,17 @@ def _check(response: httpx.Response) -> Any:
     default=None,
     help="Run in a git worktree of REPO of its own, on BRANCH (default roomkeeper/<job id>).",
 )
+@click.option(
+    "--kind",
+    callback=parse_kind_option,
+    metavar="NAME",
+    help="Learn its size under this name (default: a hash of the command and directory).",
+)
+@click.option(
+    "--pack",
+    is_flag=True,
+    help="Reserve only its measured growth while young (memory policy pack; default strict).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     owner: str,
@@ -84,9 +95,14 @@ def run(
     timeout_text: str | None,
     detach: bool,
     worktree_text: str | None,
+    kind: str | None,
+    pack: bool,
     command: tuple[str, ...],
 ) -> None:
-    """Submit COMMAND (after --) as a job, stream its output, exit with its exit code."""
+    """Submit COMMAND (after --) as a job, stream its output, exit with its exit code.
+
+    Without --memory its estimate is what past runs of the same kind peaked at.
+    """
     timeout_s = None
     if timeout_text is not None:
         try:
@@ -99,6 +115,8 @@ def run(
         "cwd": os.getcwd(),
         "memory_bytes": memory,
         "timeout_s": timeout_s,
+        "kind": kind,
+        "memory_policy": "pack" if pack else None,
     }
     if worktree_text is not None:
         tree = parse_worktree(worktree_text)
@@ -188,6 +206,7 @@ def jobs(owner: str | None, state: str | None) -> None:
     table.add_column("state", no_wrap=True)
     table.add_column("reason / exit", no_wrap=True)
     table.add_column("started", no_wrap=True)
+    table.add_column("estimate", no_wrap=True)
     table.add_column("command", overflow="ellipsis", no_wrap=True, max_width=40)
     for j in rows:
         detail = j["reason"] or ("" if j["exit_code"] is None else f"exit {j['exit_code']}")
@@ -197,14 +216,25 @@ def jobs(owner: str | None, state: str | None) -> None:
         started = (
             time.strftime("%H:%M:%S", time.localtime(j["started_at"])) if j["started_at"] else ""
         )
-        table.add_row(j["id"], j["owner"], j["state"], detail, started, " ".join(j["argv"]))
+        table.add_row(
+            j["id"], j["owner"], j["state"], detail, started, _estimate(j), " ".join(j["argv"])
+        )
     if state in (None, "uncertain"):
         with _client() as client:
             calls = _check(client.get("/v1/calls", params={"state": "uncertain"}))
         for c in calls:
             started = time.strftime("%H:%M:%S", time.localtime(c["created_at"]))
-            table.add_row(c["id"], c["owner"], "uncertain", f"call {c['kind']}", started, "")
+            table.add_row(c["id"], c["owner"], "uncertain", f"call {c['kind']}", started, "", "")
     _console().print(table)
+
+
+def _estimate(job: dict[str, Any]) -> str:
+    """A job's memory estimate and where it came from: ``1.1 GB (learned), pack``."""
+    size = job.get("estimate_bytes")
+    if size is None:
+        return ""  # a job recorded before estimates were
+    text = f"{format_bytes(size)} ({job.get('estimate_source') or 'default'})"
+    return text + (", pack" if job.get("memory_policy") == "pack" else "")
 
 
 @click.command()

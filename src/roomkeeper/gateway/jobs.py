@@ -7,6 +7,10 @@ a crash left in doubt runs again from its saved spec: deferred jobs one at a
 time, uncertain ones when a person says so.  The scheduler's callbacks also
 keep the refusals for the Health page, the histogram of waiting times for
 ``GET /metrics``, and run a job's release hook when it ends.
+
+Learned sizes: a job that states no memory estimate is submitted with the
+highest of the last five peaks of its kind (its ``kind``, else a hash of its
+argv and cwd), and every ended job's peak is recorded under that key.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +40,13 @@ from roomkeeper.errors import (
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
-from roomkeeper.guard.rule import Decision
+from roomkeeper.guard.packing import MemoryPolicy
+from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, WorktreeRequest
+from roomkeeper.jobs.sizes import size_key
+from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, WorktreeRequest
 from roomkeeper.jobs.workspaces import Workspaces
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
@@ -134,6 +141,9 @@ class DurableJobs:
         write = self._journal.record_job(view, pid_started=pid_started)
         self._watch(write)
         self.writes[view.id] = write
+        if view.state.final and view.peak_bytes is not None:
+            # Learned sizes: the next job of this kind that states none starts from this.
+            self._watch(self._journal.record_peak(size_key(view.spec), view.peak_bytes))
         job_id = view.id
 
         def forget(done: concurrent.futures.Future[None]) -> None:
@@ -184,7 +194,8 @@ class DurableJobs:
         """Queue a job; returns once its record is durable.  Never blocks the event loop."""
         if self._closing():
             raise UsageError("the gateway is shutting down", name="shutdown")
-        await self._refuse_what_never_fits(spec)
+        spec = await asyncio.to_thread(self.learned, spec)
+        spec = await self._refuse_what_never_fits(spec)
         job_id = uuid.uuid4().hex[:12]
         if release is not None:
             self.hooks[job_id] = release  # before the job exists: it may end at once
@@ -202,23 +213,41 @@ class DurableJobs:
                 raise PersistenceError(f"the job was not saved, so it will not run: {err}") from err
         return view
 
-    async def _refuse_what_never_fits(self, spec: JobSpec) -> None:
+    def learned(self, spec: JobSpec) -> JobSpec:
+        """``spec`` with the learned size of its kind, when it states no estimate (off the loop)."""
+        if spec.memory_bytes is not None:
+            return spec
+        return replace(spec, learned_bytes=self._journal.learned_size(size_key(spec)))
+
+    async def _refuse_what_never_fits(self, spec: JobSpec) -> JobSpec:
         """A job that could not fit even with nothing else running is refused now (422),
         never accepted to wait for ever.
+
+        A learned size above the line is not the submitter's word: the job is
+        asked for at the line instead (a past run held that much, and ran).
+
+        Returns:
+            The spec to queue.
 
         Raises:
             UnrunnableError: its memory estimate is above the guard's line, or its disk need
                 above the volume's total; the guard's numbers say by how much.
         """
         decision = await asyncio.to_thread(
-            self._guard.check, memory_bytes=spec.memory_bytes, disk_bytes=spec.disk_bytes
+            self._guard.check, memory_bytes=spec.memory_estimate, disk_bytes=spec.disk_bytes
         )
+        line = decision.memory_line_bytes or 0
+        learned = spec.estimate_source is EstimateSource.LEARNED
+        # Asked again once, at the line, where the memory rule can no longer say "never".
+        if decision.never_fits and learned and decision.reason is Reason.MEMORY and line > 0:
+            return await self._refuse_what_never_fits(replace(spec, learned_bytes=line))
         if decision.never_fits:
             raise UnrunnableError(
                 f"refused: {decision.summary}; ask for less (memory_bytes, disk_bytes)",
                 reason="never_fits",
                 name=decision.reason.value,
             )
+        return spec
 
     def cancel(self, job_id: str) -> JobView:
         """Cancel or stop a job; the request is durable before it is acknowledged or signalled.
@@ -305,6 +334,9 @@ class DurableJobs:
             shell=bool(spec.get("shell")),
             resumable=resumable,
             worktree=_worktree_from_row(spec.get("worktree")),
+            memory_policy=MemoryPolicy(spec.get("memory_policy", MemoryPolicy.STRICT.value)),
+            kind=spec.get("kind"),
+            learned_bytes=spec.get("learned_bytes"),
         )
 
     def resume_next(self) -> str | None:

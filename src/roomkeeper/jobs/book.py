@@ -65,6 +65,7 @@ class JobRecord:
     error: str | None = None
     stop_cause: JobState | None = None
     stop_reason: Reason | None = None
+    estimate_bytes: int | None = None  # the memory estimate it was submitted with
     history: list[Transition] = field(default_factory=list)
     workspace: Worktree | None = None
 
@@ -221,4 +222,5 @@ class JobBook:
             pid=job.handle.pid if job.handle is not None else None,
             peak_method=job.peak_method,
             workspace=job.workspace,
+            estimate_bytes=job.estimate_bytes,
         )

@@ -228,7 +228,10 @@ class Runner:
 
     def _admit(self, job: JobRecord) -> Decision:
         return self._guard.admit(
-            job.id, memory_bytes=job.spec.memory_bytes, disk_bytes=job.spec.disk_bytes
+            job.id,
+            memory_bytes=job.spec.memory_estimate,
+            disk_bytes=job.spec.disk_bytes,
+            policy=job.spec.memory_policy,
         )
 
     def _make_tree(self, job: JobRecord) -> tuple[Worktree | None, Exception | None]:

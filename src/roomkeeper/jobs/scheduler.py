@@ -168,6 +168,7 @@ class Scheduler:
             now = self._clock()
             deadline = now + spec.timeout_s if spec.timeout_s is not None else None
             job = JobRecord(job_id, spec, str(self._logs_dir / f"{job_id}.log"), now, deadline)
+            job.estimate_bytes = self._guard.estimate(spec.memory_estimate)
             self._book.add(job)
             self._queue.push(spec.owner, job)
             self._book.record(job, JobState.WAITING, Reason.QUEUED)
@@ -278,7 +279,7 @@ class Scheduler:
             return
         if pending is None or pending.done():
             return
-        self._guard.hold(view.id, self._guard.estimate(view.spec.memory_bytes))
+        self._guard.hold(view.id, self._guard.estimate(view.spec.memory_estimate))
 
         def offered_again(_: concurrent.futures.Future[Any]) -> None:
             self._guard.release(view.id)

@@ -43,7 +43,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     resumable INTEGER NOT NULL DEFAULT 0,
     pid INTEGER,
     pid_started REAL,
-    resolution TEXT
+    resolution TEXT,
+    memory_policy TEXT NOT NULL DEFAULT 'strict',
+    estimate_bytes INTEGER,
+    estimate_source TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_owner_state ON jobs (owner, state);
 CREATE TABLE IF NOT EXISTS job_events (
@@ -55,20 +58,29 @@ CREATE TABLE IF NOT EXISTS job_events (
 CREATE INDEX IF NOT EXISTS job_events_job ON job_events (job_id);
 """
 
+# Added after the table first shipped: ``database.migrate`` adds them to an older file.
+ADDED_COLUMNS = (
+    ("jobs", "memory_policy", "TEXT NOT NULL DEFAULT 'strict'"),
+    ("jobs", "estimate_bytes", "INTEGER"),
+    ("jobs", "estimate_source", "TEXT"),
+)
+
 _UPSERT = """
 INSERT INTO jobs (
     id, owner, state, reason, exit_code, spec, log_path, submitted_at, started_at, ended_at,
-    peak_bytes, error, resumable, pid, pid_started
+    peak_bytes, error, resumable, pid, pid_started, memory_policy, estimate_bytes, estimate_source
 ) VALUES (
     :id, :owner, :state, :reason, :exit_code, :spec, :log_path, :submitted_at, :started_at,
-    :ended_at, :peak_bytes, :error, :resumable, :pid, :pid_started
+    :ended_at, :peak_bytes, :error, :resumable, :pid, :pid_started, :memory_policy,
+    :estimate_bytes, :estimate_source
 )
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state, reason = excluded.reason, exit_code = excluded.exit_code,
     started_at = excluded.started_at, ended_at = excluded.ended_at,
     peak_bytes = excluded.peak_bytes, error = excluded.error,
     pid = coalesce(excluded.pid, pid), pid_started = coalesce(excluded.pid_started, pid_started),
-    resolution = NULL
+    resolution = NULL, memory_policy = excluded.memory_policy,
+    estimate_bytes = excluded.estimate_bytes, estimate_source = excluded.estimate_source
 """
 
 
@@ -92,6 +104,9 @@ class JobRow:
     pid: int | None = None
     pid_started: float | None = None
     resolution: str | None = None
+    memory_policy: str = "strict"
+    estimate_bytes: int | None = None
+    estimate_source: str | None = None  # stated, learned or default (None: an older row)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +151,9 @@ def spec_json(view: JobView) -> str:
             "worktree": None
             if spec.worktree is None
             else {"repo": spec.worktree.repo, "branch": spec.worktree.branch},
+            "memory_policy": spec.memory_policy.value,
+            "kind": spec.kind,
+            "learned_bytes": spec.learned_bytes,
         }
     )
 
@@ -159,6 +177,9 @@ def _upsert(conn: sqlite3.Connection, view: JobView, pid_started: float | None) 
             "resumable": int(view.spec.resumable),
             "pid": view.pid,
             "pid_started": pid_started,
+            "memory_policy": view.spec.memory_policy.value,
+            "estimate_bytes": view.estimate_bytes,
+            "estimate_source": view.estimate_source.value,
         },
     )
 
@@ -373,4 +394,7 @@ def _job_row(r: sqlite3.Row) -> JobRow:
         pid=r["pid"],
         pid_started=r["pid_started"],
         resolution=r["resolution"],
+        memory_policy=r["memory_policy"],
+        estimate_bytes=r["estimate_bytes"],
+        estimate_source=r["estimate_source"],
     )
