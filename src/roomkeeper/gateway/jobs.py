@@ -32,6 +32,7 @@ from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.rounds import Launcher, Placement
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
@@ -66,6 +67,8 @@ class DurableJobs:
         hooks: the pool release hooks run on, never the scheduler's thread: a hung
             hook holds only its own job's memory, until its deadline.
         job_user: the user jobs run as; None for the gateway's own.
+        launcher: starts a job's tree elsewhere (the Ray backend); None: here.
+        placement: asked instead of ``guard`` when ``launcher`` runs jobs elsewhere.
     """
 
     def __init__(
@@ -80,6 +83,8 @@ class DurableJobs:
         watch: Callable[[concurrent.futures.Future[None]], None],
         hooks: HookRunner,
         job_user: JobUser | None = None,
+        launcher: Launcher | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self._journal = journal
         self._hooks = hooks
@@ -104,6 +109,8 @@ class DurableJobs:
             on_refusal=self._job_refused,
             before_launch=self._mark_launch,
             job_user=job_user,
+            launcher=launcher,
+            placement=placement,
         )
 
     def _mark_launch(self, view: JobView) -> None:

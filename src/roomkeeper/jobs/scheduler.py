@@ -37,7 +37,13 @@ from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.rounds import RETRY_SECONDS, STOP_GRACE_SECONDS, Launcher, Runner
+from roomkeeper.jobs.rounds import (
+    RETRY_SECONDS,
+    STOP_GRACE_SECONDS,
+    Launcher,
+    Placement,
+    Runner,
+)
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.kernel.resources import cpu_pressure_percent
 
@@ -82,6 +88,8 @@ class Scheduler:
             raises, the job is not started and ends as failed.
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
         job_user: the user jobs run as; None for ours (``ROOMKEEPER_JOB_USER``).
+        placement: asked instead of the guard before each launch, when ``launcher``
+            runs jobs on other machines (the Ray backend); None: the guard decides.
     """
 
     def __init__(
@@ -100,6 +108,7 @@ class Scheduler:
         before_launch: Callable[[JobView], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
         job_user: JobUser | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self._logs_dir = Path(logs_dir)
         self._guard = guard if guard is not None else Guard()
@@ -124,6 +133,7 @@ class Scheduler:
             before_launch=before_launch,
             stop_grace=stop_grace,
             job_user=job_user,
+            placement=placement,
         )
         self._thread: threading.Thread | None = None
         self._closing = False
