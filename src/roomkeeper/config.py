@@ -340,7 +340,7 @@ class BackendSettings:
 
     Attributes:
         backend: ``local`` or ``ray``.
-        ray_address: ROOMKEEPER_RAY_ADDRESS, ``HOST:PORT`` or ``ray://HOST:PORT``.
+        ray_address: ROOMKEEPER_RAY_ADDRESS, the head's ``HOST:PORT`` (GCS port).
         ray_job_cpus: ROOMKEEPER_RAY_JOB_CPUS, the ``num_cpus`` each job asks of Ray (1).
     """
 
@@ -350,9 +350,8 @@ class BackendSettings:
 
 
 def _ray_address(text: str) -> str:
-    """``HOST:PORT`` or ``ray://HOST:PORT``; anything else raises ValueError."""
-    rest = text.removeprefix("ray://")
-    host, sep, port = rest.rpartition(":")
+    """``HOST:PORT``; anything else raises ValueError."""
+    host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(text)
     return text
@@ -386,7 +385,7 @@ def read_backend_settings(env: Mapping[str, str] | None = None) -> BackendSettin
         shown = repr(raw) if raw else "unset"
         raise UsageError(
             f"ROOMKEEPER_BACKEND=ray needs ROOMKEEPER_RAY_ADDRESS=HOST:PORT, the Ray head's "
-            f"address (ray start --head --port PORT), or ray://HOST:PORT; it is {shown}",
+            f"address (ray start --head --port PORT); it is {shown}",
             name="ROOMKEEPER_RAY_ADDRESS",
             value=raw,
         ) from None

@@ -84,7 +84,7 @@ class RayBackend:
     """The cluster connection, the placement check and the per-node table.
 
     Args:
-        address: the head's ``HOST:PORT`` (or ``ray://HOST:PORT``).
+        address: the head's ``HOST:PORT``.
         job_cpus: the ``num_cpus`` each job asks for.
         wall: wall-clock seconds (when a headroom was read).
 
