@@ -131,39 +131,22 @@ class LocalCluster:
         return node
 
     def add_node(self, name: str, memory_bytes: int, cpus: int = 2) -> Node:
-        """Start a worker node and wait until the cluster counts it alive."""
-        before = self.alive_count()
+        """Start a worker node and wait until it has joined the cluster."""
         node = self._start(name, memory_bytes, cpus, head=False)
-        self.wait_alive(before + 1, name)
+        self.wait_started(node)
         return node
 
-    def alive_count(self) -> int:
-        """Live nodes, as the head's ``ray list nodes`` would say (read through a driver)."""
-        probe = (
-            "import ray, sys\n"
-            f"ray.init(address={self.address!r}, log_to_driver=False, logging_level='ERROR')\n"
-            "print(sum(1 for n in ray.nodes() if n['Alive']))\n"
-        )
-        done = subprocess.run(
-            [sys.executable, "-c", probe],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
-
-    def wait_alive(self, count: int, what: str) -> None:
+    def wait_started(self, node: Node) -> None:
+        """Wait until ``ray start`` says the node runs (it has registered with the head)."""
+        log = self.root / f"{node.name}.log"
         deadline = time.monotonic() + NODE_WAIT_S
-        while self.alive_count() < count:
-            for node in self.nodes.values():
-                if node.proc.poll() is not None and node.name == what:
-                    log = (self.root / f"{node.name}.log").read_text(errors="replace")
-                    raise AssertionError(f"ray node {node.name} exited:\n{log[-3000:]}")
+        while "Ray runtime started" not in log.read_text(errors="replace"):
+            if node.proc.poll() is not None:
+                text = log.read_text(errors="replace")
+                raise AssertionError(f"ray node {node.name} exited:\n{text[-3000:]}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"ray node {what} did not join within {NODE_WAIT_S:g} s")
-            time.sleep(0.5)
+                raise AssertionError(f"ray node {node.name} did not start in {NODE_WAIT_S:g} s")
+            time.sleep(0.2)
 
     def set_node_settings(self, name: str, text: str) -> None:
         """Write a node's ROOMKEEPER_NODE_SETTINGS file (its guard reads it for every job)."""
@@ -172,20 +155,13 @@ class LocalCluster:
         path.with_suffix(".tmp").replace(path)
 
     def close(self) -> None:
-        """End every node we started (SIGTERM, then SIGKILL its group), remove the directory."""
+        """SIGKILL every node's process group we started, worker nodes first; remove the directory.
+
+        Nothing of a node outlives its group but job trees' lifelines, which
+        kill their trees and exit once their runner is gone.
+        """
         for node in reversed(list(self.nodes.values())):
-            if node.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(node.proc.pid, signal.SIGTERM)
-        for node in reversed(list(self.nodes.values())):
-            try:
-                node.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.proc.pid, signal.SIGKILL)  # whatever of its group is left
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                node.proc.wait(timeout=15)
+            node.kill()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -200,8 +176,7 @@ def local_cluster(nodes: dict[str, int], head_memory: int = 50_000_000) -> Itera
     env.update(ROOMKEEPER_JOB_DISK_MB="0", ROOMKEEPER_DISK_HEADROOM_PERCENT="0")
     cluster = LocalCluster(root=root, address=f"127.0.0.1:{port}", env=env)
     try:
-        cluster._start("head", head_memory, 0, head=True)
-        cluster.wait_alive(1, "head")
+        cluster.wait_started(cluster._start("head", head_memory, 0, head=True))
         for name, memory in nodes.items():
             cluster.add_node(name, memory)
         yield cluster

@@ -264,6 +264,7 @@ def status_json(gateway: Gateway) -> dict[str, Any]:
             "running": stats.running,
             "by_owner": {o: {"waiting": w, "running": r} for o, (w, r) in stats.by_owner.items()},
             "refusals": stats.refusals,
+            "last_refusal": stats.last_refusal,
         },
         "leases": gateway.leases.counts(),
         "backend": gateway.backend,

@@ -104,6 +104,7 @@ class RayBackend:
         self._sent: dict[str, int] = {}  # launched, node not known yet: job -> estimate
         self._headroom: dict[str, tuple[int, float]] = {}
         self._nodes: list[dict[str, Any]] = []
+        self._resources: dict[str, dict[str, float]] = {}  # as each node last listed them
         self._nodes_at = float("-inf")
         try:
             self._ray.init(
@@ -131,6 +132,9 @@ class RayBackend:
         if now - self._nodes_at >= NODES_FRESH_S:
             self._nodes = list(self._ray.nodes())
             self._nodes_at = now
+            for n in self._nodes:  # a lost node's resources are no longer listed
+                if n.get("Alive") and n.get("Resources"):
+                    self._resources[n["NodeID"]] = dict(n["Resources"])
         return [n for n in self._nodes if n.get("Alive")]
 
     def _reserved_on(self, node_id: str) -> int:
@@ -223,13 +227,14 @@ class RayBackend:
             for n in self._nodes:
                 node_id = n["NodeID"]
                 headroom = self._headroom.get(node_id)
+                resources = n.get("Resources") or self._resources.get(node_id, {})
                 views.append(
                     NodeView(
                         node_id=node_id,
                         address=str(n.get("NodeManagerAddress", "")),
                         alive=bool(n.get("Alive")),
-                        memory_bytes=int(n["Resources"].get("memory", 0)),
-                        cpus=float(n["Resources"].get("CPU", 0)),
+                        memory_bytes=int(resources.get("memory", 0)),
+                        cpus=float(resources.get("CPU", 0)),
                         reserved_bytes=self._reserved_on(node_id),
                         jobs=sum(1 for p in self._placed.values() if p.node_id == node_id),
                         headroom_bytes=None if headroom is None else headroom[0],

@@ -150,8 +150,18 @@ class RayHandle:
         return self._peak
 
     def stop(self, grace: float = 5.0) -> int | None:
-        """Stop the remote tree (SIGTERM, ``grace``, SIGKILL); one not started yet never starts."""
+        """Stop the remote tree (SIGTERM, ``grace``, SIGKILL); one not started yet never starts.
+
+        A runner Ray has not placed within ``grace`` is ended instead: the
+        poll then settles it as lost, and the scheduler, which asked for the
+        stop, records the stop (a tree it may have started dies with its
+        runner's lifeline).
+        """
         with contextlib.suppress(Exception):
+            ready, _ = self._ray.wait([self._begin_ref], timeout=grace)
+            if not ready:
+                self._ray.kill(self._actor, no_restart=True)
+                return None
             self._ray.get(self._actor.stop.remote(grace), timeout=grace + CALL_TIMEOUT_S)
         return None
 

@@ -172,8 +172,12 @@ class Runner:
             self._book.finish(job, state or JobState.CANCELLED, job.stop_reason)
             return
         job.error = settled.summary
-        lost = settled.end is RemoteEnd.LOST
-        self._book.finish(job, JobState.UNCERTAIN if lost else JobState.FAILED, None)
+        if settled.end is RemoteEnd.FAILED:
+            self._book.finish(job, JobState.FAILED, None)
+        elif job.stop_cause is not None:  # its runner was ended to stop it: it is stopped
+            self._book.finish(job, job.stop_cause, job.stop_reason)
+        else:
+            self._book.finish(job, JobState.UNCERTAIN, None)
 
     def close_handles(self, handles: list[Handle]) -> None:
         """Close reaped trees' handles (without the lock)."""
@@ -215,13 +219,13 @@ class Runner:
                 if decision.never_fits:  # waiting would be for ever: fail it, go on
                     self._fail_never_fits(job, decision)
                     continue
-                if not decision.admit:
-                    self.refusals[decision.reason.value] += 1
-                    self.last_refusal = decision.summary
-                    self._explain(decision.reason)
-                    break
-                self._start(job, limits)
-                continue
+                if decision.admit:
+                    self._start(job, limits)
+                    continue
+                self.refusals[decision.reason.value] += 1
+                self.last_refusal = decision.summary
+                self._explain(decision.reason)
+            # Told outside the lock; a ``break`` above would skip this (it once did).
             if self._on_refusal is not None:
                 self._on_refusal(job.id, decision)
             return
