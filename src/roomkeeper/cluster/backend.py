@@ -8,11 +8,13 @@ gateway's guard (the jobs do not run in the gateway's container), and
 Placement keeps our fairness in our queue, not in Ray's: a job is sent only
 when some live node could hold its memory estimate now, counting what our own
 jobs already hold there; a job larger than every node waits with that said,
-for a larger node to join.  Launched, a job is one
-:class:`~roomkeeper.cluster.node.NodeRunner` actor with ``memory`` = its
-estimate, ``num_cpus`` = ROOMKEEPER_RAY_JOB_CPUS, no restarts and no task
-retries (the journal, not Ray, decides what may run again), and its deadline
-is the time it has left.
+for a larger node to join.  Launched, a job is one Ray task
+(:func:`~roomkeeper.cluster.node.run_job`) with ``memory`` = its estimate,
+``num_cpus`` = ROOMKEEPER_RAY_JOB_CPUS and ``max_retries=0`` (the journal,
+not Ray, decides what may run again), and its deadline is the time it has
+left.  A task, not an actor: Ray runs it on a pooled worker, where an actor
+would start a fresh worker process for every job (about 3 s a job on the
+2-core development machine, against tens of milliseconds).
 
 :meth:`RayBackend.nodes` is each node's memory, our jobs there, and the
 headroom its guard last read, for ``/v1/status``, the Health page and ``/metrics``.
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roomkeeper.cluster.handle import RayHandle
-from roomkeeper.cluster.node import Begun, NodeJob, NodeRunner
+from roomkeeper.cluster.node import Begun, NodeJob, run_job
 from roomkeeper.cluster.ray_import import load_ray
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.rule import Decision, Reason
@@ -39,7 +41,6 @@ log = logging.getLogger("roomkeeper")
 
 NODES_FRESH_S = 1.0  # how long one reading of Ray's node table is used
 NAMESPACE = "roomkeeper"
-RUNNER_THREADS = 4  # begin, finish and stop may overlap on one job's runner
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,7 @@ class RayBackend:
                 name="ROOMKEEPER_RAY_ADDRESS",
                 value=address,
             ) from err
-        self._runner_class = self._ray.remote(NodeRunner)
+        self._task = self._ray.remote(run_job)
         log.info("jobs run on the Ray cluster at %s", address)
 
     # -------------------------------------------------------------- placement
@@ -187,18 +188,18 @@ class RayBackend:
             disk_bytes=spec.disk_bytes,
             deadline_s=spec.deadline_s,
         )
-        actor = self._runner_class.options(
+        answers = self._task.options(
             memory=max(1, spec.memory_bytes),
             num_cpus=self._job_cpus,
-            max_restarts=0,
-            max_task_retries=0,
-            max_concurrency=RUNNER_THREADS,
-        ).remote()
+            max_retries=0,
+            retry_exceptions=False,
+            num_returns="streaming",
+        ).remote(job)
         with self._lock:
             self._sent[job_id] = spec.memory_bytes
         return RayHandle(
             self._ray,
-            actor,
+            answers,
             job,
             log_path=spec.log_path,
             on_begun=self._begun,

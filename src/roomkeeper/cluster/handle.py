@@ -1,17 +1,16 @@
 """The gateway's side of one job on a Ray node: a :class:`~roomkeeper.jobs.book.Handle`.
 
 The scheduler polls it like a local tree (it has no local pid, so no
-pidfd: the scheduler's loop polls every 50 ms).  Its life, driven by
-:meth:`RayHandle.poll`, never blocking:
+pidfd: the scheduler's loop polls every 50 ms).  The job is one streaming
+Ray task (:func:`roomkeeper.cluster.node.run_job`); :meth:`RayHandle.poll`
+reads its answers as they come, never blocking:
 
-1. ``begin`` is pending while Ray places the runner actor and the node's
-   guard judges the job.
+1. Nothing yet while Ray places the task and the node's guard judges the job.
 2. Refused by the node's guard: the poll ends with a :class:`Settlement`
    ``REFUSED`` and the scheduler puts the job back in line.  Admitted: the
-   node's answer (node, remote pid, headroom) is told to the backend, and
-   ``finish`` is asked.
-3. ``finish`` resolves: the output goes into the job's log file here, and
-   the exit status is the poll's.  The actor dies instead (node lost, worker
+   node's answer (node, remote pid, headroom) is told to the backend.
+3. The tree ended: its output goes into the job's log file here, and its
+   exit status is the poll's.  The task failed instead (node lost, worker
    killed): ``LOST``, and the scheduler makes the job ``uncertain``.
 """
 
@@ -32,15 +31,14 @@ from roomkeeper.jobs.spec import MemoryPeak, PeakMethod
 log = logging.getLogger("roomkeeper")
 
 ENDED_CODE = -1  # the poll's value for a job that ended without a status of its own
-CALL_TIMEOUT_S = 30.0  # for a stop call to a live actor, beyond its grace
 
 
 class RayHandle:
-    """One job's runner actor on the cluster, as the scheduler sees it.
+    """One job's task on the cluster, as the scheduler sees it.
 
     Args:
         ray: the ``ray`` module.
-        actor: the job's :class:`~roomkeeper.cluster.node.NodeRunner` actor.
+        answers: the task's streaming answers (an ``ObjectRefGenerator``).
         job: what was sent.
         log_path: the job's log file here, which receives its output.
         on_begun: told once the node started the job (the backend's per-node table).
@@ -50,19 +48,17 @@ class RayHandle:
     def __init__(
         self,
         ray: ModuleType,
-        actor: Any,
+        answers: Any,
         job: NodeJob,
         *,
         log_path: str,
         on_begun: Callable[[str, Begun], None],
         on_closed: Callable[[str], None],
     ) -> None:
-        self._ray, self._actor, self._job = ray, actor, job
+        self._ray, self._answers, self._job = ray, answers, job
         self._log_path = log_path
         self._on_begun, self._on_closed = on_begun, on_closed
         self._lock = threading.Lock()
-        self._begin_ref: Any = actor.begin.remote(job)
-        self._finish_ref: Any = None
         self._code: int | None = None
         self._settled: Settlement | None = None
         self._peak: MemoryPeak | None = None
@@ -76,26 +72,35 @@ class RayHandle:
     def poll(self) -> int | None:
         """The job's exit status once it ended (ENDED_CODE when it has a settlement)."""
         with self._lock:
-            if self._code is not None:
-                return self._code
-            if self._finish_ref is None:
-                self._poll_begin()
-            else:
-                self._poll_finish()
+            if self._code is None:
+                self._read()
             return self._code
+
+    def _read(self) -> None:
+        """Take the task's next answer if it has come, or its failure if it failed."""
+        try:
+            if self._answers.next_ready():
+                answer = self._ray.get(next(self._answers))
+            elif self._ready(self._answers.completed()):
+                self._ray.get(self._answers.completed())  # raises the task's failure
+                answer = None  # ended without a last answer: cannot happen, treated as lost
+            else:
+                return
+        except Exception as err:
+            self._lost(err)
+            return
+        if isinstance(answer, Begun):
+            self._begun(answer)
+        elif isinstance(answer, Finished):
+            self._finished(answer)
+        else:
+            self._lost(LookupError("the node's runner ended without an answer"))
 
     def _ready(self, ref: Any) -> bool:
         ready, _ = self._ray.wait([ref], timeout=0)
         return bool(ready)
 
-    def _poll_begin(self) -> None:
-        if not self._ready(self._begin_ref):
-            return
-        try:
-            begun: Begun = self._ray.get(self._begin_ref)
-        except Exception as err:
-            self._lost(err, "before it was known to have started")
-            return
+    def _begun(self, begun: Begun) -> None:
         if not begun.admitted:
             end = RemoteEnd.FAILED if begun.error else RemoteEnd.REFUSED
             reason = None if begun.error else _reason(begun.reason)
@@ -104,26 +109,19 @@ class RayHandle:
             return
         self.begun = begun
         self._on_begun(self._job.job_id, begun)
-        self._finish_ref = self._actor.finish.remote()
 
-    def _poll_finish(self) -> None:
-        if not self._ready(self._finish_ref):
-            return
-        try:
-            finished: Finished = self._ray.get(self._finish_ref)
-        except Exception as err:
-            self._lost(err, "mid-job")
-            return
+    def _finished(self, finished: Finished) -> None:
         with open(self._log_path, "ab") as out:
             out.write(finished.output)
         if finished.peak_bytes is not None and finished.peak_method is not None:
             self._peak = MemoryPeak(finished.peak_bytes, PeakMethod(finished.peak_method))
         self._code = finished.exit_code
 
-    def _lost(self, err: Exception, when: str) -> None:
+    def _lost(self, err: Exception) -> None:
         where = "" if self.begun is None else f" on node {self.begun.host}"
+        when = "before it was known to have started" if self.begun is None else "mid-job"
         kind = type(err).__name__
-        summary = f"the Ray node{where} or its runner was lost {when} ({kind}); never re-run"
+        summary = f"the Ray node{where} or its worker was lost {when} ({kind}); never re-run"
         log.warning("job %s: %s: %s", self._job.job_id, summary, err)
         self._settle(Settlement(RemoteEnd.LOST, None, summary))
 
@@ -150,25 +148,17 @@ class RayHandle:
         return self._peak
 
     def stop(self, grace: float = 5.0) -> int | None:
-        """Stop the remote tree (SIGTERM, ``grace``, SIGKILL); one not started yet never starts.
+        """Cancel the task: a queued one never starts, a running one stops its whole tree.
 
-        A runner Ray has not placed within ``grace`` is ended instead: the
-        poll then settles it as lost, and the scheduler, which asked for the
-        stop, records the stop (a tree it may have started dies with its
-        runner's lifeline).
+        The node stops the tree with the job's ``stop_grace_s`` (SIGTERM, then
+        SIGKILL); the poll then settles it, and the scheduler records the stop.
         """
         with contextlib.suppress(Exception):
-            ready, _ = self._ray.wait([self._begin_ref], timeout=grace)
-            if not ready:
-                self._ray.kill(self._actor, no_restart=True)
-                return None
-            self._ray.get(self._actor.stop.remote(grace), timeout=grace + CALL_TIMEOUT_S)
+            self._ray.cancel(self._answers)
         return None
 
     def close(self) -> None:
-        """End the actor, so its resources go back to Ray (``finish`` cleaned up the node)."""
-        with contextlib.suppress(Exception):
-            self._ray.kill(self._actor, no_restart=True)
+        """Forget the job in the backend's per-node table."""
         self._on_closed(self._job.job_id)
 
 

@@ -1,19 +1,21 @@
 """The runner on a Ray node: ask that node's guard, run the job as a managed tree, report back.
 
-One :class:`NodeRunner` actor per job, placed by Ray on a node with the
-job's memory estimate and CPU need free in Ray's bookkeeping.  Ray's
-``memory`` resource is bookkeeping only, so before anything starts the
-runner asks a :class:`~roomkeeper.guard.admission.Guard` of its own: the
-same rule and readings as the gateway's, of *this* node's container.  A
-refusal is reported back (:class:`Begun` with ``admitted`` False) and the
-gateway puts the job back in line; nothing was started.
+One Ray task per job (:func:`run_job`, a streaming generator), placed by Ray
+on a node with the job's memory estimate and CPU need free in Ray's
+bookkeeping, and run on one of that node's pooled workers.  Ray's ``memory``
+resource is bookkeeping only, so before anything starts the task asks a
+:class:`~roomkeeper.guard.admission.Guard` of its own: the same rule and
+readings as the gateway's, of *this* node's container.  A refusal is the
+task's one answer (:class:`Begun` with ``admitted`` False) and the gateway
+puts the job back in line; nothing was started.
 
 Admitted, the command runs as a managed tree (:func:`roomkeeper.jobs.launch.launch`:
 its own session and process group, output in a file, whole-tree stop) under
-a lifeline of the runner's, so that the tree dies with the runner's worker
-even when the node is killed.  :meth:`NodeRunner.finish` waits for it (or for
-its deadline, then stops it) and hands back the exit status and the output;
-:meth:`NodeRunner.stop` stops the whole tree when the job is cancelled.
+the worker's lifeline, so that the tree dies with the worker even when the
+node is killed.  The task's first answer (:class:`Begun`: node, pid,
+headroom) comes as soon as the tree runs; its second (:class:`Finished`:
+exit status, output, peak) when the tree has ended or its deadline passed
+(then the tree is stopped).  A cancel stops the whole tree.
 
 The node's guard reads the node's own ``ROOMKEEPER_*`` variables, and over
 them the ``KEY=VALUE`` lines of the file ROOMKEEPER_NODE_SETTINGS names, read
@@ -27,8 +29,8 @@ import os
 import shutil
 import socket
 import tempfile
-import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from roomkeeper.errors import LaunchError
@@ -38,6 +40,7 @@ from roomkeeper.jobs.lifeline import Lifeline
 from roomkeeper.jobs.process import ManagedProcess
 
 STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when the deadline passes on the node
+WAIT_STEP_S = 0.1  # a cancel interrupts Python code only between steps, not inside a poll
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,7 @@ class NodeJob:
         memory_bytes: its memory estimate, asked of the node's guard.
         disk_bytes: its disk estimate; the node's ROOMKEEPER_JOB_DISK_MB when None.
         deadline_s: seconds it has left when sent; no deadline when None.
+        stop_grace_s: SIGTERM to SIGKILL when it is cancelled.
     """
 
     job_id: str
@@ -65,6 +69,7 @@ class NodeJob:
     memory_bytes: int
     disk_bytes: int | None
     deadline_s: float | None
+    stop_grace_s: float = STOP_GRACE_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,108 +132,101 @@ def _headroom(line: int | None, used: int | None) -> int | None:
     return line - used
 
 
-class NodeRunner:
-    """One job on one node (a Ray actor: Ray calls these methods on the node's worker).
+_LIFELINE = Lifeline()  # its helper starts with the worker's first job
 
-    Ray runs it with several threads, so :meth:`stop` can come while
-    :meth:`finish` waits.
+
+def worker_lifeline() -> Lifeline:
+    """This worker process's lifeline, shared by the jobs it runs one after another.
+
+    Ray reuses its workers from task to task, so the helper starts once per
+    worker, not once per job; when the worker dies (its node lost, SIGKILL
+    included) the helper kills every tree still registered.
     """
+    _LIFELINE.start()
+    return _LIFELINE
 
-    def __init__(self) -> None:
-        self._dir: str | None = None  # made once admitted: a refusal leaves nothing behind
-        self._lifeline = Lifeline()
-        self._process: ManagedProcess | None = None
-        self._deadline_s: float | None = None
-        self._stopped = threading.Event()
-        self._lock = threading.Lock()
 
-    def _where(self) -> tuple[str, str]:
-        """Ray's id of this node and its host name."""
-        from roomkeeper.cluster.ray_import import load_ray
+def _where() -> tuple[str, str]:
+    """Ray's id of this node and its host name."""
+    from roomkeeper.cluster.ray_import import load_ray
 
-        node_id: str = load_ray().get_runtime_context().get_node_id()
-        return node_id, socket.gethostname()
+    node_id: str = load_ray().get_runtime_context().get_node_id()
+    return node_id, socket.gethostname()
 
-    def begin(self, job: NodeJob) -> Begun:
-        """Ask this node's guard, then start the job as a managed tree if it was admitted."""
-        node_id, host = self._where()
-        guard = Guard(env=node_environment())
-        decision = guard.admit(job.job_id, memory_bytes=job.memory_bytes, disk_bytes=job.disk_bytes)
-        memory = decision.memory
-        headroom = _headroom(
-            decision.memory_line_bytes, None if memory is None else memory.used_bytes
-        )
-        if not decision.admit:
-            return Begun(
-                node_id, host, False, decision.reason.value, decision.summary, None, headroom
+
+def _spec(job: NodeJob, log_path: str) -> LaunchSpec:
+    return LaunchSpec(
+        argv=job.argv,
+        log_path=log_path,
+        cwd=job.cwd,
+        env=job.env,
+        nice=job.nice,
+        shell=job.shell,
+        use_cgroup=False,
+        use_freezer=False,
+    )
+
+
+def run_job(job: NodeJob) -> Iterator[Begun | Finished]:
+    """The Ray task on the node: yields :class:`Begun`, then (if it started) :class:`Finished`.
+
+    A cancel from the gateway (``ray.cancel``) arrives as KeyboardInterrupt
+    while the tree runs; the whole tree is then stopped (SIGTERM, the grace,
+    SIGKILL) before the task ends.
+    """
+    node_id, host = _where()
+    decision = Guard(env=node_environment()).admit(
+        job.job_id, memory_bytes=job.memory_bytes, disk_bytes=job.disk_bytes
+    )
+    memory = decision.memory
+    headroom = _headroom(decision.memory_line_bytes, None if memory is None else memory.used_bytes)
+    if not decision.admit:
+        yield Begun(node_id, host, False, decision.reason.value, decision.summary, None, headroom)
+        return
+    directory = tempfile.mkdtemp(prefix="roomkeeper-node-")
+    try:
+        try:
+            process = launch(
+                job.job_id,
+                _spec(job, os.path.join(directory, "output.log")),
+                lifeline=worker_lifeline(),
             )
-        self._dir = tempfile.mkdtemp(prefix="roomkeeper-node-")
-        spec = LaunchSpec(
-            argv=job.argv,
-            log_path=os.path.join(self._dir, "output.log"),
-            cwd=job.cwd,
-            env=job.env,
-            nice=job.nice,
-            shell=job.shell,
-            use_cgroup=False,
-            use_freezer=False,
+        except LaunchError as err:
+            yield Begun(node_id, host, False, "ok", str(err), None, headroom, error=True)
+            return
+        yield Begun(
+            node_id, host, True, decision.reason.value, decision.summary, process.pid, headroom
         )
-        with self._lock:
-            if self._stopped.is_set():  # cancelled before it could start: nothing runs
-                return Begun(node_id, host, False, "ok", "cancelled before it started", None, None)
-            try:
-                self._process = launch(job.job_id, spec, lifeline=self._lifeline)
-            except LaunchError as err:
-                self._cleanup()
-                return Begun(node_id, host, False, "ok", str(err), None, headroom, error=True)
-        self._deadline_s = job.deadline_s
-        return Begun(
-            node_id,
-            host,
-            True,
-            decision.reason.value,
-            decision.summary,
-            self._process.pid,
-            headroom,
-        )
+        yield _wait(process, job)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
-    def finish(self) -> Finished:
-        """Wait for the tree to end (stopping it at its deadline); its status and output.
 
-        The runner's directory and lifeline go with it: the answer holds the output.
-        """
-        process = self._process
-        if process is None:
-            raise LaunchError("?", "finish() before a successful begin()")
-        code = process.wait(timeout=self._deadline_s)
-        timed_out = code is None
-        if timed_out:
-            code = process.stop(STOP_GRACE_SECONDS)
+def _wait(process: ManagedProcess, job: NodeJob) -> Finished:
+    """Wait for the tree, in short steps (so a cancel can interrupt), until its deadline."""
+    timed_out = False
+    end = None if job.deadline_s is None else time.monotonic() + job.deadline_s
+    try:
+        while process.wait(timeout=WAIT_STEP_S) is None:
+            if end is not None and time.monotonic() >= end:
+                timed_out = True
+                process.stop(STOP_GRACE_SECONDS)
+                break
+    except BaseException:  # KeyboardInterrupt: the gateway cancelled it
+        process.stop(job.stop_grace_s)
+        raise
+    finally:
         process.close()
-        code = process.poll() if code is None else code
-        peak = None
-        with contextlib.suppress(Exception):
-            peak = process.peak()
-        with open(process.log_path, "rb") as log:
-            output = log.read()
-        self._cleanup()
-        return Finished(
-            exit_code=-9 if code is None else code,
-            output=output,
-            peak_bytes=None if peak is None else peak.bytes,
-            peak_method=None if peak is None else peak.method.value,
-            timed_out=timed_out,
-        )
-
-    def stop(self, grace: float) -> int | None:
-        """Stop the whole tree (SIGTERM, ``grace`` seconds, SIGKILL); its leader's status."""
-        with self._lock:
-            self._stopped.set()
-            process = self._process
-        return None if process is None else process.stop(grace)
-
-    def _cleanup(self) -> None:
-        """End the lifeline (its tree has ended) and remove the runner's directory."""
-        self._lifeline.close()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+    peak = None
+    with contextlib.suppress(Exception):
+        peak = process.peak()
+    with open(process.log_path, "rb") as log:
+        output = log.read()
+    code = process.poll()
+    return Finished(
+        exit_code=-9 if code is None else code,
+        output=output,
+        peak_bytes=None if peak is None else peak.bytes,
+        peak_method=None if peak is None else peak.method.value,
+        timed_out=timed_out,
+    )
