@@ -75,11 +75,20 @@ def throughput(gw: RunningGateway, count: int) -> float:
     """Jobs per second for ``count`` jobs submitted at once."""
     start = time.monotonic()
     ids = [submit(gw) for _ in range(count)]
-    wait_ended(gw, ids)
-    return count / (time.monotonic() - start)
+    views = wait_ended(gw, ids)
+    rate = count / (time.monotonic() - start)
+    runs = [v["ended_at"] - v["started_at"] for v in views]
+    waits = [v["started_at"] - v["submitted_at"] for v in views]
+    print(
+        f"  batch: start to end median {statistics.median(runs) * 1000:.1f} ms, "
+        f"max {max(runs) * 1000:.1f} ms; waited median {statistics.median(waits) * 1000:.1f} ms",
+        flush=True,
+    )
+    return rate
 
 
 def measure(gw: RunningGateway, args: argparse.Namespace) -> tuple[list[float], float]:
+    print(f"{gw.url}:", flush=True)
     latency(gw, 2)  # warm-up: first imports, first workers
     return latency(gw, args.sequential), throughput(gw, args.jobs)
 
