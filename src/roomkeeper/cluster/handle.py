@@ -62,6 +62,7 @@ class RayHandle:
         self._code: int | None = None
         self._settled: Settlement | None = None
         self._peak: MemoryPeak | None = None
+        self._stop_asked = False
         self.begun: Begun | None = None
 
     @property
@@ -118,6 +119,10 @@ class RayHandle:
         self._code = finished.exit_code
 
     def _lost(self, err: Exception) -> None:
+        if self._stop_asked:  # our own cancel ended the task: not a loss
+            summary = "stopped: its Ray task was cancelled, and the node stopped its whole tree"
+            self._settle(Settlement(RemoteEnd.LOST, None, summary))
+            return
         where = "" if self.begun is None else f" on node {self.begun.host}"
         when = "before it was known to have started" if self.begun is None else "mid-job"
         kind = type(err).__name__
@@ -153,6 +158,7 @@ class RayHandle:
         The node stops the tree with the job's ``stop_grace_s`` (SIGTERM, then
         SIGKILL); the poll then settles it, and the scheduler records the stop.
         """
+        self._stop_asked = True
         with contextlib.suppress(Exception):
             self._ray.cancel(self._answers)
         return None
