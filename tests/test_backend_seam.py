@@ -8,6 +8,7 @@ Also the backend's variables, and that the local path never imports Ray.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -291,3 +292,22 @@ def test_a_runner_ended_to_stop_its_job_leaves_the_job_stopped(tmp_path: Path) -
     rig.last(view.id).settle(RemoteEnd.LOST, None, "the runner was lost")
     rig.scheduler.tick()
     assert rig.scheduler.get(view.id).state is JobState.STOPPED
+
+
+def test_a_head_that_does_not_answer_is_said_at_once() -> None:
+    """Nothing listens at the address: a clear error, not ray.init's minutes of waiting."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    done = _python(
+        "from roomkeeper.gateway.service import open_cluster\n"
+        "from roomkeeper.errors import UsageError\n"
+        "try:\n"
+        "    open_cluster({'ROOMKEEPER_BACKEND': 'ray',\n"
+        f"                  'ROOMKEEPER_RAY_ADDRESS': '127.0.0.1:{port}'}})\n"
+        "except UsageError as err:\n"
+        "    print(err)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"no Ray cluster answers at ROOMKEEPER_RAY_ADDRESS='127.0.0.1:{port}'" in done.stdout
+    assert "ray start --head --port PORT" in done.stdout

@@ -23,6 +23,7 @@ headroom its guard last read, for ``/v1/status``, the Health page and ``/metrics
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from roomkeeper.units import GB
 log = logging.getLogger("roomkeeper")
 
 NODES_FRESH_S = 1.0  # how long one reading of Ray's node table is used
+CONNECT_TIMEOUT_S = 5.0  # for the head's port to accept a connection
 NAMESPACE = "roomkeeper"
 
 
@@ -77,6 +79,27 @@ class _Placed:
     memory_bytes: int
 
 
+def _check_answers(address: str) -> None:
+    """Fail at once when nothing listens at the head's address.
+
+    ``ray.init`` itself waits minutes for an absent head, and a gateway
+    start that hangs says nothing.
+
+    Raises:
+        UsageError: no connection within CONNECT_TIMEOUT_S.
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise UsageError(
+            f"no Ray cluster answers at ROOMKEEPER_RAY_ADDRESS={address!r} ({err}); start its "
+            "head with `ray start --head --port PORT`, or fix the address",
+            name="ROOMKEEPER_RAY_ADDRESS",
+            value=address,
+        ) from err
+
+
 def _gb(value: int) -> str:
     return f"{value / GB:.2f} GB"
 
@@ -107,6 +130,7 @@ class RayBackend:
         self._nodes: list[dict[str, Any]] = []
         self._resources: dict[str, dict[str, float]] = {}  # as each node last listed them
         self._nodes_at = float("-inf")
+        _check_answers(address)
         try:
             self._ray.init(
                 address=address,

@@ -112,6 +112,8 @@ class RayHandle:
         self._on_begun(self._job.job_id, begun)
 
     def _finished(self, finished: Finished) -> None:
+        if finished.timed_out:  # the gateway stops it at the same deadline: said, not acted on
+            log.info("job %s: its node stopped it at its deadline", self._job.job_id)
         with open(self._log_path, "ab") as out:
             out.write(finished.output)
         if finished.peak_bytes is not None and finished.peak_method is not None:
