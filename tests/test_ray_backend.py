@@ -19,6 +19,7 @@ import pytest
 
 from tests.gateways import RunningGateway, running_gateway, wait_until
 from tests.ray_cluster import LocalCluster, local_cluster
+from tests.test_health_page import PAGE_TIMEOUT_MS, browser  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.ray
 
@@ -95,6 +96,25 @@ def test_outputs_and_exit_codes_come_back_and_nodes_are_shown(gateway: RunningGa
     values = [float(m.split()[-1]) for m in metrics.splitlines() if m.startswith(memory_line)]
     assert values == [BIG]
     assert "roomkeeper_node_jobs{" in metrics
+
+
+NODE_ROWS = """(count) => document.querySelectorAll('#nodes tbody tr[data-node]').length >= count"""
+
+
+def test_the_health_page_shows_each_node(browser: Any, gateway: RunningGateway) -> None:  # noqa: F811
+    """The "Ray nodes" card: one row per node, alive, its memory and its guard's headroom."""
+    page = browser.new_page(viewport={"width": 1360, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(f"{gateway.url}/")
+    page.wait_for_function(NODE_ROWS, arg=3, timeout=PAGE_TIMEOUT_MS)  # head, small, big
+    assert page.locator("#nodes-card").is_visible()
+    rows = [r.split("\t") for r in page.locator("#nodes tbody tr").all_inner_texts()]
+    by_memory = {cells[4]: cells for cells in rows}
+    assert set(by_memory) >= {"0.30 GB", "0.90 GB"}
+    assert by_memory["0.90 GB"][2] == "yes"
+    assert by_memory["0.90 GB"][6].endswith(" GB")  # big's guard judged a job before
+    assert errors == []
 
 
 def test_a_job_larger_than_any_node_waits_with_a_clear_reason(gateway: RunningGateway) -> None:
