@@ -98,7 +98,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--sequential", type=int, default=10)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    with tempfile.TemporaryDirectory(prefix="bench-ray-") as where:
+        run(Path(where), args)
+
+
+def run(tmp: Path, args: argparse.Namespace) -> None:
+    """Both backends' figures, printed."""
     extra = {"ROOMKEEPER_MAX_WAITING": "1000", "ROOMKEEPER_MAX_WAITING_PER_OWNER": "1000"}
     results: dict[str, tuple[list[float], float]] = {}
     with running_gateway(tmp / "local", **extra) as gw:
