@@ -6,6 +6,9 @@ the tests do: ``tests/ray_cluster.py``), then two gateways on the same
 machine, one with ROOMKEEPER_BACKEND=local and one with
 ROOMKEEPER_BACKEND=ray, and runs through each:
 
+After a warm-up (2 jobs one after the other, then 8 at once, so that Ray
+has started a worker for each of the 4 slots):
+
 1. Latency: ``--sequential`` jobs of ``true``, one after the other; for
    each, the time from submission to its recorded end (the journal's
    ``ended_at - submitted_at``, both taken by the gateway), median and max.
@@ -89,7 +92,10 @@ def throughput(gw: RunningGateway, count: int) -> float:
 
 def measure(gw: RunningGateway, args: argparse.Namespace) -> tuple[list[float], float]:
     print(f"{gw.url}:", flush=True)
-    latency(gw, 2)  # warm-up: first imports, first workers
+    # Warm-up: first imports, and as many Ray workers as jobs run at once (Ray
+    # starts a worker, a fresh Python, the first time a slot needs one).
+    latency(gw, 2)
+    throughput(gw, 8)
     return latency(gw, args.sequential), throughput(gw, args.jobs)
 
 
