@@ -147,6 +147,16 @@ def test_cancel_stops_the_remote_tree(gateway: RunningGateway, tmp_path: Path) -
     wait_until(lambda: gone(leader) and gone(child), "the remote tree to be gone", 30)
 
 
+def test_a_deadline_stops_the_remote_tree(gateway: RunningGateway, tmp_path: Path) -> None:
+    """Its deadline passes while it runs on a node: timed out, and its tree there is gone."""
+    script = f"echo $$ > {tmp_path}/leader; exec sleep 300"
+    late = submit(gateway, ["sh", "-c", script], timeout_s=3)
+    leader = pid_in(tmp_path / "leader")
+    ended = wait_state(gateway, late, "timed_out", timeout=60)
+    assert ended["exit_code"] is None
+    wait_until(lambda: gone(leader), "the timed-out tree to be gone", 30)
+
+
 def test_a_node_guard_refusal_is_waited_out(
     cluster: LocalCluster, gateway: RunningGateway, tmp_path: Path
 ) -> None:

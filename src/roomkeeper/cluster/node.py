@@ -194,29 +194,37 @@ def run_job(job: NodeJob) -> Iterator[Begun | Finished]:
         except LaunchError as err:
             yield Begun(node_id, host, False, "ok", str(err), None, headroom, error=True)
             return
-        yield Begun(
-            node_id, host, True, decision.reason.value, decision.summary, process.pid, headroom
-        )
-        yield _wait(process, job)
+        try:
+            yield Begun(
+                node_id, host, True, decision.reason.value, decision.summary, process.pid, headroom
+            )
+            timed_out = _wait(process, job.deadline_s)
+        except BaseException:  # a cancel (KeyboardInterrupt), or the stream closed early
+            process.stop(job.stop_grace_s)
+            raise
+        finally:
+            process.close()
+        yield _finished(process, timed_out)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _wait(process: ManagedProcess, job: NodeJob) -> Finished:
-    """Wait for the tree, in short steps (so a cancel can interrupt), until its deadline."""
-    timed_out = False
-    end = None if job.deadline_s is None else time.monotonic() + job.deadline_s
-    try:
-        while process.wait(timeout=WAIT_STEP_S) is None:
-            if end is not None and time.monotonic() >= end:
-                timed_out = True
-                process.stop(STOP_GRACE_SECONDS)
-                break
-    except BaseException:  # KeyboardInterrupt: the gateway cancelled it
-        process.stop(job.stop_grace_s)
-        raise
-    finally:
-        process.close()
+def _wait(process: ManagedProcess, deadline_s: float | None) -> bool:
+    """Wait for the tree in short steps (a cancel interrupts only between them).
+
+    Returns:
+        Whether its deadline passed first (then the tree was stopped).
+    """
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    while process.wait(timeout=WAIT_STEP_S) is None:
+        if end is not None and time.monotonic() >= end:
+            process.stop(STOP_GRACE_SECONDS)
+            return True
+    return False
+
+
+def _finished(process: ManagedProcess, timed_out: bool) -> Finished:
+    """The closed tree's status, output and peak."""
     peak = None
     with contextlib.suppress(Exception):
         peak = process.peak()
