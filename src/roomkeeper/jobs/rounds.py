@@ -10,6 +10,12 @@ lock held, and the launch re-checks, under the lock, that the job is still
 waiting.  A cancel that lands while the job is being judged therefore
 removes its permission to launch; a cancel after the spawn stops its tree.
 
+Jobs that run elsewhere (the Ray backend) come with a ``placement``,
+asked instead of the guard, and handles that may end in a
+:class:`~roomkeeper.jobs.book.Settlement`: refused by their node's guard
+(the job goes back to the head of its owner's line and waits), lost with
+their node (``uncertain``, never re-run), or failed to start there.
+
 A :class:`Runner` owns the running jobs; the queue and the job book are the
 scheduler's, shared with it, and so is the lock.  When and how often rounds
 run is :mod:`roomkeeper.jobs.scheduler`'s.
