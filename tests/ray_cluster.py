@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 RAY = str(Path(sys.executable).with_name("ray"))
 NODE_WAIT_S = 90.0
 
@@ -61,10 +63,42 @@ class Node:
     settings: Path  # its ROOMKEEPER_NODE_SETTINGS file
 
     def kill(self) -> None:
-        """SIGKILL the node's whole process group (raylet, agents, workers) at once."""
+        """SIGKILL the node's whole process group (raylet, agents, workers) at once.
+
+        When this process is a subreaper (a scheduler test made it one), the
+        group's orphans become our children: they are reaped here, or they
+        would stay zombies, and Ray would not see the node go.
+        """
+        members = _group_members(self.proc.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
+        _reap(members)
+
+
+def _group_members(pgid: int) -> set[int]:
+    """The pids in process group ``pgid`` now (its leader too)."""
+    found = set()
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pgid:
+                found.add(pid)
+    return found
+
+
+def _reap(pids: set[int], timeout: float = 10.0) -> None:
+    """Reap those of ``pids`` that became our children once dead; forget the others."""
+    deadline = time.monotonic() + timeout
+    left = set(pids)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            try:
+                if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                    left.discard(pid)  # reaped
+            except ChildProcessError:
+                if not psutil.pid_exists(pid):
+                    left.discard(pid)  # gone, reaped by whoever was its parent
+        time.sleep(0.05)
 
 
 @dataclass
