@@ -100,6 +100,7 @@ def test_health_page_shows_chart_guard_and_a_submitted_job(
     assert headline and headline != "…"
     assert page.locator("#summary").inner_text().strip()
     assert page.locator("#banner").is_hidden()
+    assert page.locator("#nodes-card").is_hidden()  # the local backend has no Ray nodes
     page.screenshot(path=str(tmp_path / "health.png"), full_page=True)
     assert errors == []
 

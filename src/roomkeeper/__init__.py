@@ -20,16 +20,20 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
   May import: ``guard``, ``kernel``.
 - ``journal``: the SQLite journal, one module per table; every SQL string of
   the project.  May import: ``jobs``, ``guard``, ``kernel``.
+- ``cluster``: the Ray backend: placement on the cluster, the runner actor
+  that asks a node's own guard and runs the job there, the gateway's handle
+  of it.  Ray itself is imported only when chosen.  May import: ``jobs``,
+  ``guard``, ``kernel``.
 - ``gateway``: the service that owns scheduler, guard and journal; durable
   jobs and leases, recovery, registered calls, samples, the supervisor link.
-  May import: ``journal``, ``jobs``, ``guard``, ``kernel``, ``ipc``.
+  May import: ``cluster``, ``journal``, ``jobs``, ``guard``, ``kernel``, ``ipc``.
 - ``api``: the HTTP app, one module per resource's routes, models, views,
-  metrics, serving.  May import: ``gateway``, ``journal``, ``jobs``,
+  metrics, serving.  May import: ``gateway``, ``cluster``, ``journal``, ``jobs``,
   ``guard``, ``kernel``, ``ipc``.
 - ``supervisor``: runs the gateway as its child and watches it from outside;
   talks to it through ``ipc`` only.  May import: ``ipc``.
 - ``cli``: the ``roomkeeper`` command.  May import: ``api``, ``gateway``,
-  ``journal``, ``jobs``, ``guard``, ``kernel``, ``ipc``, ``supervisor``.
+  ``cluster``, ``journal``, ``jobs``, ``guard``, ``kernel``, ``ipc``, ``supervisor``.
 
 ``ipc`` (the supervisor's socketpair protocol) imports nothing of ours.
 ``testing`` holds fakes for tests and may import anything.  Only ``api``

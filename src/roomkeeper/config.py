@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from roomkeeper.errors import UsageError
 from roomkeeper.units import MIB
 
 log = logging.getLogger("roomkeeper")
@@ -343,3 +344,68 @@ def read_watchdog_settings(env: Mapping[str, str] | None = None) -> WatchdogSett
             env, "ROOMKEEPER_RESTART_COOLDOWN", d.cooldown_s, _SECONDS, "a number of seconds >= 0"
         ),
     )
+
+
+BACKENDS = ("local", "ray")
+"""Where admitted jobs run: ``local`` managed trees, or tasks on a Ray cluster."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSettings:
+    """ROOMKEEPER_BACKEND and, for ``ray``, the head's address and each job's CPU need.
+
+    Attributes:
+        backend: ``local`` or ``ray``.
+        ray_address: ROOMKEEPER_RAY_ADDRESS, the head's ``HOST:PORT`` (GCS port).
+        ray_job_cpus: ROOMKEEPER_RAY_JOB_CPUS, the ``num_cpus`` each job asks of Ray (1).
+    """
+
+    backend: str = "local"
+    ray_address: str | None = None
+    ray_job_cpus: float = 1.0
+
+
+def _ray_address(text: str) -> str:
+    """``HOST:PORT``; anything else raises ValueError."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(text)
+    return text
+
+
+def read_backend_settings(env: Mapping[str, str] | None = None) -> BackendSettings:
+    """Read ROOMKEEPER_BACKEND and ROOMKEEPER_RAY_ADDRESS, strictly.
+
+    Unlike the guard's variables these do not fall back to a default: a
+    typo would run every job on the wrong machines, so the gateway refuses
+    to start and says what to write instead.
+
+    Raises:
+        UsageError: the backend is neither ``local`` nor ``ray``, or ``ray``
+            is chosen without a usable ROOMKEEPER_RAY_ADDRESS.
+    """
+    env = os.environ if env is None else env
+    backend = (env.get("ROOMKEEPER_BACKEND") or "local").strip().lower()
+    if backend not in BACKENDS:
+        raise UsageError(
+            f"ROOMKEEPER_BACKEND={backend!r} is not a backend: write local (the default) or ray",
+            name="ROOMKEEPER_BACKEND",
+            value=backend,
+        )
+    raw = (env.get("ROOMKEEPER_RAY_ADDRESS") or "").strip()
+    if backend == "local":
+        return BackendSettings()
+    try:
+        address = _ray_address(raw)
+    except ValueError:
+        shown = repr(raw) if raw else "unset"
+        raise UsageError(
+            f"ROOMKEEPER_BACKEND=ray needs ROOMKEEPER_RAY_ADDRESS=HOST:PORT, the Ray head's "
+            f"address (ray start --head --port PORT); it is {shown}",
+            name="ROOMKEEPER_RAY_ADDRESS",
+            value=raw,
+        ) from None
+    cpus = _variable(
+        env, "ROOMKEEPER_RAY_JOB_CPUS", 1.0, _number(0, 1024), "a number of CPUs from 0 to 1024"
+    )
+    return BackendSettings(backend="ray", ray_address=address, ray_job_cpus=cpus)

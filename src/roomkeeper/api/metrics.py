@@ -78,6 +78,35 @@ class GatewayCollector(Collector):
         for lease_state, count in g.leases.counts().items():
             leases.add_metric([lease_state], count)
         yield leases
+        yield from _node_metrics(g)
+
+
+def _node_metrics(g: Gateway) -> Iterator[GaugeMetricFamily]:
+    """Per Ray node (the ray backend only; a cluster's nodes are few): jobs and memory."""
+    nodes = g.nodes()
+    if not nodes:
+        return
+    jobs = GaugeMetricFamily("roomkeeper_node_jobs", "Our jobs running on a node.", labels=["node"])
+    memory = GaugeMetricFamily(
+        "roomkeeper_node_memory_bytes", "A node's Ray memory resource.", labels=["node"]
+    )
+    reserved = GaugeMetricFamily(
+        "roomkeeper_node_reserved_bytes", "Estimates of our jobs on a node.", labels=["node"]
+    )
+    headroom = GaugeMetricFamily(
+        "roomkeeper_node_headroom_bytes",
+        "A node's memory line less its use, as its guard last read it.",
+        labels=["node"],
+    )
+    for n in nodes:
+        if not n.alive:
+            continue
+        jobs.add_metric([n.node_id], n.jobs)
+        memory.add_metric([n.node_id], n.memory_bytes)
+        reserved.add_metric([n.node_id], n.reserved_bytes)
+        if n.headroom_bytes is not None:
+            headroom.add_metric([n.node_id], n.headroom_bytes)
+    yield from (jobs, memory, reserved, headroom)
 
 
 def render_metrics(gateway: Gateway) -> tuple[bytes, str]:

@@ -275,6 +275,23 @@ class QueueOut(BaseModel):
     running: int
     by_owner: dict[str, OwnerCounts]
     refusals: dict[str, int]
+    last_refusal: str | None = Field(default=None, description="The last refusal, in words.")
+
+
+class NodeOut(BaseModel):
+    """One Ray node (backend ``ray``): its memory, our jobs there, its guard's last headroom."""
+
+    model_config = OUT
+    node_id: str
+    address: str
+    alive: bool
+    memory_bytes: int
+    cpus: Number
+    reserved_bytes: int
+    room_bytes: int
+    running: int
+    headroom_bytes: int | None
+    headroom_at: Number | None
 
 
 class StatusOut(BaseModel):
@@ -288,6 +305,8 @@ class StatusOut(BaseModel):
     disk: DiskOut
     queue: QueueOut
     leases: LeaseCounts
+    backend: Literal["local", "ray"]
+    nodes: list[NodeOut] = Field(description="Ray nodes; empty with the local backend.")
     holds: list[Literal["shutting down", "recovery mode", "relief"]]
 
 
@@ -372,6 +391,8 @@ class FeedOut(BaseModel):
     refusals: list[FeedRefusal]
     recoveries: list[FeedRecovery]
     leases: LeaseCounts
+    backend: Literal["local", "ray"]
+    nodes: list[NodeOut] = Field(description="Ray nodes; empty with the local backend.")
 
 
 # ------------------------------------------------------------------ the service

@@ -137,7 +137,28 @@ def feed_json(gateway: Gateway) -> dict[str, Any]:
             for e in gateway.journal.history(limit=FEED_RECOVERIES)
         ],
         "leases": gateway.leases.counts(),
+        "backend": gateway.backend,
+        "nodes": nodes_json(gateway),
     }
+
+
+def nodes_json(gateway: Gateway) -> list[dict[str, Any]]:
+    """Each Ray node: its memory, our jobs there, and the headroom its guard last read."""
+    return [
+        {
+            "node_id": n.node_id,
+            "address": n.address,
+            "alive": n.alive,
+            "memory_bytes": n.memory_bytes,
+            "cpus": n.cpus,
+            "reserved_bytes": n.reserved_bytes,
+            "room_bytes": max(0, n.memory_bytes - n.reserved_bytes),
+            "running": n.jobs,
+            "headroom_bytes": n.headroom_bytes,
+            "headroom_at": n.headroom_at,
+        }
+        for n in gateway.nodes()
+    ]
 
 
 def _feed_memory(decision: Decision, latest: Sample) -> dict[str, Any]:
@@ -260,8 +281,11 @@ def status_json(gateway: Gateway) -> dict[str, Any]:
             "running": stats.running,
             "by_owner": {o: {"waiting": w, "running": r} for o, (w, r) in stats.by_owner.items()},
             "refusals": stats.refusals,
+            "last_refusal": stats.last_refusal,
         },
         "leases": gateway.leases.counts(),
+        "backend": gateway.backend,
+        "nodes": nodes_json(gateway),
         "holds": [
             word
             for word, on in (

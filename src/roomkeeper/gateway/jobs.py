@@ -44,6 +44,7 @@ from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.rounds import Launcher, Placement
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.sizes import size_key
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, WorktreeRequest
@@ -82,6 +83,8 @@ class DurableJobs:
         job_user: the user jobs run as; None for the gateway's own.
         workspaces: makes jobs' git worktrees and reaps finished ones (the guard's
             disk refusal gets one reap first); None: jobs cannot ask for a tree.
+        launcher: starts a job's tree elsewhere (the Ray backend); None: here.
+        placement: asked instead of ``guard`` when ``launcher`` runs jobs elsewhere.
     """
 
     def __init__(
@@ -97,6 +100,8 @@ class DurableJobs:
         hooks: HookRunner,
         job_user: JobUser | None = None,
         workspaces: Workspaces | None = None,
+        launcher: Launcher | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self._journal = journal
         self._hooks = hooks
@@ -123,6 +128,8 @@ class DurableJobs:
             job_user=job_user,
             prepare=workspaces.prepare if workspaces is not None else None,
             reclaim_disk=workspaces.reclaim if workspaces is not None else None,
+            launcher=launcher,
+            placement=placement,
         )
 
     def _mark_launch(self, view: JobView) -> None:

@@ -34,9 +34,14 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from roomkeeper.config import read_gateway_settings, read_queue_settings, read_watchdog_settings
+from roomkeeper.config import (
+    read_backend_settings,
+    read_gateway_settings,
+    read_queue_settings,
+    read_watchdog_settings,
+)
 from roomkeeper.gateway.calls import Calls
 from roomkeeper.gateway.home import (
     check_token_outside_workspace,
@@ -59,6 +64,9 @@ from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.ipc import Channel
 from roomkeeper.jobs.job_user import JobUser, read_job_user
 from roomkeeper.jobs.queue import Limits
+
+if TYPE_CHECKING:
+    from roomkeeper.cluster.backend import NodeView, RayBackend
 from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.resources import cpu_pressure_percent
 from roomkeeper.paths import check_home, home_dir, load_token, workspace_dir
@@ -119,6 +127,7 @@ class Gateway:
         self.boot_id = uuid.uuid4().hex
         self.started = time.monotonic()
         self.guard = Guard(env=env, reserve=self._gateway_reserve)
+        self.cluster = open_cluster(env)  # None: jobs run here, as managed trees
         self.calls = Calls(journal)
         self.leases = Leases(self.guard)
         self.hooks = HookRunner()  # release hooks: their own pool, one deadline each
@@ -191,6 +200,8 @@ class Gateway:
             hooks=self.hooks,
             job_user=self.job_user,
             workspaces=self.workspaces,
+            launcher=None if self.cluster is None else self.cluster.launch,
+            placement=None if self.cluster is None else self.cluster.place,
         )
 
     def say_who_jobs_run_as(self) -> None:
@@ -256,6 +267,15 @@ class Gateway:
     def _limits(self) -> Limits:
         """The seed's bounds from the variables, with the gateway's holds on top."""
         return self.link.holds(Limits.from_settings(read_queue_settings(self.env)))
+
+    @property
+    def backend(self) -> str:
+        """Where admitted jobs run: ``local`` or ``ray``."""
+        return "local" if self.cluster is None else "ray"
+
+    def nodes(self) -> list[NodeView]:
+        """The Ray cluster's nodes, our jobs and headroom on each; empty for the local backend."""
+        return [] if self.cluster is None else self.cluster.nodes()
 
     def shutdown_deadline(self) -> float:
         """min(ROOMKEEPER_SHUTDOWN_S, 2/3 of ROOMKEEPER_WATCHDOG_SHUTDOWN), under a supervisor."""
@@ -461,3 +481,20 @@ class Gateway:
         await asyncio.to_thread(self.scheduler.close, grace=grace)
         await asyncio.to_thread(self.hooks.close)  # 5. close services (hooks end by their deadline)
         await asyncio.to_thread(self.journal.close)
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.close)
+
+
+def open_cluster(env: Mapping[str, str]) -> RayBackend | None:
+    """The Ray backend when ROOMKEEPER_BACKEND=ray (Ray imported only then), else None.
+
+    Raises:
+        UsageError: the backend variables are wrong, Ray is not installed
+            (the message says ``pip install 'roomkeeper[ray]'``), or no cluster answers.
+    """
+    settings = read_backend_settings(env)
+    if settings.backend != "ray" or settings.ray_address is None:
+        return None
+    from roomkeeper.cluster.backend import RayBackend
+
+    return RayBackend(settings.ray_address, job_cpus=settings.ray_job_cpus)

@@ -10,12 +10,13 @@ forgotten beyond KEEP_FINISHED; the journal keeps every one.
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from roomkeeper.errors import UnknownJobError
 from roomkeeper.guard.rule import Reason
@@ -33,15 +34,52 @@ KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every on
 
 
 class Handle(Protocol):
-    """What the scheduler needs of a launched process tree (see :mod:`roomkeeper.jobs.process`)."""
+    """What the scheduler needs of a launched process tree (see :mod:`roomkeeper.jobs.process`).
 
-    pid: int
+    ``pid`` is the leader's pid on this machine, or None for a tree that runs
+    elsewhere (the Ray backend): the scheduler then polls instead of waiting on a pidfd.
+    """
+
+    @property
+    def pid(self) -> int | None: ...
 
     def poll(self) -> int | None: ...
     def footprint_bytes(self) -> int: ...
     def peak(self) -> MemoryPeak: ...
     def stop(self, grace: float = ...) -> int | None: ...
     def close(self) -> None: ...
+
+
+class RemoteEnd(enum.Enum):
+    """How a tree that ran elsewhere ended without an exit status of its own."""
+
+    REFUSED = "refused"  # the node's own guard refused it before it started: it waits again
+    LOST = "lost"  # the node or its runner was lost mid-job: uncertain, never re-run
+    FAILED = "failed"  # the node could not start it (the node's runner says why)
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """Why a remote handle's poll ended without a real exit status.
+
+    Attributes:
+        end: what happened.
+        reason: the node guard's reason (REFUSED), else None.
+        summary: the node's words, for the job's error or the refusal log.
+    """
+
+    end: RemoteEnd
+    reason: Reason | None
+    summary: str
+
+
+@runtime_checkable
+class RemoteHandle(Handle, Protocol):
+    """A handle whose tree runs on another machine and can end in a :class:`Settlement`."""
+
+    def settlement(self) -> Settlement | None:
+        """None while it runs or when it exited by itself; else how it ended."""
+        ...
 
 
 @dataclass(slots=True)

@@ -73,6 +73,11 @@ class LaunchSpec:
         use_freezer: where the job has no v2 group, try a v1 freezer group of
             its own; without either, suspending it signals every process.
         user: the user the job runs as (:mod:`roomkeeper.jobs.job_user`); None: ours.
+        memory_bytes: the job's memory estimate, for a launcher that places it
+            elsewhere (the Ray backend's ``memory`` resource); unused here.
+        disk_bytes: the job's own disk estimate (None: the default); unused here.
+        deadline_s: seconds the job has left when launched (None: no deadline),
+            for a launcher whose nodes enforce it too; unused here.
     """
 
     argv: Sequence[str]
@@ -84,6 +89,9 @@ class LaunchSpec:
     use_cgroup: bool = True
     use_freezer: bool = True
     user: JobUser | None = None
+    memory_bytes: int = 0
+    disk_bytes: int | None = None
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         if not -20 <= self.nice <= 19:

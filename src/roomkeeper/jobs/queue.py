@@ -98,6 +98,12 @@ class FairQueue(Generic[T]):
         if owner not in self._turn:
             self._turn.append(owner)
 
+    def push_front(self, owner: str, item: T) -> None:
+        """Put ``item`` back at the head of its owner's line (it keeps its place)."""
+        self._queues.setdefault(owner, deque()).appendleft(item)
+        if owner not in self._turn:
+            self._turn.append(owner)
+
     def remove(self, owner: str, item: T) -> None:
         """Take ``item`` out of its owner's line, if it is there."""
         queue = self._queues.get(owner)

@@ -17,6 +17,12 @@ worktree gets it after admission and before its command starts
 (``prepare``), outside the lock because git takes its time; a job cancelled
 meanwhile does not start.
 
+Jobs that run elsewhere (the Ray backend) come with a ``placement``,
+asked instead of the guard, and handles that may end in a
+:class:`~roomkeeper.jobs.book.Settlement`: refused by their node's guard
+(the job goes back to the head of its owner's line and waits), lost with
+their node (``uncertain``, never re-run), or failed to start there.
+
 A :class:`Runner` owns the running jobs; the queue and the job book are the
 scheduler's, shared with it, and so is the lock.  When and how often rounds
 run is :mod:`roomkeeper.jobs.scheduler`'s.
@@ -35,7 +41,7 @@ from pathlib import Path
 from roomkeeper.errors import LaunchError, WorkspaceError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
-from roomkeeper.jobs.book import Handle, JobBook, JobRecord
+from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteEnd, RemoteHandle, Settlement
 from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.launch import LaunchSpec, launch
 from roomkeeper.jobs.process import Lifeline, become_subreaper
@@ -53,6 +59,8 @@ CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
 Launcher = Callable[[str, LaunchSpec], Handle]
 Prepare = Callable[[JobView], Worktree | None]
 ReclaimDisk = Callable[[JobView, Decision], bool]
+Placement = Callable[[str, int], Decision]
+"""Asked instead of the guard when jobs run elsewhere: (job id, memory estimate) -> decision."""
 
 
 class Runner:
@@ -87,10 +95,12 @@ class Runner:
         job_user: JobUser | None = None,
         prepare: Prepare | None = None,
         reclaim_disk: ReclaimDisk | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self._job_user = job_user
         self._prepare = prepare
         self._reclaim_disk = reclaim_disk
+        self._placement = placement
         self._lock = lock
         self._book = book
         self._queue = queue
@@ -142,17 +152,51 @@ class Runner:
             if code is None:
                 continue
             del self.running[job.id]
-            job.exit_code = code
-            with contextlib.suppress(Exception):
-                peak = job.handle.peak()
-                job.peak_bytes, job.peak_method = peak.bytes, peak.method
             ended.append(job.handle)
             if job.pidfd >= 0:
                 os.close(job.pidfd)
                 job.pidfd = -1
             self._guard.release(job.id)
+            settled = job.handle.settlement() if isinstance(job.handle, RemoteHandle) else None
+            if settled is not None:
+                self._settle(job, settled)
+                continue
+            job.exit_code = code
+            with contextlib.suppress(Exception):
+                peak = job.handle.peak()
+                job.peak_bytes, job.peak_method = peak.bytes, peak.method
             self._book.finish(job, job.stop_cause or JobState.EXITED, job.stop_reason)
         return ended
+
+    def _settle(self, job: JobRecord, settled: Settlement) -> None:
+        """A remote tree that ended without an exit status of its own (lock held).
+
+        Refused by the node's guard: the job never started, so it goes back to
+        the head of its owner's line and waits, with the node's reason, unless a
+        cancel or a deadline already ended it.  Lost mid-job: it may have done
+        part of its work, so it is ``uncertain`` and never run again blindly.
+        """
+        if settled.end is RemoteEnd.REFUSED and job.stop_cause is None:
+            job.handle, job.started = None, None
+            reason = settled.reason or Reason.MEMORY
+            self.refusals[reason.value] += 1
+            self.last_refusal = settled.summary
+            self._queue.push_front(job.spec.owner, job)
+            self._book.record(job, JobState.WAITING, reason)
+            if self._on_refusal is not None:
+                self._on_refusal(job.id, Decision(job.id, False, reason, settled.summary))
+            return
+        if settled.end is RemoteEnd.REFUSED:  # cancelled or timed out before it could start
+            state = JobState.CANCELLED if job.stop_cause is JobState.STOPPED else job.stop_cause
+            self._book.finish(job, state or JobState.CANCELLED, job.stop_reason)
+            return
+        job.error = settled.summary
+        if settled.end is RemoteEnd.FAILED:
+            self._book.finish(job, JobState.FAILED, None)
+        elif job.stop_cause is not None:  # its runner was ended to stop it: it is stopped
+            self._book.finish(job, job.stop_cause, job.stop_reason)
+        else:
+            self._book.finish(job, JobState.UNCERTAIN, None)
 
     def close_handles(self, handles: list[Handle]) -> None:
         """Close reaped trees' handles (without the lock)."""
@@ -198,14 +242,14 @@ class Runner:
                 if decision.never_fits:  # waiting would be for ever: fail it, go on
                     self._fail_never_fits(job, decision)
                     continue
-                if not decision.admit:
-                    self.refusals[decision.reason.value] += 1
-                    self.last_refusal = decision.summary
-                    self._explain(decision.reason)
-                    break
-                job.workspace = tree
-                self._start(job, limits)
-                continue
+                if decision.admit:
+                    job.workspace = tree
+                    self._start(job, limits)
+                    continue
+                self.refusals[decision.reason.value] += 1
+                self.last_refusal = decision.summary
+                self._explain(decision.reason)
+            # Told outside the lock; a ``break`` above would skip this (it once did).
             if self._on_refusal is not None:
                 self._on_refusal(job.id, decision)
             return
@@ -227,6 +271,9 @@ class Runner:
         return self._admit(job) if freed else decision
 
     def _admit(self, job: JobRecord) -> Decision:
+        """The guard's decision or, when jobs run elsewhere, the placement's (lock not held)."""
+        if self._placement is not None:
+            return self._placement(job.id, self._guard.estimate(job.spec.memory_estimate))
         return self._guard.admit(
             job.id,
             memory_bytes=job.spec.memory_estimate,
@@ -308,6 +355,9 @@ class Runner:
             nice=limits.worker_nice,
             shell=job.spec.shell,
             user=self._job_user,
+            memory_bytes=self._guard.estimate(job.spec.memory_bytes),
+            disk_bytes=job.spec.disk_bytes,
+            deadline_s=None if job.deadline is None else max(0.0, job.deadline - self._clock()),
         )
         try:
             if self._before_launch is not None:
@@ -327,7 +377,7 @@ class Runner:
         job.handle = handle
         job.started = self._wall()
         try:
-            job.pidfd = os.pidfd_open(handle.pid)
+            job.pidfd = -1 if handle.pid is None else os.pidfd_open(handle.pid)
         except (AttributeError, OSError):
             job.pidfd = -1  # the loop falls back to polling
         self.running[job.id] = job

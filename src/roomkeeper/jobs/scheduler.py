@@ -41,6 +41,7 @@ from roomkeeper.jobs.rounds import (
     RETRY_SECONDS,
     STOP_GRACE_SECONDS,
     Launcher,
+    Placement,
     Prepare,
     ReclaimDisk,
     Runner,
@@ -95,6 +96,8 @@ class Scheduler:
         reclaim_disk: the one reap a refusal for disk gets before it stands,
             given the job and the refusal (its ``disk_needed_bytes`` is the
             line to reach); True when it freed anything, and the guard judges again.
+        placement: asked instead of the guard before each launch, when ``launcher``
+            runs jobs on other machines (the Ray backend); None: the guard decides.
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class Scheduler:
         job_user: JobUser | None = None,
         prepare: Prepare | None = None,
         reclaim_disk: ReclaimDisk | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self._logs_dir = Path(logs_dir)
         self._guard = guard if guard is not None else Guard()
@@ -141,6 +145,7 @@ class Scheduler:
             job_user=job_user,
             prepare=prepare,
             reclaim_disk=reclaim_disk,
+            placement=placement,
         )
         self._thread: threading.Thread | None = None
         self._closing = False

@@ -1,0 +1,1 @@
+"""The Ray backend: admitted jobs run on a Ray cluster's nodes, each node's guard asked first."""

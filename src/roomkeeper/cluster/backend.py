@@ -1,0 +1,273 @@
+"""The Ray backend: where the gateway's admitted jobs go when ROOMKEEPER_BACKEND=ray.
+
+:class:`RayBackend` connects to the cluster (ROOMKEEPER_RAY_ADDRESS), and gives
+the scheduler its two seams: :meth:`RayBackend.place`, asked instead of the
+gateway's guard (the jobs do not run in the gateway's container), and
+:meth:`RayBackend.launch`, the launcher.
+
+Placement keeps our fairness in our queue, not in Ray's: a job is sent only
+when some live node could hold its memory estimate now, counting what our own
+jobs already hold there; a job larger than every node waits with that said,
+for a larger node to join.  Launched, a job is one Ray task
+(:func:`~roomkeeper.cluster.node.run_job`) with ``memory`` = its estimate,
+``num_cpus`` = ROOMKEEPER_RAY_JOB_CPUS and ``max_retries=0`` (the journal,
+not Ray, decides what may run again), and its deadline is the time it has
+left.  A task, not an actor: Ray runs it on a pooled worker, where an actor
+would start a fresh worker process for every job (about 3 s a job on the
+2-core development machine, against tens of milliseconds).
+
+:meth:`RayBackend.nodes` is each node's memory, our jobs there, and the
+headroom its guard last read, for ``/v1/status``, the Health page and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from roomkeeper.cluster.handle import RayHandle
+from roomkeeper.cluster.node import Begun, NodeJob, run_job
+from roomkeeper.cluster.ray_import import load_ray
+from roomkeeper.errors import UsageError
+from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.jobs.launch import LaunchSpec
+from roomkeeper.units import GB
+
+log = logging.getLogger("roomkeeper")
+
+NODES_FRESH_S = 1.0  # how long one reading of Ray's node table is used
+CONNECT_TIMEOUT_S = 5.0  # for the head's port to accept a connection
+NAMESPACE = "roomkeeper"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node of the cluster as the gateway sees it.
+
+    Attributes:
+        node_id: Ray's id of the node.
+        address: its address in the cluster.
+        alive: whether Ray counts it alive.
+        memory_bytes: its Ray ``memory`` resource (what Ray may place there).
+        cpus: its Ray ``CPU`` resource.
+        reserved_bytes: what our jobs running there hold of it (their estimates).
+        jobs: our jobs running there.
+        headroom_bytes: its memory line less its use, as its guard last read it
+            (when a job was judged there); None before any.
+        headroom_at: when that was read (wall-clock seconds).
+    """
+
+    node_id: str
+    address: str
+    alive: bool
+    memory_bytes: int
+    cpus: float
+    reserved_bytes: int
+    jobs: int
+    headroom_bytes: int | None
+    headroom_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    node_id: str
+    memory_bytes: int
+
+
+def _check_answers(address: str) -> None:
+    """Fail at once when nothing listens at the head's address.
+
+    ``ray.init`` itself waits minutes for an absent head, and a gateway
+    start that hangs says nothing.
+
+    Raises:
+        UsageError: no connection within CONNECT_TIMEOUT_S.
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise UsageError(
+            f"no Ray cluster answers at ROOMKEEPER_RAY_ADDRESS={address!r} ({err}); start its "
+            "head with `ray start --head --port PORT`, or fix the address",
+            name="ROOMKEEPER_RAY_ADDRESS",
+            value=address,
+        ) from err
+
+
+def _gb(value: int) -> str:
+    return f"{value / GB:.2f} GB"
+
+
+class RayBackend:
+    """The cluster connection, the placement check and the per-node table.
+
+    Args:
+        address: the head's ``HOST:PORT``.
+        job_cpus: the ``num_cpus`` each job asks for.
+        wall: wall-clock seconds (when a headroom was read).
+
+    Raises:
+        UsageError: Ray is not installed, or the cluster does not answer at ``address``.
+    """
+
+    def __init__(
+        self, address: str, *, job_cpus: float = 1.0, wall: Callable[[], float] = time.time
+    ) -> None:
+        self._ray = load_ray()
+        self.address = address
+        self._job_cpus = job_cpus
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._placed: dict[str, _Placed] = {}
+        self._sent: dict[str, int] = {}  # launched, node not known yet: job -> estimate
+        self._headroom: dict[str, tuple[int, float]] = {}
+        self._nodes: list[dict[str, Any]] = []
+        self._resources: dict[str, dict[str, float]] = {}  # as each node last listed them
+        self._nodes_at = float("-inf")
+        _check_answers(address)
+        try:
+            self._ray.init(
+                address=address,
+                namespace=NAMESPACE,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                ignore_reinit_error=True,
+            )
+        except Exception as err:
+            raise UsageError(
+                f"no Ray cluster answers at ROOMKEEPER_RAY_ADDRESS={address!r} ({err}); "
+                "start its head with `ray start --head --port PORT` or fix the address",
+                name="ROOMKEEPER_RAY_ADDRESS",
+                value=address,
+            ) from err
+        self._task = self._ray.remote(run_job)
+        log.info("jobs run on the Ray cluster at %s", address)
+
+    # -------------------------------------------------------------- placement
+
+    def _live_nodes(self) -> list[dict[str, Any]]:
+        """Ray's node table, read at most every NODES_FRESH_S."""
+        now = time.monotonic()
+        if now - self._nodes_at >= NODES_FRESH_S:
+            self._nodes = list(self._ray.nodes())
+            self._nodes_at = now
+            for n in self._nodes:  # a lost node's resources are no longer listed
+                if n.get("Alive") and n.get("Resources"):
+                    self._resources[n["NodeID"]] = dict(n["Resources"])
+        return [n for n in self._nodes if n.get("Alive")]
+
+    def _reserved_on(self, node_id: str) -> int:
+        return sum(p.memory_bytes for p in self._placed.values() if p.node_id == node_id)
+
+    def place(self, job_id: str, memory_bytes: int) -> Decision:
+        """Whether some live node could hold ``memory_bytes`` now; the decision says which.
+
+        Refused when no live node is that large (the job waits for a larger
+        node) or when every node large enough is full of our own jobs.
+        """
+        nodes = [n for n in self._live_nodes() if n["Resources"].get("CPU", 0) >= self._job_cpus]
+        sizes = [int(n["Resources"].get("memory", 0)) for n in nodes]
+        ask = f"{_gb(memory_bytes)} of memory and {self._job_cpus:g} CPU"
+        if not sizes or max(sizes) < memory_bytes:
+            largest = _gb(max(sizes)) if sizes else "none"
+            summary = (
+                f"no node of the Ray cluster offers {ask} (largest: {largest}, "
+                f"{len(nodes)} nodes); waiting for a larger node"
+            )
+            return Decision(job_id, False, Reason.MEMORY, summary, estimate_bytes=memory_bytes)
+        with self._lock:
+            unknown = sum(self._sent.values())  # sent, not yet placed: counted against each
+            room = [
+                size - self._reserved_on(n["NodeID"]) - unknown
+                for n, size in zip(nodes, sizes, strict=True)
+            ]
+        if max(room) < memory_bytes:
+            summary = (
+                f"every node that could hold {ask} is full of running jobs "
+                f"(most room: {_gb(max(0, *room))}); waiting for one to end"
+            )
+            return Decision(job_id, False, Reason.MEMORY, summary, estimate_bytes=memory_bytes)
+        fits = sum(1 for r in room if r >= memory_bytes)
+        summary = f"{fits} of {len(nodes)} Ray nodes have room for {ask}"
+        return Decision(job_id, True, Reason.OK, summary, estimate_bytes=memory_bytes)
+
+    # --------------------------------------------------------------- launching
+
+    def launch(self, job_id: str, spec: LaunchSpec) -> RayHandle:
+        """Send the job to the cluster: one runner actor with its estimate and CPU need."""
+        job = NodeJob(
+            job_id=job_id,
+            argv=tuple(spec.argv) if not isinstance(spec.argv, str) else (spec.argv,),
+            shell=spec.shell,
+            cwd=spec.cwd,
+            env=None if spec.env is None else dict(spec.env),
+            nice=spec.nice,
+            memory_bytes=spec.memory_bytes,
+            disk_bytes=spec.disk_bytes,
+            deadline_s=spec.deadline_s,
+        )
+        answers = self._task.options(
+            memory=max(1, spec.memory_bytes),
+            num_cpus=self._job_cpus,
+            max_retries=0,
+            retry_exceptions=False,
+            num_returns="streaming",
+        ).remote(job)
+        with self._lock:
+            self._sent[job_id] = spec.memory_bytes
+        return RayHandle(
+            self._ray,
+            answers,
+            job,
+            log_path=spec.log_path,
+            on_begun=self._begun,
+            on_closed=self._closed,
+        )
+
+    def _begun(self, job_id: str, begun: Begun) -> None:
+        with self._lock:
+            estimate = self._sent.pop(job_id, 0)
+            self._placed[job_id] = _Placed(begun.node_id, estimate)
+            if begun.headroom_bytes is not None:
+                self._headroom[begun.node_id] = (begun.headroom_bytes, self._wall())
+
+    def _closed(self, job_id: str) -> None:
+        with self._lock:
+            self._sent.pop(job_id, None)
+            self._placed.pop(job_id, None)
+
+    # ------------------------------------------------------------------ views
+
+    def nodes(self) -> list[NodeView]:
+        """Every node Ray knows (live or lost), with our jobs and its last headroom."""
+        self._live_nodes()
+        with self._lock:
+            views = []
+            for n in self._nodes:
+                node_id = n["NodeID"]
+                headroom = self._headroom.get(node_id)
+                resources = n.get("Resources") or self._resources.get(node_id, {})
+                views.append(
+                    NodeView(
+                        node_id=node_id,
+                        address=str(n.get("NodeManagerAddress", "")),
+                        alive=bool(n.get("Alive")),
+                        memory_bytes=int(resources.get("memory", 0)),
+                        cpus=float(resources.get("CPU", 0)),
+                        reserved_bytes=self._reserved_on(node_id),
+                        jobs=sum(1 for p in self._placed.values() if p.node_id == node_id),
+                        headroom_bytes=None if headroom is None else headroom[0],
+                        headroom_at=None if headroom is None else headroom[1],
+                    )
+                )
+            return views
+
+    def close(self) -> None:
+        """Disconnect from the cluster (running jobs were stopped by the scheduler first)."""
+        self._ray.shutdown()

@@ -1,0 +1,240 @@
+"""The runner on a Ray node: ask that node's guard, run the job as a managed tree, report back.
+
+One Ray task per job (:func:`run_job`, a streaming generator), placed by Ray
+on a node with the job's memory estimate and CPU need free in Ray's
+bookkeeping, and run on one of that node's pooled workers.  Ray's ``memory``
+resource is bookkeeping only, so before anything starts the task asks a
+:class:`~roomkeeper.guard.admission.Guard` of its own: the same rule and
+readings as the gateway's, of *this* node's container.  A refusal is the
+task's one answer (:class:`Begun` with ``admitted`` False) and the gateway
+puts the job back in line; nothing was started.
+
+Admitted, the command runs as a managed tree (:func:`roomkeeper.jobs.launch.launch`:
+its own session and process group, output in a file, whole-tree stop) under
+the worker's lifeline, so that the tree dies with the worker even when the
+node is killed.  The task's first answer (:class:`Begun`: node, pid,
+headroom) comes as soon as the tree runs; its second (:class:`Finished`:
+exit status, output, peak) when the tree has ended or its deadline passed
+(then the tree is stopped).  A cancel stops the whole tree.
+
+The node's guard reads the node's own ``ROOMKEEPER_*`` variables, and over
+them the ``KEY=VALUE`` lines of the file ROOMKEEPER_NODE_SETTINGS names, read
+afresh for every job: a node's settings change without restarting it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from roomkeeper.errors import LaunchError
+from roomkeeper.guard.admission import Guard
+from roomkeeper.jobs.launch import LaunchSpec, launch
+from roomkeeper.jobs.lifeline import Lifeline
+from roomkeeper.jobs.process import ManagedProcess
+
+STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when the deadline passes on the node
+WAIT_STEP_S = 0.1  # a cancel interrupts Python code only between steps, not inside a poll
+
+
+@dataclass(frozen=True, slots=True)
+class NodeJob:
+    """What the gateway sends a node: the command, its estimates, the time it has left.
+
+    Attributes:
+        job_id: the gateway's id for the job.
+        argv: the command (one string of shell text when ``shell``).
+        shell: run ``argv[0]`` with ``/bin/sh -c``.
+        cwd: its working directory on the node; the runner's own when None.
+        env: its whole environment; the node worker's when None.
+        nice: the niceness it runs at.
+        memory_bytes: its memory estimate, asked of the node's guard.
+        disk_bytes: its disk estimate; the node's ROOMKEEPER_JOB_DISK_MB when None.
+        deadline_s: seconds it has left when sent; no deadline when None.
+        stop_grace_s: SIGTERM to SIGKILL when it is cancelled.
+    """
+
+    job_id: str
+    argv: tuple[str, ...]
+    shell: bool
+    cwd: str | None
+    env: Mapping[str, str] | None
+    nice: int
+    memory_bytes: int
+    disk_bytes: int | None
+    deadline_s: float | None
+    stop_grace_s: float = STOP_GRACE_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class Begun:
+    """The node's answer to :meth:`NodeRunner.begin`.
+
+    Attributes:
+        node_id: Ray's id of the node that judged it.
+        host: that node's host name.
+        admitted: whether the node's guard let it start (then it runs).
+        reason: the node guard's reason (a :class:`~roomkeeper.guard.rule.Reason` value).
+        summary: the node guard's words, or why it could not start.
+        pid: the tree's leader on the node (None when it did not start).
+        headroom_bytes: the node's memory line less its use, as its guard read it.
+        error: it was admitted but could not start (missing command, bad cwd).
+    """
+
+    node_id: str
+    host: str
+    admitted: bool
+    reason: str
+    summary: str
+    pid: int | None
+    headroom_bytes: int | None
+    error: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """How the tree ended on the node: its status, its output, its peak."""
+
+    exit_code: int
+    output: bytes
+    peak_bytes: int | None
+    peak_method: str | None
+    timed_out: bool
+
+
+def node_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This node's variables, with the lines of ROOMKEEPER_NODE_SETTINGS' file over them.
+
+    A missing file adds nothing; lines without ``=`` and ``#`` comments are skipped.
+    """
+    merged = dict(os.environ if env is None else env)
+    path = merged.get("ROOMKEEPER_NODE_SETTINGS")
+    if not path:
+        return merged
+    with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as lines:
+        for line in lines:
+            key, sep, value = line.strip().partition("=")
+            if sep and key and not key.startswith("#"):
+                merged[key.strip()] = value.strip()
+    return merged
+
+
+def _headroom(line: int | None, used: int | None) -> int | None:
+    """The memory line less what is used (negative: over the line), or None if unknown."""
+    if line is None or used is None:
+        return None
+    return line - used
+
+
+_LIFELINE = Lifeline()  # its helper starts with the worker's first job
+
+
+def worker_lifeline() -> Lifeline:
+    """This worker process's lifeline, shared by the jobs it runs one after another.
+
+    Ray reuses its workers from task to task, so the helper starts once per
+    worker, not once per job; when the worker dies (its node lost, SIGKILL
+    included) the helper kills every tree still registered.
+    """
+    _LIFELINE.start()
+    return _LIFELINE
+
+
+def _where() -> tuple[str, str]:
+    """Ray's id of this node and its host name."""
+    from roomkeeper.cluster.ray_import import load_ray
+
+    node_id: str = load_ray().get_runtime_context().get_node_id()
+    return node_id, socket.gethostname()
+
+
+def _spec(job: NodeJob, log_path: str) -> LaunchSpec:
+    return LaunchSpec(
+        argv=job.argv,
+        log_path=log_path,
+        cwd=job.cwd,
+        env=job.env,
+        nice=job.nice,
+        shell=job.shell,
+        use_cgroup=False,
+        use_freezer=False,
+    )
+
+
+def run_job(job: NodeJob) -> Iterator[Begun | Finished]:
+    """The Ray task on the node: yields :class:`Begun`, then (if it started) :class:`Finished`.
+
+    A cancel from the gateway (``ray.cancel``) arrives as KeyboardInterrupt
+    while the tree runs; the whole tree is then stopped (SIGTERM, the grace,
+    SIGKILL) before the task ends.
+    """
+    node_id, host = _where()
+    decision = Guard(env=node_environment()).admit(
+        job.job_id, memory_bytes=job.memory_bytes, disk_bytes=job.disk_bytes
+    )
+    memory = decision.memory
+    headroom = _headroom(decision.memory_line_bytes, None if memory is None else memory.used_bytes)
+    if not decision.admit:
+        yield Begun(node_id, host, False, decision.reason.value, decision.summary, None, headroom)
+        return
+    directory = tempfile.mkdtemp(prefix="roomkeeper-node-")
+    try:
+        try:
+            process = launch(
+                job.job_id,
+                _spec(job, os.path.join(directory, "output.log")),
+                lifeline=worker_lifeline(),
+            )
+        except LaunchError as err:
+            yield Begun(node_id, host, False, "ok", str(err), None, headroom, error=True)
+            return
+        try:
+            yield Begun(
+                node_id, host, True, decision.reason.value, decision.summary, process.pid, headroom
+            )
+            timed_out = _wait(process, job.deadline_s)
+        except BaseException:  # a cancel (KeyboardInterrupt), or the stream closed early
+            process.stop(job.stop_grace_s)
+            raise
+        finally:
+            process.close()
+        yield _finished(process, timed_out)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _wait(process: ManagedProcess, deadline_s: float | None) -> bool:
+    """Wait for the tree in short steps (a cancel interrupts only between them).
+
+    Returns:
+        Whether its deadline passed first (then the tree was stopped).
+    """
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    while process.wait(timeout=WAIT_STEP_S) is None:
+        if end is not None and time.monotonic() >= end:
+            process.stop(STOP_GRACE_SECONDS)
+            return True
+    return False
+
+
+def _finished(process: ManagedProcess, timed_out: bool) -> Finished:
+    """The closed tree's status, output and peak."""
+    peak = None
+    with contextlib.suppress(Exception):
+        peak = process.peak()
+    with open(process.log_path, "rb") as log:
+        output = log.read()
+    code = process.poll()
+    return Finished(
+        exit_code=-9 if code is None else code,
+        output=output,
+        peak_bytes=None if peak is None else peak.bytes,
+        peak_method=None if peak is None else peak.method.value,
+        timed_out=timed_out,
+    )

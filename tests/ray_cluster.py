@@ -1,0 +1,218 @@
+"""A real Ray cluster on loopback for tests: a head and worker nodes, each its own process group.
+
+Every node is ``ray start --block`` in a session of its own, with a private
+temporary directory and ports found free here, so a test never touches a
+cluster it did not start (no ``ray stop``, which stops every cluster of the
+user).  :meth:`LocalCluster.kill_node` SIGKILLs one node's whole process
+group, as when a machine is lost; :meth:`LocalCluster.close` ends the rest
+the same way, and removes the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+RAY = str(Path(sys.executable).with_name("ray"))
+NODE_WAIT_S = 90.0
+
+# Lost nodes are noticed in seconds, not the default half minute.
+FAST_HEALTH = {
+    "RAY_health_check_initial_delay_ms": "0",
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on loopback now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class Node:
+    """One ``ray start --block`` process, the leader of its own process group."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    memory_bytes: int
+    settings: Path  # its ROOMKEEPER_NODE_SETTINGS file
+
+    def kill(self) -> None:
+        """SIGKILL the node's whole process group (raylet, agents, workers) at once.
+
+        When this process is a subreaper (a scheduler test made it one), the
+        group's orphans become our children: they are reaped here, or they
+        would stay zombies, and Ray would not see the node go.
+        """
+        members = _group_members(self.proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        _reap(members)
+
+
+def _group_members(pgid: int) -> set[int]:
+    """The pids in process group ``pgid`` now (its leader too)."""
+    found = set()
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pgid:
+                found.add(pid)
+    return found
+
+
+def _reap(pids: set[int], timeout: float = 10.0) -> None:
+    """Reap those of ``pids`` that became our children once dead; forget the others."""
+    deadline = time.monotonic() + timeout
+    left = set(pids)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            try:
+                if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                    left.discard(pid)  # reaped
+            except ChildProcessError:
+                if not psutil.pid_exists(pid):
+                    left.discard(pid)  # gone, reaped by whoever was its parent
+        time.sleep(0.05)
+
+
+@dataclass
+class LocalCluster:
+    """A head (no CPUs: jobs never land there) and worker nodes with distinct memory."""
+
+    root: Path
+    address: str
+    env: dict[str, str]
+    nodes: dict[str, Node] = field(default_factory=dict)
+
+    def node_env(self, name: str) -> dict[str, str]:
+        settings = self.root / f"{name}.settings"
+        settings.touch()
+        return {
+            **self.env,
+            "ROOMKEEPER_NODE_SETTINGS": str(settings),
+            "ROOMKEEPER_HOME": str(self.root / f"{name}-home"),
+            "ROOMKEEPER_WORKSPACE": str(self.root),
+        }
+
+    def _start(self, name: str, memory_bytes: int, cpus: int, head: bool) -> Node:
+        ports = free_ports(6 + 8)
+        args = [
+            RAY,
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1",
+            f"--temp-dir={self.root / 'ray'}",
+            f"--num-cpus={cpus}",
+            f"--memory={memory_bytes}",
+            f"--resources={json.dumps({})}",
+            "--include-log-monitor=false",
+            f"--node-manager-port={ports[0]}",
+            f"--object-manager-port={ports[1]}",
+            f"--metrics-export-port={ports[2]}",
+            f"--dashboard-agent-listen-port={ports[3]}",
+            f"--dashboard-agent-grpc-port={ports[4]}",
+            f"--runtime-env-agent-port={ports[5]}",
+            f"--worker-port-list={','.join(str(p) for p in ports[6:])}",
+            "--object-store-memory=80000000",
+        ]
+        if head:
+            port = self.address.rsplit(":", 1)[1]
+            args += [
+                "--head",
+                f"--port={port}",
+                "--include-dashboard=false",
+            ]
+        else:
+            args.append(f"--address={self.address}")
+        log = (self.root / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            args,
+            env=self.node_env(name),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        node = Node(name, proc, memory_bytes, self.root / f"{name}.settings")
+        self.nodes[name] = node
+        return node
+
+    def add_node(self, name: str, memory_bytes: int, cpus: int = 2) -> Node:
+        """Start a worker node and wait until it has joined the cluster."""
+        node = self._start(name, memory_bytes, cpus, head=False)
+        self.wait_started(node)
+        return node
+
+    def wait_started(self, node: Node) -> None:
+        """Wait until ``ray start`` says the node runs (it has registered with the head)."""
+        log = self.root / f"{node.name}.log"
+        deadline = time.monotonic() + NODE_WAIT_S
+        while "Ray runtime started" not in log.read_text(errors="replace"):
+            if node.proc.poll() is not None:
+                text = log.read_text(errors="replace")
+                raise AssertionError(f"ray node {node.name} exited:\n{text[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"ray node {node.name} did not start in {NODE_WAIT_S:g} s")
+            time.sleep(0.2)
+
+    def set_node_settings(self, name: str, text: str) -> None:
+        """Write a node's ROOMKEEPER_NODE_SETTINGS file (its guard reads it for every job)."""
+        path = self.nodes[name].settings
+        path.with_suffix(".tmp").write_text(text)
+        path.with_suffix(".tmp").replace(path)
+
+    def close(self) -> None:
+        """SIGKILL every node's process group we started, worker nodes first; remove the directory.
+
+        Nothing of a node outlives its group but job trees' lifelines, which
+        kill their trees and exit once their runner is gone.
+        """
+        for node in reversed(list(self.nodes.values())):
+            node.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: dict[str, int], head_memory: int = 50_000_000) -> Iterator[LocalCluster]:
+    """A head and one worker node per entry (name -> its memory resource in bytes)."""
+    # Short: Ray's unix socket paths live under it and must stay under 108 bytes.
+    root = Path(tempfile.mkdtemp(prefix="rk-ray-", dir="/tmp"))
+    port = free_ports(1)[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROOMKEEPER_", "RAY_"))}
+    env.update(FAST_HEALTH)
+    env.update(ROOMKEEPER_JOB_DISK_MB="0", ROOMKEEPER_DISK_HEADROOM_PERCENT="0")
+    cluster = LocalCluster(root=root, address=f"127.0.0.1:{port}", env=env)
+    try:
+        cluster.wait_started(cluster._start("head", head_memory, 0, head=True))
+        for name, memory in nodes.items():
+            cluster.add_node(name, memory)
+        yield cluster
+    finally:
+        cluster.close()

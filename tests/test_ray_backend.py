@@ -1,0 +1,198 @@
+"""The Ray backend against a real Ray cluster on loopback, through a real gateway.
+
+One cluster for the module: a head with no CPUs (no job lands there) and
+two worker nodes with distinct ``memory`` resources, ``small`` (300 MB)
+and ``big`` (900 MB), each ``ray start`` in its own process group.  A job's
+memory estimate chooses its node: above 300 MB only ``big`` can take it.
+The last test adds a third node, ``doomed``, and SIGKILLs it mid-job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.gateways import RunningGateway, running_gateway, wait_until
+from tests.ray_cluster import LocalCluster, local_cluster
+from tests.test_health_page import PAGE_TIMEOUT_MS, browser  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.ray
+
+MB = 1_000_000
+SMALL, BIG, DOOMED = 300 * MB, 900 * MB, 1500 * MB
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with local_cluster({"small": SMALL, "big": BIG}) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def gateway(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    tmp = tmp_path_factory.mktemp("ray-gateway")
+    with running_gateway(
+        tmp, ROOMKEEPER_BACKEND="ray", ROOMKEEPER_RAY_ADDRESS=cluster.address
+    ) as gw:
+        yield gw
+
+
+def submit(gw: RunningGateway, argv: list[str], memory: int = 50 * MB, **extra: Any) -> str:
+    answer = gw.client.post("/v1/jobs", json={"argv": argv, "memory_bytes": memory, **extra})
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+def job(gw: RunningGateway, job_id: str) -> dict[str, Any]:
+    answer = gw.client.get(f"/v1/jobs/{job_id}")
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def wait_state(
+    gw: RunningGateway, job_id: str, *states: str, timeout: float = 60
+) -> dict[str, Any]:
+    wait_until(lambda: job(gw, job_id)["state"] in states, f"job {job_id} {states}", timeout)
+    return job(gw, job_id)
+
+
+def output(gw: RunningGateway, job_id: str) -> str:
+    return gw.client.get(f"/v1/jobs/{job_id}/output").text
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def pid_in(path: Path, timeout: float = 60) -> int:
+    wait_until(lambda: path.exists() and path.read_text().strip() != "", f"{path} written", timeout)
+    return int(path.read_text().split()[0])
+
+
+def test_outputs_and_exit_codes_come_back_and_nodes_are_shown(gateway: RunningGateway) -> None:
+    failing = submit(gateway, ["sh", "-c", "echo to-out; echo to-err >&2; exit 3"])
+    passing = submit(gateway, ["sh", "-c", "echo fine"], memory=400 * MB)  # big only
+    assert wait_state(gateway, failing, "exited")["exit_code"] == 3
+    assert wait_state(gateway, passing, "exited")["exit_code"] == 0
+    assert output(gateway, failing).splitlines() == ["to-out", "to-err"]
+    assert output(gateway, passing) == "fine\n"
+    status = gateway.client.get("/v1/status").json()
+    assert status["backend"] == "ray"
+    by_memory = {n["memory_bytes"]: n for n in status["nodes"] if n["alive"]}
+    assert {SMALL, BIG} <= set(by_memory)
+    assert by_memory[BIG]["headroom_bytes"] is not None  # its guard judged the 400 MB job
+    assert gateway.anonymous.get("/v1/feed").json()["nodes"] != []
+    metrics = gateway.anonymous.get("/metrics").text
+    memory_line = f'roomkeeper_node_memory_bytes{{node="{by_memory[BIG]["node_id"]}"}} '
+    values = [float(m.split()[-1]) for m in metrics.splitlines() if m.startswith(memory_line)]
+    assert values == [BIG]
+    assert "roomkeeper_node_jobs{" in metrics
+
+
+NODE_ROWS = """(count) => document.querySelectorAll('#nodes tbody tr[data-node]').length >= count"""
+
+
+def test_the_health_page_shows_each_node(browser: Any, gateway: RunningGateway) -> None:  # noqa: F811
+    """The "Ray nodes" card: one row per node, alive, its memory and its guard's headroom."""
+    page = browser.new_page(viewport={"width": 1360, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(f"{gateway.url}/")
+    page.wait_for_function(NODE_ROWS, arg=3, timeout=PAGE_TIMEOUT_MS)  # head, small, big
+    assert page.locator("#nodes-card").is_visible()
+    rows = [r.split("\t") for r in page.locator("#nodes tbody tr").all_inner_texts()]
+    by_memory = {cells[4]: cells for cells in rows}
+    assert set(by_memory) >= {"0.30 GB", "0.90 GB"}
+    assert by_memory["0.90 GB"][2] == "yes"
+    assert by_memory["0.90 GB"][6].endswith(" GB")  # big's guard judged a job before
+    assert errors == []
+
+
+def test_a_job_larger_than_any_node_waits_with_a_clear_reason(gateway: RunningGateway) -> None:
+    huge = submit(gateway, ["true"], memory=2000 * MB)
+    wait_until(
+        lambda: "no node of the Ray cluster" in str(gateway.client.get("/v1/status").json()),
+        "the status to say no node is large enough",
+        30,
+    )
+    now = job(gateway, huge)
+    assert (now["state"], now["reason"]) == ("waiting", "memory")
+    refusals = gateway.anonymous.get("/v1/feed").json()["refusals"]
+    assert any("no node of the Ray cluster offers 2.00 GB" in r["summary"] for r in refusals), (
+        refusals,
+        gateway.client.get("/v1/status").json(),
+    )
+    assert gateway.client.delete(f"/v1/jobs/{huge}").status_code == 200
+    assert wait_state(gateway, huge, "cancelled")["state"] == "cancelled"
+
+
+def test_cancel_stops_the_remote_tree(gateway: RunningGateway, tmp_path: Path) -> None:
+    script = f"sleep 300 & echo $! > {tmp_path}/child; echo $$ > {tmp_path}/leader; wait"
+    running = submit(gateway, ["sh", "-c", script])
+    wait_state(gateway, running, "running")
+    leader, child = pid_in(tmp_path / "leader"), pid_in(tmp_path / "child")
+    assert not gone(leader) and not gone(child)
+    assert gateway.client.delete(f"/v1/jobs/{running}").status_code == 200
+    stopped = wait_state(gateway, running, "stopped")
+    assert "cancelled" in (stopped["error"] or "")
+    wait_until(lambda: gone(leader) and gone(child), "the remote tree to be gone", 30)
+
+
+def test_a_deadline_stops_the_remote_tree(gateway: RunningGateway, tmp_path: Path) -> None:
+    """Its deadline passes while it runs on a node: timed out, and its tree there is gone."""
+    script = f"echo $$ > {tmp_path}/leader; exec sleep 300"
+    late = submit(gateway, ["sh", "-c", script], timeout_s=3)
+    leader = pid_in(tmp_path / "leader")
+    ended = wait_state(gateway, late, "timed_out", timeout=60)
+    assert ended["exit_code"] is None
+    wait_until(lambda: gone(leader), "the timed-out tree to be gone", 30)
+
+
+def test_a_node_guard_refusal_is_waited_out(
+    cluster: LocalCluster, gateway: RunningGateway, tmp_path: Path
+) -> None:
+    """``big``'s own guard refuses (a 1 MiB stated limit); lifted, the same job runs."""
+    cluster.set_node_settings("big", "ROOMKEEPER_MEMORY_LIMIT_MB=1\n")
+    try:
+        waiting = submit(gateway, ["sh", "-c", "echo ran"], memory=500 * MB)  # big only
+        wait_until(
+            lambda: any(
+                r["summary"].startswith("node ") and r["reason"] == "memory"
+                for r in gateway.anonymous.get("/v1/feed").json()["refusals"]
+            ),
+            "a refusal from big's guard",
+            60,
+        )
+        now = job(gateway, waiting)
+        assert now["state"] in ("waiting", "running")  # refused, so back in line, not failed
+    finally:
+        cluster.set_node_settings("big", "")
+    done = wait_state(gateway, waiting, "exited")
+    assert done["exit_code"] == 0
+    assert output(gateway, waiting) == "ran\n"
+
+
+def test_a_lost_node_leaves_the_job_uncertain(
+    cluster: LocalCluster, gateway: RunningGateway, tmp_path: Path
+) -> None:
+    doomed = cluster.add_node("doomed", DOOMED)
+    lost = submit(gateway, ["sh", "-c", f"echo $$ > {tmp_path}/leader; exec sleep 300"], 1200 * MB)
+    wait_state(gateway, lost, "running")
+    leader = pid_in(tmp_path / "leader")
+    doomed.kill()
+    ended = wait_state(gateway, lost, "uncertain", timeout=90)
+    assert "lost" in (ended["error"] or "")
+    wait_until(lambda: gone(leader), "the lost node's tree to be gone (its lifeline)", 30)
+    time.sleep(1)  # one more round: it is never run again
+    assert job(gateway, lost)["state"] == "uncertain"
+    nodes = gateway.client.get("/v1/status").json()["nodes"]
+    assert [n["alive"] for n in nodes if n["memory_bytes"] == DOOMED] == [False]
