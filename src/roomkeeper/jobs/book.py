@@ -57,6 +57,7 @@ class JobRecord:
     error: str | None = None
     stop_cause: JobState | None = None
     stop_reason: Reason | None = None
+    reruns: int = 0  # times the relief ladder stopped it and queued it again
     history: list[Transition] = field(default_factory=list)
 
 

@@ -30,13 +30,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roomkeeper.config import read_queue_settings
+from roomkeeper.config import PressureSettings, read_pressure_settings, read_queue_settings
 from roomkeeper.errors import QueueFullError
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.cooldown import Cooldown
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.job_user import JobUser
+from roomkeeper.jobs.monitor import (
+    INTERVAL_S,
+    MonitorStatistics,
+    PressureMonitor,
+    ReliefEvent,
+    arm_container,
+)
 from roomkeeper.jobs.queue import FairQueue, Limits
+from roomkeeper.jobs.relief import SchedulerRelief
 from roomkeeper.jobs.rounds import RETRY_SECONDS, STOP_GRACE_SECONDS, Launcher, Runner
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.kernel.resources import cpu_pressure_percent
@@ -82,6 +91,13 @@ class Scheduler:
             raises, the job is not started and ends as failed.
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
         job_user: the user jobs run as; None for ours (``ROOMKEEPER_JOB_USER``).
+        cooldown: the one cooldown clock (the gateway shares it with the supervisor's
+            relief); a new one on ``clock`` when omitted.
+        pressure: whether the pressure monitor runs beside the scheduler's thread
+            (:meth:`start` starts it, :meth:`close` stops it).
+        pressure_settings: the ROOMKEEPER_PRESSURE_* variables, read afresh.
+        on_relief: told of every step the relief ladder takes (the gateway's history).
+        monitor_interval: seconds between the monitor's readings.
     """
 
     def __init__(
@@ -100,6 +116,11 @@ class Scheduler:
         before_launch: Callable[[JobView], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
         job_user: JobUser | None = None,
+        cooldown: Cooldown | None = None,
+        pressure: bool = True,
+        pressure_settings: Callable[[], PressureSettings] = read_pressure_settings,
+        on_relief: Callable[[ReliefEvent], None] | None = None,
+        monitor_interval: float = INTERVAL_S,
     ) -> None:
         self._logs_dir = Path(logs_dir)
         self._guard = guard if guard is not None else Guard()
@@ -124,7 +145,29 @@ class Scheduler:
             before_launch=before_launch,
             stop_grace=stop_grace,
             job_user=job_user,
+            retries=lambda: pressure_settings().retries,
         )
+        self.cooldown = cooldown if cooldown is not None else Cooldown(clock)
+        self.relief = SchedulerRelief(
+            lock=self._lock,
+            book=self._book,
+            runner=self._runner,
+            guard=self._guard,
+            wake=self._wake,
+            flush=self._book.flush,
+        )
+        self.monitor = PressureMonitor(
+            target=self.relief,
+            read=self._guard.pressure_reading,
+            cooldown=self.cooldown,
+            settings=pressure_settings,
+            arm=arm_container,
+            clock=clock,
+            on_step=on_relief,
+            reruns=lambda: self._runner.reruns,
+            interval=monitor_interval,
+        )
+        self._pressure = pressure
         self._thread: threading.Thread | None = None
         self._closing = False
         self._closed = False
@@ -170,7 +213,7 @@ class Scheduler:
                 self._queue.remove(job.spec.owner, job)
                 self._guard.release(job.id)  # in case it was being judged right now
                 self._book.finish(job, JobState.CANCELLED, None)
-            elif job.state is JobState.RUNNING:
+            elif job.state.live:
                 self._runner.stop(job, JobState.STOPPED)
         self._book.flush()
         self._wake()
@@ -215,6 +258,10 @@ class Scheduler:
                 last_refusal=self._runner.last_refusal,
                 waiting_reason=first.reason if first is not None else None,
             )
+
+    def pressure_statistics(self) -> MonitorStatistics:
+        """The pressure monitor's counts (holds, suspensions, stops, re-runs) and reaction times."""
+        return self.monitor.statistics()
 
     # ------------------------------------------------------------- the round
 
@@ -264,6 +311,8 @@ class Scheduler:
     def start(self) -> None:
         """Run rounds on a thread until :meth:`close`."""
         self._runner.start()
+        if self._pressure:
+            self.monitor.start()
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._loop, name="roomkeeper-scheduler", daemon=True
@@ -308,6 +357,7 @@ class Scheduler:
                 self._book.finish(job, JobState.CANCELLED, Reason.SHUTDOWN)
             stoppers = self._runner.stop_all(grace)
         self._wake()
+        self.monitor.close()  # before the trees stop: their end is no pressure to relieve
         if self._thread is not None:
             self._thread.join()
         for stopper in stoppers:
