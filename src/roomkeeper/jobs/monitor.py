@@ -166,6 +166,7 @@ class PressureMonitor:
         self._woken = 0
         self._notifier = Notifier()
         self._armed_for: tuple[int, int] | None = None
+        self._wakes_on = "not armed yet" if arm is not None else "polling only (not armed)"
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
 
@@ -313,6 +314,7 @@ class PressureMonitor:
             self._arm(self._notifier, reading)
         except Exception as err:  # notifications are an optimisation: polling still works
             self._notifier.failures.append(str(err))
+        self._wakes_on = self._notifier.describe()
         if self._notifier.armed:
             log.info("pressure monitor wakes on: %s", self._notifier.describe())
         else:
@@ -344,7 +346,7 @@ class PressureMonitor:
                 reaction_max_s=max(reactions) if reactions else None,
                 readings=self._readings,
                 woken=self._woken,
-                wakes_on=self._notifier.describe() if self._armed_for else "not armed yet",
+                wakes_on=self._wakes_on,
                 holding=self._state.holding,
             )
 
