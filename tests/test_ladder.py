@@ -234,10 +234,9 @@ def test_reaction_time_runs_from_the_crossing_to_the_step() -> None:
     """The reaction is measured from the notification's time when one woke the monitor."""
     clock = FakeClock(10.0)
     target = FakeTarget(list(THREE))
-    m = monitor(clock, [reading(SUSPEND - 10 * MB, at=10.0)], target, Cooldown(clock))
+    readings = [reading(SUSPEND - 10 * MB, at=10.0), reading(SUSPEND + 10 * MB, at=10.25)]
+    m = monitor(clock, readings, target, Cooldown(clock))
     m.check()
-    feed = iter([reading(SUSPEND + 10 * MB, at=10.25)])
-    m._read = lambda: next(feed)  # noqa: SLF001 - the next reading, a little later
     clock.advance(0.25)
     m.check(woken_at=10.2)
     stats = m.statistics()

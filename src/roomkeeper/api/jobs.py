@@ -84,6 +84,7 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
         disk_bytes=body.disk_bytes,
         timeout_s=body.timeout_s,
         resumable=body.resumable,
+        restartable=body.restartable,
     )
     if body.cwd is None:
         gateway.ensure_workspace()

@@ -36,7 +36,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from roomkeeper.config import read_gateway_settings, read_queue_settings, read_watchdog_settings
+from roomkeeper.config import (
+    read_gateway_settings,
+    read_pressure_settings,
+    read_queue_settings,
+    read_watchdog_settings,
+)
 from roomkeeper.gateway.calls import Calls
 from roomkeeper.gateway.home import (
     check_token_outside_workspace,
@@ -186,6 +191,7 @@ class Gateway:
             watch=self._watch,
             hooks=self.hooks,
             job_user=self.job_user,
+            pressure_settings=lambda: read_pressure_settings(self.env),
         )
 
     def say_who_jobs_run_as(self) -> None:
