@@ -1,4 +1,4 @@
-"""The relief ladder in a real gateway in a real 1 GB group: strict work stopped, restartable re-run."""
+"""The relief ladder in a real gateway in a 1 GB group: strict work stopped, restartable re-run."""
 
 from __future__ import annotations
 
