@@ -107,6 +107,8 @@ def test_strict_job_is_stopped_and_kept_a_restartable_one_runs_again(tmp_path: P
             again_output = client.get(f"/v1/jobs/{restartable}/output").text
             assert job(client, strict) == stopped  # still stopped: nothing re-ran it
             history = client.get("/v1/history").json()
+            pressure = client.get("/v1/status").json()["pressure"]
+            metrics = client.get("/metrics").text
         kills = oom_kills(group, version)
         log = log_path.read_text()
     assert kills == 0, log[-3000:]
@@ -118,5 +120,10 @@ def test_strict_job_is_stopped_and_kept_a_restartable_one_runs_again(tmp_path: P
     (requeued,) = [line for line in log.splitlines() if f"job {restartable} queued again" in line]
     estimate = float(requeued.rsplit("estimate ", 1)[1].split()[0])
     assert 0.3 <= estimate <= 0.6, requeued  # its first run's observed peak, not 0.05
+    assert pressure["stops"] == 2 and pressure["reruns"] == 1, pressure
+    assert pressure["reaction_max_s"] is not None
+    expected_wake = "usage >= " if version == 1 else "PSI full trigger"
+    assert pressure["wakes_on"].startswith(expected_wake), pressure["wakes_on"]
+    assert f'roomkeeper_pressure_steps_total{{step="stop"}} {2.0}' in metrics
     codes = [e["code"] for e in history]
     assert "pressure_stopped" in codes and "pressure_hold" in codes, codes

@@ -65,6 +65,7 @@ class SchedulerStatistics:
     ended: Mapping[str, int]
     last_refusal: str | None
     waiting_reason: Reason | None  # why the next job in line waits, if one does
+    suspended: int = 0  # of the running, how many the relief ladder has suspended
 
 
 class Scheduler:
@@ -257,6 +258,7 @@ class Scheduler:
                 ended=self._book.ended_counts(),
                 last_refusal=self._runner.last_refusal,
                 waiting_reason=first.reason if first is not None else None,
+                suspended=sum(1 for j in running.values() if j.state is JobState.SUSPENDED),
             )
 
     def pressure_statistics(self) -> MonitorStatistics:
