@@ -1,4 +1,4 @@
-"""`roomkeeper batch` under memory pressure: suspensions and stops printed as they happen, counted."""
+"""`roomkeeper batch` under memory pressure: suspensions and stops printed as they come, counted."""
 
 from __future__ import annotations
 
