@@ -55,7 +55,8 @@ def gateway_in(group: Path, tmp: Path) -> Iterator[tuple[httpx.Client, Path]]:
         )
         try:
             url = f"http://127.0.0.1:{port}"
-            wait_answering(url, proc, log_path, timeout=60)
+            # The emulated kernel of CI's cgroup v2 VM takes minutes to start a gateway.
+            wait_answering(url, proc, log_path, timeout=300)
             token = (Path(env["ROOMKEEPER_HOME"]) / "token").read_text().strip()
             headers = {"Authorization": f"Bearer {token}"}
             with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
@@ -79,7 +80,7 @@ def job(client: httpx.Client, job_id: str) -> dict[str, Any]:
     return dict(client.get(f"/v1/jobs/{job_id}").json())
 
 
-def final(client: httpx.Client, job_id: str, timeout: float = 120) -> dict[str, Any]:
+def final(client: httpx.Client, job_id: str, timeout: float = 300) -> dict[str, Any]:
     final_states = {"exited", "stopped", "failed", "cancelled", "timed_out"}
     wait_until(lambda: job(client, job_id)["state"] in final_states, f"{job_id}'s end", timeout)
     return job(client, job_id)
@@ -88,7 +89,7 @@ def final(client: httpx.Client, job_id: str, timeout: float = 120) -> dict[str, 
 def pair(client: httpx.Client, **newer: Any) -> tuple[str, str]:
     """An older job growing to 0.5 GB and a newer one to 0.6 GB: together past the limit."""
     older = submit(client, grower(500 * MB, 4, 4), 450 * MB, owner="a")
-    wait_until(lambda: job(client, older)["state"] == "running", "the older job's start")
+    wait_until(lambda: job(client, older)["state"] == "running", "the older job's start", 120)
     time.sleep(0.5)
     return older, submit(client, grower(600 * MB, 4, 1), 50 * MB, owner="b", **newer)
 
@@ -102,7 +103,7 @@ def test_strict_job_is_stopped_and_kept_a_restartable_one_runs_again(tmp_path: P
             assert final(client, older)["state"] == "exited"
             strict_output = client.get(f"/v1/jobs/{strict}/output").text
             older2, restartable = pair(client, restartable=True)
-            again = final(client, restartable, timeout=180)
+            again = final(client, restartable, timeout=400)
             assert final(client, older2)["exit_code"] == 0
             again_output = client.get(f"/v1/jobs/{restartable}/output").text
             assert job(client, strict) == stopped  # still stopped: nothing re-ran it
