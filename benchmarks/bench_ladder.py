@@ -39,6 +39,20 @@ def oom_kills(group: Path, version: int) -> int:
     raise RuntimeError(f"{name} has no oom_kill counter (Linux >= 4.13 needed)")
 
 
+def machine_oom_kills() -> int:
+    """The kernel's OOM kills anywhere since boot (``/proc/vmstat``, Linux >= 4.13).
+
+    cgroup v1 counts a kill only in the victim's own group, so one inside a
+    job's group never shows in the scenario group's counter; the machine-wide
+    delta catches it (and any other kill meanwhile: an upper bound).
+    """
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    raise RuntimeError("/proc/vmstat has no oom_kill counter (Linux >= 4.13 needed)")
+
+
 def remove(group: Path) -> None:
     """Kill what the scenario left in the group (ours) and remove it, children first."""
     deadline = time.monotonic() + 30
@@ -61,7 +75,10 @@ def remove(group: Path) -> None:
 
 
 def one_run(parent: Path, version: int, args: argparse.Namespace) -> tuple[int, dict[str, object]]:
-    """One scenario in a fresh group: (OOM kills, the scenario's JSON)."""
+    """One scenario in a fresh group: (OOM kills, the scenario's JSON).
+
+    The kills are the larger of the group's own counter and the machine-wide delta.
+    """
     group = parent / f"rkladder-{os.getpid()}-{time.monotonic_ns()}"
     group.mkdir()
     try:
@@ -70,6 +87,7 @@ def one_run(parent: Path, version: int, args: argparse.Namespace) -> tuple[int, 
             with contextlib.suppress(OSError):
                 (group / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
         joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
+        before = machine_oom_kills()
         with tempfile.TemporaryDirectory() as logs:
             argv = [sys.executable, str(HERE / "ladder_scenario.py"), logs, str(args.size)]
             argv += [str(args.grow), str(args.hold), str(args.cooldown)]
@@ -78,7 +96,8 @@ def one_run(parent: Path, version: int, args: argparse.Namespace) -> tuple[int, 
             )
         if done.returncode != 0:
             raise RuntimeError(f"the scenario failed: {done.stderr[-2000:]}")
-        return oom_kills(group, version), json.loads(done.stdout.strip().splitlines()[-1])
+        kills = max(oom_kills(group, version), machine_oom_kills() - before)
+        return kills, json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         remove(group)
 

@@ -43,12 +43,13 @@ def submitter(
         time.sleep(rng.uniform(0, 0.05))
 
 
-def raw_state(home: Path) -> tuple[dict[str, str], set[str]]:
-    """Jobs' states and the pending markers, read straight from the journal after a kill."""
+def raw_state(home: Path) -> tuple[dict[str, str], set[str], set[str]]:
+    """Jobs' states, the pending markers and the resumable jobs, straight from the journal."""
     with sqlite3.connect(home / "journal.db", timeout=30) as conn:
         states = dict(conn.execute("SELECT id, state FROM jobs").fetchall())
         markers = {r[0] for r in conn.execute("SELECT id FROM markers WHERE kind='job'")}
-    return states, markers
+        resumable = {r[0] for r in conn.execute("SELECT id FROM jobs WHERE resumable")}
+    return states, markers, resumable
 
 
 def crash_cycle(
@@ -68,7 +69,8 @@ def crash_cycle(
         kill_whole_tree(gw)
         stop.set()
         thread.join(10)
-    states, markers = raw_state(home_dir / "home")
+    # Resumable as submitted: a job whose answer the kill cut off is not in `accepted`.
+    states, markers, resumable_ids = raw_state(home_dir / "home")
     # Only a persisted outcome clears a marker: a job still "running" keeps it.
     violations += [
         f"{i} running without a marker"
@@ -92,7 +94,7 @@ def crash_cycle(
                 violations.append(f"acknowledged job {job_id} lost")
         for job_id in running_at_kill:
             state = gw.client.get(f"/v1/jobs/{job_id}").json()["state"]
-            resumable = accepted.get(job_id, ("", False))[1]
+            resumable = job_id in resumable_ids
             allowed = {"uncertain"} | (
                 {"deferred", "waiting", "running", "exited"} if resumable else set()
             )

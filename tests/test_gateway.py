@@ -125,12 +125,46 @@ def test_jobs_do_not_inherit_roomkeeper_variables(tmp_path: Path) -> None:
 
 
 def test_cancel_waiting_and_stop_running(gw: RunningGateway) -> None:
-    """DELETE cancels a waiting job and stops a running job's tree."""
+    """POST .../cancel stops a running job's tree; the job and its record stay."""
     running = gw.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
     assert wait_state(gw, running, "running")["state"] == "running"
-    gw.client.delete(f"/v1/jobs/{running}")
+    gw.client.post(f"/v1/jobs/{running}/cancel")
     assert wait_state(gw, running, "stopped")["state"] == "stopped"
-    assert gw.client.delete("/v1/jobs/nope").status_code == 404
+    assert gw.client.post("/v1/jobs/nope/cancel").status_code == 404
+
+
+def test_delete_removes_only_an_ended_job(gw: RunningGateway) -> None:
+    """DELETE refuses a live job (409 not_ended), then removes the ended one: 404 afterwards."""
+    job_id = gw.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
+    wait_state(gw, job_id, "running")
+    refused = gw.client.delete(f"/v1/jobs/{job_id}")
+    assert refused.status_code == 409 and refused.json()["reason"] == "not_ended"
+    assert f"/v1/jobs/{job_id}/cancel" in refused.json()["detail"]
+    gw.client.post(f"/v1/jobs/{job_id}/cancel")
+    wait_state(gw, job_id, "stopped")
+    log = gw.home / "logs" / f"{job_id}.log"
+    assert log.exists()
+    removed = gw.client.delete(f"/v1/jobs/{job_id}")
+    assert removed.status_code == 204, removed.text
+    assert gw.client.get(f"/v1/jobs/{job_id}").status_code == 404
+    assert gw.client.get(f"/v1/jobs/{job_id}/output").status_code == 404
+    assert job_id not in {j["id"] for j in gw.client.get("/v1/jobs").json()}
+    assert not log.exists()  # its kept output went with it
+    assert gw.client.delete(f"/v1/jobs/{job_id}").status_code == 404
+
+
+def test_delete_removes_only_a_settled_call(gw: RunningGateway) -> None:
+    """DELETE refuses a pending call (not_ended), a cancelled one (in_doubt); a settled one goes."""
+    pending = gw.client.post("/v1/calls", json={"kind": "write"}).json()["id"]
+    refused = gw.client.delete(f"/v1/calls/{pending}")
+    assert refused.status_code == 409 and refused.json()["reason"] == "not_ended"
+    gw.client.post(f"/v1/calls/{pending}/cancel")
+    doubt = gw.client.delete(f"/v1/calls/{pending}")
+    assert doubt.status_code == 409 and doubt.json()["reason"] == "in_doubt"
+    gw.client.post(f"/v1/calls/{pending}/outcome", json={"outcome": "failed"})  # refused: 409
+    gw.client.post(f"/v1/calls/{pending}/resolve", json={"resolution": "failed"})
+    assert gw.client.delete(f"/v1/calls/{pending}").status_code == 204
+    assert gw.client.get(f"/v1/calls/{pending}").status_code == 404
 
 
 def test_queue_bound_answers_429_with_the_reason(tmp_path: Path) -> None:

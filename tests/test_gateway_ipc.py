@@ -172,14 +172,17 @@ def test_recovery_mode_holds_work_until_a_repair(supervised: Supervised) -> None
     answer = supervised.client.post("/v1/repair", timeout=30).json()
     assert answer["repaired"] is True, answer
     supervised.next_message("repaired")
-    running_at_once = 0
-    for _ in range(100):
-        states = [supervised.client.get(f"/v1/jobs/{i}").json()["state"] for i in ids]
-        running_at_once = max(running_at_once, states.count("running"))
-        if states == ["exited", "exited"]:
+    # One at a time: judged from the jobs' own times, not from two GETs in turn
+    # (a job read as running may end, and the next start, between the two reads).
+    views = []
+    for _ in range(200):
+        views = [supervised.client.get(f"/v1/jobs/{i}").json() for i in ids]
+        if [v["state"] for v in views] == ["exited", "exited"]:
             break
         time.sleep(0.05)
-    assert states == ["exited", "exited"] and running_at_once == 1  # one at a time
+    assert [v["state"] for v in views] == ["exited", "exited"], views
+    first, second = sorted(views, key=lambda v: v["started_at"])
+    assert second["started_at"] >= first["ended_at"], views
     assert supervised.client.get("/v1/needs-you").json()["headline"] != "recovery mode"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -255,3 +256,59 @@ def _mount_point(path: Path) -> str:
         if str(path).startswith(mount_point.rstrip("/") + "/") and len(mount_point) > len(best):
             best = mount_point
     return best
+
+
+def _a_dead_pid() -> int:
+    """A pid no process has now: the maker of the stale groups, gone with its crash."""
+    for pid in range(4_000_000, 4_100_000, 997):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            continue
+    pytest.skip("no free pid found to name a dead gateway's groups with")
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_recovery_removes_a_dead_runs_suspended_job_groups_and_kills_their_tree() -> None:
+    """A crashed run's job group holding a frozen tree is thawed, emptied and removed at start."""
+    from roomkeeper.gateway.recovery import _kill_stale_groups
+    from roomkeeper.kernel.freezer import FreezerGroup, freezer_parent, set_v2_frozen
+
+    version, folder = job_group_folder()
+    dead = _a_dead_pid()
+    name = f"roomkeeper-{dead}-suspended"
+    groups = [folder / name]
+    v1_freezer = freezer_parent() if version == 1 else None
+    if v1_freezer is not None:
+        groups.append(Path(v1_freezer) / name)
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        for group in groups:
+            group.mkdir()
+            (group / "cgroup.procs").write_text(str(child.pid))
+        if v1_freezer is not None:
+            FreezerGroup(str(groups[-1])).set_frozen(True)
+        else:
+            set_v2_frozen(str(groups[0]), True)
+        assert (
+            Path(f"/proc/{child.pid}/stat").read_text().split(") ")[1][0] in "DSt"
+        )  # frozen, not dead
+        pids, removed = _kill_stale_groups(dead)
+        assert child.wait(timeout=10) == -9  # the SIGKILL landed: the group was thawed
+        assert (pids, removed) == (1, len(groups))
+        assert not any(g.exists() for g in groups)
+    finally:
+        if child.poll() is None:
+            for group in groups:
+                with contextlib.suppress(OSError):
+                    (
+                        group / ("freezer.state" if "freezer" in str(group) else "cgroup.freeze")
+                    ).write_text("THAWED" if "freezer" in str(group) else "0")
+            child.kill()
+            child.wait()
+        for group in groups:
+            with contextlib.suppress(OSError):
+                group.rmdir()

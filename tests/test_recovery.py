@@ -122,6 +122,22 @@ def test_resolve_succeeded_settles_an_uncertain_job(tmp_path: Path) -> None:
         assert (job["state"], job["resolution"]) == ("resolved", "succeeded")
 
 
+def test_work_in_doubt_is_removed_only_once_it_is_resolved(tmp_path: Path) -> None:
+    """DELETE of an uncertain job is 409 in_doubt; resolved, its record and output go (404)."""
+    with running_gateway(tmp_path) as gw:
+        job_id = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]}).json()["id"]
+        wait_state(gw, job_id, "running")
+        kill_whole_tree(gw)
+    with running_gateway(tmp_path) as gw:
+        refused = gw.client.delete(f"/v1/jobs/{job_id}")
+        assert (refused.status_code, refused.json()["reason"]) == (409, "in_doubt")
+        assert gw.client.get(f"/v1/jobs/{job_id}").json()["state"] == "uncertain"
+        gw.client.post(f"/v1/jobs/{job_id}/resolve", json={"resolution": "failed"})
+        assert gw.client.delete(f"/v1/jobs/{job_id}").status_code == 204
+        assert gw.client.get(f"/v1/jobs/{job_id}").status_code == 404
+        assert not (gw.home / "logs" / f"{job_id}.log").exists()
+
+
 def test_resumable_work_is_deferred_and_survives_a_second_restart(tmp_path: Path) -> None:
     """Interrupted resumable jobs are resumed one at a time; a second crash loses none."""
     out = tmp_path / "appends"
@@ -163,8 +179,8 @@ def test_cancelled_and_stopped_work_stays_so_across_a_restart(tmp_path: Path) ->
         waiting = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"], "resumable": True})
         run_id, wait_id = running.json()["id"], waiting.json()["id"]
         wait_state(gw, run_id, "running")
-        gw.client.delete(f"/v1/jobs/{wait_id}")
-        gw.client.delete(f"/v1/jobs/{run_id}")
+        gw.client.post(f"/v1/jobs/{wait_id}/cancel")
+        gw.client.post(f"/v1/jobs/{run_id}/cancel")
         wait_state(gw, run_id, "stopped")
         time.sleep(0.3)
         kill_whole_tree(gw)
@@ -231,7 +247,7 @@ def test_registered_calls_keep_their_marker_until_a_saved_outcome(tmp_path: Path
         assert refused.status_code == 409  # error text is never recorded as a success
 
         late_id = gw.client.post("/v1/calls", json={"kind": "write"}).json()["id"]
-        assert gw.client.delete(f"/v1/calls/{late_id}").json()["state"] == "cancelled"
+        assert gw.client.post(f"/v1/calls/{late_id}/cancel").json()["state"] == "cancelled"
         late = gw.client.post(f"/v1/calls/{late_id}/outcome", json={"outcome": "succeeded"})
         assert late.status_code == 409 and "cannot retire" in late.json()["detail"]
         assert gw.client.get(f"/v1/calls/{late_id}").json()["pending_marker"] is True
@@ -362,8 +378,8 @@ def test_a_cancel_answered_is_a_cancel_saved(tmp_path: Path) -> None:
         waiting = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"], "resumable": True})
         run_id, wait_id = running.json()["id"], waiting.json()["id"]
         wait_state(gw, run_id, "running")
-        assert gw.client.delete(f"/v1/jobs/{wait_id}").json()["state"] == "cancelled"
-        gw.client.delete(f"/v1/jobs/{run_id}")
+        assert gw.client.post(f"/v1/jobs/{wait_id}/cancel").json()["state"] == "cancelled"
+        gw.client.post(f"/v1/jobs/{run_id}/cancel")
         kill_whole_tree(gw)  # at once: no time to reap the stopped tree
     with running_gateway(tmp_path) as gw:
         time.sleep(1.0)

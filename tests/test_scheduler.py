@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.config import read_queue_settings
+from roomkeeper.config import read_queue_settings, read_settings
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.launch import LaunchSpec
 from roomkeeper.jobs.queue import FairQueue, Limits
@@ -78,13 +79,20 @@ class ScriptedGuard(Guard):
         self.asked: list[str] = []
         self.released: list[str] = []
         self.measured: dict[str, int] = {}
+        self.asked_with: dict[str, tuple[int | None, MemoryPolicy]] = {}
         self.before_answer: threading.Event | None = None
         self.judging = threading.Event()
 
     def admit(
-        self, job_id: str, *, memory_bytes: int | None = None, disk_bytes: int | None = None
+        self,
+        job_id: str,
+        *,
+        memory_bytes: int | None = None,
+        disk_bytes: int | None = None,
+        policy: MemoryPolicy = MemoryPolicy.STRICT,
     ) -> Decision:
         self.asked.append(job_id)
+        self.asked_with[job_id] = (memory_bytes, policy)
         if self.before_answer is not None:
             self.judging.set()
             self.before_answer.wait(10)
@@ -179,6 +187,29 @@ def test_running_ceilings_global_and_per_owner(rig: Rig) -> None:
     assert stats.running == 4
     assert all(running <= 2 for _, running in stats.by_owner.values())
     assert rig.scheduler.get("c2").reason is Reason.SLOTS
+
+
+def test_the_guard_is_asked_with_each_jobs_policy_and_its_stated_or_learned_size(
+    rig: Rig,
+) -> None:
+    """A stated size wins over a learned one; each job's memory policy reaches the guard."""
+    rig.submit("stated", memory_bytes=5, learned_bytes=9, memory_policy=MemoryPolicy.PACK)
+    rig.submit("learned", owner="b", learned_bytes=9)
+    rig.submit("default", owner="c")
+    rig.scheduler.tick()
+    assert rig.guard.asked_with == {
+        "stated": (5, MemoryPolicy.PACK),
+        "learned": (9, MemoryPolicy.STRICT),
+        "default": (None, MemoryPolicy.STRICT),
+    }
+    views = {v.id: v for v in rig.scheduler.jobs()}
+    assert [views[j].estimate_source.value for j in ("stated", "learned", "default")] == [
+        "stated",
+        "learned",
+        "default",
+    ]
+    assert views["learned"].estimate_bytes == 9
+    assert views["default"].estimate_bytes == read_settings({}).job_memory_bytes
 
 
 def test_owner_rotation_shares_slots(rig: Rig) -> None:

@@ -13,11 +13,11 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
 
 - ``kernel``: parsers, our own cgroup and its levels, fresh readings, job
   cgroups.  May import: nothing else of ours.
-- ``guard``: the admission rule and its reservations, leases, release hooks.
-  May import: ``kernel``.
+- ``guard``: the admission rule and its reservations, memory policies,
+  leases, release hooks.  May import: ``kernel``.
 - ``jobs``: specs and states, the fair queue, the scheduler and its launch
-  rounds, launching, managed trees, the lifeline, batch.  May import:
-  ``guard``, ``kernel``.
+  rounds, launching, managed trees, the lifeline, learned-size keys, batch.
+  May import: ``guard``, ``kernel``.
 - ``journal``: the SQLite journal, one module per table; every SQL string of
   the project.  May import: ``jobs``, ``guard``, ``kernel``.
 - ``gateway``: the service that owns scheduler, guard and journal; durable
@@ -46,11 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from roomkeeper.guard.admission import Guard, GuardStatistics
+    from roomkeeper.guard.packing import MemoryPolicy
     from roomkeeper.guard.rule import Decision, Reason
     from roomkeeper.jobs.batch import BatchResult, run_batch
     from roomkeeper.jobs.queue import Limits
     from roomkeeper.jobs.scheduler import Scheduler, SchedulerStatistics
-    from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+    from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView
     from roomkeeper.kernel.resources import (
         DiskReading,
         LimitOrigin,
@@ -65,11 +66,13 @@ _HOMES = {
     "Guard": "guard.admission",
     "GuardStatistics": "guard.admission",
     "Reason": "guard.rule",
+    "MemoryPolicy": "guard.packing",
     "BatchResult": "jobs.batch",
     "run_batch": "jobs.batch",
     "Limits": "jobs.queue",
     "Scheduler": "jobs.scheduler",
     "SchedulerStatistics": "jobs.scheduler",
+    "EstimateSource": "jobs.spec",
     "JobSpec": "jobs.spec",
     "JobState": "jobs.spec",
     "JobView": "jobs.spec",
@@ -85,6 +88,7 @@ __all__ = [
     "BatchResult",
     "Decision",
     "DiskReading",
+    "EstimateSource",
     "Guard",
     "GuardStatistics",
     "JobSpec",
@@ -92,6 +96,7 @@ __all__ = [
     "JobView",
     "LimitOrigin",
     "Limits",
+    "MemoryPolicy",
     "MemoryReading",
     "MemorySource",
     "Reason",

@@ -164,6 +164,22 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
     )
 
 
+REAP_AT_PERCENT = 80.0  # seed 000: prepareWorktree reaps first above 80 % used
+
+
+def read_reap_at_percent(env: Mapping[str, str] | None = None) -> float:
+    """ROOMKEEPER_REAP_AT_PERCENT now: above this much of the workspace volume used,
+    making a job's worktree reaps finished trees first (default 80)."""
+    env = os.environ if env is None else env
+    return _variable(
+        env,
+        "ROOMKEEPER_REAP_AT_PERCENT",
+        REAP_AT_PERCENT,
+        _number(1, 100),
+        "a percentage from 1 to 100",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
     """The scheduler's bounds (seed 002) and what its workers inherit."""

@@ -7,12 +7,14 @@
     │   ├── SizeError               a size such as ``600M`` could not be read
     │   ├── UnwritablePlaceError    a directory roomkeeper must write to refuses writes
     │   └── UnrunnableError         valid, but this machine cannot run it (``reason``)
+    │       └── WorkspaceError      a job's git worktree cannot be made (``reason``, ``repo``)
     ├── KernelFileError             a kernel file did not have the shape we expect
     ├── LaunchError                 a managed process could not be started (``job_id``)
     ├── SuspendError                a managed tree could not be suspended (``job_id``)
     ├── QueueFullError              a submission met a bound (refused, not queued)
     ├── UnknownJobError             no job has the id asked for (``job_id``)
     ├── CallStateError              a registered call's state does not allow this (``call_id``)
+    ├── NotEndedError               work still live or in doubt cannot be removed (``reason``)
     ├── AlreadyEndedError           the lease asked about has already ended (``lease_id``)
     ├── PersistenceError            the journal could not save (disk full, I/O error)
     └── NoGatewayError              no gateway answers for this ROOMKEEPER_HOME
@@ -136,6 +138,21 @@ class CallStateError(RoomkeeperError):
         self.call_id = call_id
 
 
+class NotEndedError(RoomkeeperError):
+    """A job or call cannot be removed yet: it is live, or its effect is in doubt.
+
+    Attributes:
+        work_id: the job or call asked about.
+        reason: ``not_ended`` (cancel it, or let it end, first) or ``in_doubt`` (resolve it
+            first: removing it would forget work whose effect nobody knows).
+    """
+
+    def __init__(self, message: str, *, work_id: str, reason: str) -> None:
+        super().__init__(message)
+        self.work_id = work_id
+        self.reason = reason
+
+
 class NoGatewayError(RoomkeeperError):
     """No gateway answers for this ROOMKEEPER_HOME; the message says how to start one."""
 
@@ -177,3 +194,17 @@ class AlreadyEndedError(RoomkeeperError):
     def __init__(self, message: str, *, lease_id: str) -> None:
         super().__init__(message)
         self.lease_id = lease_id
+
+
+class WorkspaceError(UnrunnableError):
+    """A job's git worktree cannot be made; nothing was started.
+
+    Attributes:
+        reason: ``not_a_repository``, ``invalid_branch``, ``branch_checked_out``,
+            ``dirty_base`` or ``worktree_failed``.
+        repo: the repository path the job gave.
+    """
+
+    def __init__(self, message: str, *, reason: str, repo: str) -> None:
+        super().__init__(message, reason=reason, name="worktree")
+        self.repo = repo

@@ -36,10 +36,22 @@ from roomkeeper.api.jobs import work_routes
 from roomkeeper.api.leases import lease_routes
 from roomkeeper.api.metrics import render_metrics
 from roomkeeper.api.models import ERRORS
+from roomkeeper.api.responses import (
+    SENT_AS_BUILT,
+    FeedOut,
+    HealthOut,
+    NeedsYouOut,
+    RepairOut,
+    RestartOut,
+    ShutdownOut,
+    StatusOut,
+)
 from roomkeeper.api.views import feed_json, status_json
+from roomkeeper.api.workspaces import workspace_routes
 from roomkeeper.errors import (
     AlreadyEndedError,
     CallStateError,
+    NotEndedError,
     PersistenceError,
     QueueFullError,
     UnknownJobError,
@@ -79,6 +91,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     _add_open_routes(app, gateway)
     app.include_router(work_routes(gateway, auth))
     app.include_router(lease_routes(gateway, auth))
+    app.include_router(workspace_routes(gateway, auth))
     _add_service_routes(app, gateway, auth)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(LoopbackOnly)  # outermost: a rebound page is refused before anything
@@ -171,10 +184,27 @@ def _add_request_errors(app: FastAPI) -> None:
         return error(422, "invalid_request", said or "the request is not valid", errors=items)
 
 
+def _add_conflict_answers(app: FastAPI) -> None:
+    """409s: the state of the lease, job or call asked about does not allow this."""
+
+    @app.exception_handler(AlreadyEndedError)
+    async def already_ended(request: Request, err: AlreadyEndedError) -> JSONResponse:
+        return error(409, "already_ended", str(err))
+
+    @app.exception_handler(NotEndedError)
+    async def not_ended(request: Request, err: NotEndedError) -> JSONResponse:
+        return error(409, err.reason, str(err))
+
+    @app.exception_handler(CallStateError)
+    async def call_state(request: Request, err: CallStateError) -> JSONResponse:
+        return error(409, "call_state", str(err))
+
+
 def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
     """A 4xx or 507 saying what was wrong for each of our errors, never a 500."""
 
     _add_request_errors(app)
+    _add_conflict_answers(app)
 
     @app.exception_handler(UsageError)
     async def usage_error(request: Request, err: UsageError) -> JSONResponse:
@@ -183,10 +213,6 @@ def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
         if isinstance(err, UnrunnableError):  # valid by the schema, not runnable here
             return error(422, err.reason, str(err))
         return error(422, "invalid_request", str(err))
-
-    @app.exception_handler(AlreadyEndedError)
-    async def already_ended(request: Request, err: AlreadyEndedError) -> JSONResponse:
-        return error(409, "already_ended", str(err))
 
     @app.exception_handler(UnknownJobError)
     async def unknown(request: Request, err: UnknownJobError) -> JSONResponse:
@@ -202,10 +228,6 @@ def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
         gateway.note_persistence_error(err)
         return error(507, "not_saved", f"not saved: the journal could not write ({err})")
 
-    @app.exception_handler(CallStateError)
-    async def call_state(request: Request, err: CallStateError) -> JSONResponse:
-        return error(409, "call_state", str(err))
-
     @app.exception_handler(QueueFullError)
     async def queue_full(request: Request, err: QueueFullError) -> JSONResponse:
         return error(429, err.reason, str(err))
@@ -215,7 +237,7 @@ def _add_open_routes(app: FastAPI, gateway: Gateway) -> None:
     """The routes without a token: they carry no command line, path, environment or output."""
     page = _page()
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthOut, **SENT_AS_BUILT)
     async def health() -> dict[str, Any]:
         """Liveness for a probe, answered from the event loop without touching disk."""
         return {"boot_id": gateway.boot_id, "uptime_s": gateway.uptime()}
@@ -230,7 +252,7 @@ def _add_open_routes(app: FastAPI, gateway: Gateway) -> None:
         body, content_type = render_metrics(gateway)
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/feed")
+    @app.get("/v1/feed", response_model=FeedOut, **SENT_AS_BUILT)
     def feed() -> dict[str, Any]:
         """What the Health page shows: ids, owners, states, reasons and numbers only."""
         return feed_json(gateway)
@@ -239,30 +261,30 @@ def _add_open_routes(app: FastAPI, gateway: Gateway) -> None:
 def _add_service_routes(app: FastAPI, gateway: Gateway, auth: Sequence[params.Depends]) -> None:
     """The service's own routes, behind ``auth``: status, needs-you, shutdown, restart, repair."""
 
-    @app.get("/v1/status", dependencies=auth)
+    @app.get("/v1/status", dependencies=auth, response_model=StatusOut, **SENT_AS_BUILT)
     def status() -> dict[str, Any]:
         """The guard's reading and last decision, queue and running counts per owner, holds."""
         return status_json(gateway)
 
-    @app.get("/v1/needs-you", dependencies=auth)
+    @app.get("/v1/needs-you", dependencies=auth, response_model=NeedsYouOut, **SENT_AS_BUILT)
     def needs_you() -> dict[str, str]:
         """A headline from a closed vocabulary, and the guard's summary."""
         return gateway.needs_you()
 
-    @app.post("/v1/shutdown", dependencies=auth)
+    @app.post("/v1/shutdown", dependencies=auth, response_model=ShutdownOut, **SENT_AS_BUILT)
     async def shutdown() -> dict[str, str]:
         """Stop the service (not a restart): the same path as SIGTERM, through both layers."""
         gateway.request_stop()
         return {"state": "stopping"}
 
-    @app.post("/v1/restart", dependencies=auth)
-    async def restart() -> JSONResponse:
+    @app.post("/v1/restart", dependencies=auth, response_model=RestartOut, **SENT_AS_BUILT)
+    async def restart() -> dict[str, str] | JSONResponse:
         """A fast restart by the supervisor (409 when the gateway runs alone)."""
         if not gateway.request_restart():
             return error(409, "no_supervisor", "no supervisor: restarts need `roomkeeper serve`")
-        return JSONResponse({"state": "restarting"})
+        return {"state": "restarting"}
 
-    @app.post("/v1/repair", dependencies=auth)
+    @app.post("/v1/repair", dependencies=auth, response_model=RepairOut, **SENT_AS_BUILT)
     async def repair() -> dict[str, Any]:
         """Check responsiveness and headroom, then release held work gradually."""
         return await gateway.link.repair()

@@ -15,11 +15,14 @@ from fastapi import APIRouter, Query, params
 
 from roomkeeper.api.models import NAME, CallIn, Id, JobIn, OutcomeIn, ResolveIn
 from roomkeeper.api.output import output_routes
+from roomkeeper.api.responses import SENT_AS_BUILT, CallOut, HistoryEventOut, JobCreated, JobOut
 from roomkeeper.api.views import job_json, row_json
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.gateway.calls import CallState
 from roomkeeper.gateway.service import Gateway
-from roomkeeper.jobs.spec import JobSpec, JobState, check_runnable
+from roomkeeper.guard.packing import MemoryPolicy
+from roomkeeper.jobs.spec import JobSpec, JobState, WorktreeRequest, check_runnable
+from roomkeeper.jobs.workspaces import check_worktree
 
 
 def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
@@ -28,6 +31,7 @@ def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     _job_routes(router, gateway, auth)
     output_routes(router, gateway, auth, _find_job)
     _call_routes(router, gateway, auth)
+    _call_ending_routes(router, gateway, auth)
     _history_route(router, gateway, auth)
     return router
 
@@ -38,7 +42,13 @@ def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
 def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depends]) -> None:
     """Submit, list, read, follow, cancel and resolve jobs."""
 
-    @router.post("/v1/jobs", status_code=201, dependencies=auth)
+    @router.post(
+        "/v1/jobs",
+        status_code=201,
+        dependencies=auth,
+        response_model=JobCreated,
+        **SENT_AS_BUILT,
+    )
     async def submit_job(body: JobIn) -> dict[str, Any]:
         """Queue a job; 429 with the reason when a queue bound is reached."""
         view = await gateway.durable_jobs.submit(
@@ -46,7 +56,7 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
         )
         return {"id": view.id, "state": view.state.value}
 
-    @router.get("/v1/jobs", dependencies=auth)
+    @router.get("/v1/jobs", dependencies=auth, response_model=list[JobOut], **SENT_AS_BUILT)
     def list_jobs(
         owner: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME)] = None,
         state: JobState | None = None,
@@ -54,17 +64,32 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
         """Jobs of this run and earlier ones, newest first."""
         return _listed_jobs(gateway, owner=owner, state=state.value if state else None)
 
-    @router.get("/v1/jobs/{job_id}", dependencies=auth)
+    @router.get("/v1/jobs/{job_id}", dependencies=auth, response_model=JobOut, **SENT_AS_BUILT)
     def get_job(job_id: Id) -> dict[str, Any]:
         """One job, live or from an earlier run."""
         return _find_job(gateway, job_id)
 
-    @router.delete("/v1/jobs/{job_id}", dependencies=auth)
+    @router.post(
+        "/v1/jobs/{job_id}/cancel", dependencies=auth, response_model=JobOut, **SENT_AS_BUILT
+    )
     def cancel_job(job_id: Id) -> dict[str, Any]:
-        """Cancel a waiting job or stop a running one's whole tree (saved before it is answered)."""
+        """Cancel a waiting job or stop a running one's whole tree (saved before it is answered).
+
+        The job and its record stay (a cancel of an ended job changes nothing): remove
+        the record with ``DELETE`` once it has ended."""
         return job_json(gateway.durable_jobs.cancel(job_id))
 
-    @router.post("/v1/jobs/{job_id}/resolve", dependencies=auth)
+    @router.delete("/v1/jobs/{job_id}", status_code=204, dependencies=auth)
+    def remove_job(job_id: Id) -> None:
+        """Remove an ended job's record and its kept output; afterwards the job is 404.
+
+        409 ``not_ended`` while it waits or runs (cancel it first), 409 ``in_doubt``
+        while it is uncertain or deferred (resolve it first)."""
+        gateway.durable_jobs.remove(job_id)
+
+    @router.post(
+        "/v1/jobs/{job_id}/resolve", dependencies=auth, response_model=JobOut, **SENT_AS_BUILT
+    )
     def resolve_job(job_id: Id, body: ResolveIn) -> dict[str, Any]:
         """Settle an uncertain job: succeeded, failed, or run it again."""
         _require_saving(gateway)
@@ -73,7 +98,16 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
 
 
 def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
-    """The job a request asks for; without a ``cwd`` it runs in the workspace (made if need be)."""
+    """The job a request asks for; without a ``cwd`` it runs in the workspace (made if need be).
+
+    A job with a ``worktree`` runs in its own tree, made after admission; what
+    would stop that tree being made (no repository, a branch checked out
+    elsewhere, a dirty base) is a 422 now, before anything is queued.
+    """
+    worktree = None
+    if body.worktree is not None:
+        worktree = WorktreeRequest(body.worktree.repo, body.worktree.branch)
+        check_worktree(worktree, gateway.workspace)
     spec = JobSpec(
         argv=body.argv,
         owner=body.owner,
@@ -85,10 +119,16 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
         timeout_s=body.timeout_s,
         resumable=body.resumable,
         restartable=body.restartable,
+        worktree=worktree,
+        memory_policy=MemoryPolicy(body.memory_policy),
+        kind=body.kind,
     )
     if body.cwd is None:
         gateway.ensure_workspace()
-    check_runnable(spec)  # 422 saying which, before anything is queued
+    program = spec.argv[0]
+    if worktree is None or "/" not in program or program.startswith("/"):
+        # (a relative path in a worktree job is found in its tree, which is made later)
+        check_runnable(spec)  # 422 saying which, before anything is queued
     return spec
 
 
@@ -127,9 +167,11 @@ def _find_job(gateway: Gateway, job_id: str) -> dict[str, Any]:
 
 
 def _call_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depends]) -> None:
-    """Register side-effecting calls, save their outcomes, cancel and resolve them."""
+    """Register side-effecting calls, list and read them, save their outcomes."""
 
-    @router.post("/v1/calls", status_code=201, dependencies=auth)
+    @router.post(
+        "/v1/calls", status_code=201, dependencies=auth, response_model=CallOut, **SENT_AS_BUILT
+    )
     def register_call(body: CallIn) -> dict[str, Any]:
         """Register a side-effecting call; answered once its pending marker is durable."""
         if gateway.closing:
@@ -139,17 +181,19 @@ def _call_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depe
         except sqlite3.Error as err:
             raise PersistenceError(f"the call was not registered: {err}") from err
 
-    @router.get("/v1/calls", dependencies=auth)
+    @router.get("/v1/calls", dependencies=auth, response_model=list[CallOut], **SENT_AS_BUILT)
     def list_calls(state: CallState | None = None) -> list[dict[str, Any]]:
         """Registered calls, newest first."""
         return [c.to_json() for c in gateway.calls.list(state=state.value if state else None)]
 
-    @router.get("/v1/calls/{call_id}", dependencies=auth)
+    @router.get("/v1/calls/{call_id}", dependencies=auth, response_model=CallOut, **SENT_AS_BUILT)
     def get_call(call_id: Id) -> dict[str, Any]:
         """One registered call."""
         return gateway.calls.get(call_id).to_json()
 
-    @router.post("/v1/calls/{call_id}/outcome", dependencies=auth)
+    @router.post(
+        "/v1/calls/{call_id}/outcome", dependencies=auth, response_model=CallOut, **SENT_AS_BUILT
+    )
     def call_outcome(call_id: Id, body: OutcomeIn) -> dict[str, Any]:
         """Save a call's outcome; only then is its pending marker cleared."""
         try:
@@ -162,12 +206,30 @@ def _call_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depe
         except sqlite3.Error as err:
             raise PersistenceError(f"the outcome was not saved: {err}") from err
 
-    @router.delete("/v1/calls/{call_id}", dependencies=auth)
+
+def _call_ending_routes(
+    router: APIRouter, gateway: Gateway, auth: Sequence[params.Depends]
+) -> None:
+    """Cancel, remove and resolve registered calls."""
+
+    @router.post(
+        "/v1/calls/{call_id}/cancel", dependencies=auth, response_model=CallOut, **SENT_AS_BUILT
+    )
     def cancel_call(call_id: Id) -> dict[str, Any]:
         """Cancel a pending call; a result arriving later cannot retire its marker."""
         return gateway.calls.cancel(call_id).to_json()
 
-    @router.post("/v1/calls/{call_id}/resolve", dependencies=auth)
+    @router.delete("/v1/calls/{call_id}", status_code=204, dependencies=auth)
+    def remove_call(call_id: Id) -> None:
+        """Remove a call whose outcome is saved; afterwards the call is 404.
+
+        409 ``not_ended`` while it is pending, 409 ``in_doubt`` while it is uncertain
+        or cancelled (resolve it first)."""
+        gateway.calls.remove(call_id)
+
+    @router.post(
+        "/v1/calls/{call_id}/resolve", dependencies=auth, response_model=CallOut, **SENT_AS_BUILT
+    )
     def resolve_call(call_id: Id, body: ResolveIn) -> dict[str, Any]:
         """Settle an uncertain call: succeeded, failed, or pending again (rerun)."""
         return gateway.calls.resolve(call_id, body.resolution).to_json()
@@ -185,7 +247,9 @@ def _require_saving(gateway: Gateway) -> None:
 def _history_route(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depends]) -> None:
     """The recovery history."""
 
-    @router.get("/v1/history", dependencies=auth)
+    @router.get(
+        "/v1/history", dependencies=auth, response_model=list[HistoryEventOut], **SENT_AS_BUILT
+    )
     def history() -> list[dict[str, Any]]:
         """Recovery events, newest first: timestamps, reason codes and numbers only."""
         return [

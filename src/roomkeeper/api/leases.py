@@ -13,6 +13,7 @@ from fastapi import APIRouter, params
 from fastapi.responses import JSONResponse, Response
 
 from roomkeeper.api.models import HeartbeatIn, Id, LeaseIn
+from roomkeeper.api.responses import SENT_AS_BUILT, LeaseOut
 from roomkeeper.api.views import lease_json
 from roomkeeper.gateway.service import Gateway
 
@@ -25,10 +26,11 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
         "/v1/leases",
         status_code=201,
         dependencies=auth,
-        response_model=None,
-        responses={200: {"description": "The lease already granted under this id (a retry)"}},
+        response_model=LeaseOut,
+        responses={200: {"model": LeaseOut, "description": "The lease already granted (a retry)"}},
+        **SENT_AS_BUILT,
     )
-    async def grant_lease(body: LeaseIn) -> Response:
+    async def grant_lease(body: LeaseIn, answer: Response) -> dict[str, Any] | JSONResponse:
         """Grant a lease (201; 200 for a retried id) or refuse it (409 with the guard's reason)."""
         lease, decision, created = await gateway.durable_leases.grant(
             body.id,
@@ -43,21 +45,29 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
             assert decision is not None
             refusal = {"reason": decision.reason.value, "summary": decision.summary}
             return JSONResponse({**refusal, "detail": f"refused: {decision.summary}"}, 409)
-        return JSONResponse(lease_json(lease), 201 if created else 200)
+        answer.status_code = 201 if created else 200
+        return lease_json(lease)
 
-    @router.delete("/v1/leases/{lease_id}", dependencies=auth)
+    @router.delete(
+        "/v1/leases/{lease_id}", dependencies=auth, response_model=LeaseOut, **SENT_AS_BUILT
+    )
     async def release_lease(lease_id: Id) -> dict[str, Any]:
         """Release a lease: its hook runs, then its memory is given back."""
         return lease_json(await gateway.durable_leases.end(lease_id))
 
-    @router.post("/v1/leases/{lease_id}/heartbeat", dependencies=auth)
+    @router.post(
+        "/v1/leases/{lease_id}/heartbeat",
+        dependencies=auth,
+        response_model=LeaseOut,
+        **SENT_AS_BUILT,
+    )
     async def heartbeat(lease_id: Id, body: HeartbeatIn | None = None) -> dict[str, Any]:
         """Extend a lease's ttl from now."""
         return lease_json(
             await gateway.durable_leases.heartbeat(lease_id, body.ttl_s if body else None)
         )
 
-    @router.get("/v1/leases", dependencies=auth)
+    @router.get("/v1/leases", dependencies=auth, response_model=list[LeaseOut], **SENT_AS_BUILT)
     def list_leases() -> list[dict[str, Any]]:
         """Leases of this run."""
         return [lease_json(v) for v in gateway.leases.views()]

@@ -21,6 +21,7 @@ from pydantic import (
     Strict,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 
 from roomkeeper.errors import UsageError
@@ -100,11 +101,18 @@ ERROR_REASONS = (
     "duplicate",
     "followers_full",
     "already_ended",
+    "not_ended",
+    "in_doubt",
     "leases_full",
     "owner_leases_full",
     "cwd_not_found",
     "command_not_found",
     "never_fits",
+    "not_a_repository",
+    "invalid_branch",
+    "branch_checked_out",
+    "dirty_base",
+    "worktree_failed",
     *(r.value for r in Reason),
 )
 """The closed vocabulary of an error's ``reason`` (the guard's refusals included)."""
@@ -162,10 +170,40 @@ class ReleaseIn(BaseModel):
         return parse_hook({"method": self.method, "url": self.url})
 
 
+class WorktreeIn(BaseModel):
+    """A git worktree for the job: of the local repository ``repo``, on ``branch``
+    (``roomkeeper/<job id>`` when omitted).  The command runs inside it."""
+
+    model_config = STRICT
+    repo: Annotated[
+        str, Field(min_length=1, max_length=4096, json_schema_extra={"pattern": r"^/[^\x00]*$"})
+    ]
+    # git's own rules are checked on the server (git check-ref-format); this bounds the text.
+    branch: (
+        Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._/-]+$")] | None
+    ) = None
+
+    @field_validator("repo")
+    @classmethod
+    def _absolute(cls, repo: str) -> str:
+        if not repo.startswith("/") or "\x00" in repo:
+            raise ValueError(
+                f"worktree.repo must be an absolute path (got {repo[:200]!r}); "
+                "give the repository's full path"
+            )
+        return repo
+
+
 class JobIn(BaseModel):
     """A job to run: argv (no shell), for an owner, with what it is expected to take."""
 
-    model_config = STRICT
+    # A job runs in its cwd or in its worktree, never both: the document says so too.
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        json_schema_extra={"not": {"required": ["cwd", "worktree"]}},
+    )
     argv: Annotated[list[Text], Field(min_length=1, max_length=4096)]
     owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
     # Absolute: the schema says so, the validator below says it in words.
@@ -184,6 +222,19 @@ class JobIn(BaseModel):
     # Safe to stop and run again from the start when memory runs out (issue 12).
     restartable: bool = False
     release: ReleaseIn | None = None
+    # strict: a young job reserves its estimate less its footprint; pack: its forecast growth.
+    memory_policy: Literal["strict", "pack"] = "strict"
+    # The name its learned size is kept under (else a hash of argv and cwd).
+    kind: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
+    worktree: WorktreeIn | None = None
+
+    @model_validator(mode="after")
+    def _one_place(self) -> JobIn:
+        if self.worktree is not None and self.cwd is not None:
+            raise ValueError(
+                "give cwd or worktree, not both: a job with a worktree runs inside its tree"
+            )
+        return self
 
     @field_validator("cwd")
     @classmethod

@@ -31,6 +31,7 @@ MAX_FOLLOWERS = 16  # follow=true streams at once
 RUNNING_STATES = frozenset(
     {JobState.WAITING.value, JobState.RUNNING.value, JobState.SUSPENDED.value}
 )
+TEXT = {"schema": {"type": "string"}}
 
 
 class Followers:
@@ -69,7 +70,15 @@ def output_routes(
     """Register the output route; ``find_job`` answers 404 for an unknown job."""
     followers = Followers()
 
-    @router.get("/v1/jobs/{job_id}/output", dependencies=auth, response_model=None)
+    # Documented as what it is, text/plain, while its errors stay JSON (a response_class
+    # of text/plain would document them as text too).
+    @router.get(
+        "/v1/jobs/{job_id}/output",
+        dependencies=auth,
+        response_model=None,
+        response_class=StreamingResponse,
+        responses={200: {"description": "The output", "content": {"text/plain": TEXT}}},
+    )
     async def job_output(
         job_id: Id,
         follow: bool = False,

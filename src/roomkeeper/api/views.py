@@ -35,6 +35,9 @@ JOB_FIELDS = (
     "ended_at",
     "peak_bytes",
     "error",
+    "memory_policy",
+    "estimate_bytes",
+    "estimate_source",
 )
 
 
@@ -52,13 +55,27 @@ def job_json(view: JobView) -> dict[str, Any]:
         "ended_at": view.ended_at,
         "peak_bytes": view.peak_bytes,
         "error": view.error,
+        # The tree it asked for (its path is in GET /v1/workspaces once made).
+        "worktree": None
+        if view.spec.worktree is None
+        else {"repo": view.spec.worktree.repo, "branch": view.spec.worktree.branch},
+        "memory_policy": view.spec.memory_policy.value,
+        "estimate_bytes": view.estimate_bytes,
+        "estimate_source": view.estimate_source.value,  # stated, learned or default
+        "kind": view.spec.kind,
     }
 
 
 def row_json(row: JobRow) -> dict[str, Any]:
     """A job of an earlier run, from the journal."""
     fields = {k: getattr(row, k) for k in JOB_FIELDS if k != "argv"}
-    answer = {**fields, "argv": row.spec.get("argv", []), "resolution": row.resolution}
+    answer = {
+        **fields,
+        "argv": row.spec.get("argv", []),
+        "worktree": row.spec.get("worktree"),
+        "kind": row.spec.get("kind"),
+        "resolution": row.resolution,
+    }
     if row.state == JobState.UNCERTAIN.value:
         answer["last_output"] = _tail(row.log_path)  # what is known of work in doubt
     return answer

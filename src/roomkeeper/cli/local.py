@@ -4,9 +4,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sqlite3
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -14,18 +18,25 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from roomkeeper.cli.options import parse_size_option
+from roomkeeper.cli.options import parse_kind_option, parse_size_option
+from roomkeeper.cli.workspaces import batch_trees, reap
 from roomkeeper.config import read_queue_settings, read_settings
-from roomkeeper.errors import UsageError
+from roomkeeper.errors import RoomkeeperError, UsageError
+from roomkeeper.gateway.home import open_journal
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.batch import (
+    BatchOptions,
     BatchProgress,
+    BatchTrees,
     default_logs_dir,
+    line_kinds,
     read_commands,
     run_batch,
     summary_table,
 )
+from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.parsers import Pressure
 from roomkeeper.kernel.resources import Resources, read_resources
 from roomkeeper.paths import home_dir, writable_dir
@@ -190,6 +201,24 @@ def probe(as_json: bool, memory: int | None, disk: int | None) -> None:
     help="Keep each command's output here; default ROOMKEEPER_HOME/batch/<time>-<pid>/.",
 )
 @click.option("--quiet", is_flag=True, help="Do not print the commands' output (logs are kept).")
+@click.option(
+    "--worktree",
+    "worktree_repo",
+    metavar="REPO",
+    default=None,
+    help="Run each line in its own git worktree of REPO (registered in ROOMKEEPER_HOME).",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Young commands reserve their whole estimate (default: only their measured growth).",
+)
+@click.option(
+    "--kind",
+    callback=parse_kind_option,
+    metavar="NAME",
+    help="Learn sizes under this name for lines that name no kind of their own (#kind=NAME).",
+)
 def batch(
     file: TextIO,
     job_memory: int | None,
@@ -197,12 +226,20 @@ def batch(
     timeout_text: str | None,
     logs: Path | None,
     quiet: bool,
+    worktree_repo: str | None,
+    strict: bool,
+    kind: str | None,
 ) -> None:
     """Run each line of FILE (or stdin) as a shell command, as memory allows.
 
     Each command's output is printed, unaltered and in one piece, when it
     ends; a summary table goes to stderr. Exits 0 only when every command
     exited 0. Ctrl-C stops every running command's whole tree.
+
+    Without --job-memory each line is expected to take what past runs of its
+    kind peaked at (kept in ROOMKEEPER_HOME): its own kind, written at the end
+    of the line as a shell comment ('make test #kind=unit-tests'), else
+    --kind, else a hash of the line and the directory.
     """
     timeout_s = None
     if timeout_text is not None:
@@ -214,12 +251,38 @@ def batch(
     if not commands:
         click.echo("roomkeeper batch: no commands to run (every line was empty)", err=True)
         return
+    kinds = line_kinds(commands, kind)  # a bad "#kind=" fails here, before anything runs
     max_running = max_running or read_queue_settings().max_running
     logs_dir = writable_dir(
         logs if logs is not None else default_logs_dir(home_dir()),
         what="the logs directory",
         fix="choose another with --logs DIR (or ROOMKEEPER_HOME=DIR)",
     )
+    with _learned_sizes() as journal:
+        if worktree_repo is not None and journal is None:
+            raise UsageError(
+                "--worktree needs the journal in ROOMKEEPER_HOME (it registers each line's tree), "
+                "and it did not open: fix ROOMKEEPER_HOME or run without --worktree"
+            )
+        trees = batch_trees(worktree_repo, journal) if worktree_repo and journal else None
+        policy = MemoryPolicy.STRICT if strict else MemoryPolicy.PACK
+        options = BatchOptions(policy=policy, kinds=kinds, sizes=journal)
+        _run_batch_lines(
+            commands, logs_dir, job_memory, max_running, timeout_s, quiet, trees, options
+        )
+
+
+def _run_batch_lines(
+    commands: list[str],
+    logs_dir: Path,
+    job_memory: int | None,
+    max_running: int,
+    timeout_s: float | None,
+    quiet: bool,
+    trees: BatchTrees | None,
+    options: BatchOptions,
+) -> None:
+    """Run the lines, print the summary, exit non-zero unless every line exited 0."""
     err_console = Console(stderr=True)
     started = time.monotonic()
     on_terminal = sys.stderr.isatty()
@@ -239,6 +302,8 @@ def batch(
                 timeout_s=timeout_s,
                 quiet=quiet,
                 progress=progress,
+                trees=trees,
+                options=options,
             )
         except KeyboardInterrupt:
             interrupted = True
@@ -252,4 +317,26 @@ def batch(
         sys.exit(1)
 
 
-COMMANDS: tuple[click.Command, ...] = (probe, batch)
+@contextlib.contextmanager
+def _learned_sizes() -> Iterator[Journal | None]:
+    """The journal in ROOMKEEPER_HOME, where learned sizes are kept; None when it cannot open.
+
+    A batch that cannot learn still runs: it says why once, and sizes its
+    lines by --job-memory or the default.  Closing waits for the peaks
+    recorded to be durable.
+    """
+    try:
+        journal = open_journal(home_dir(), os.environ)
+    except (OSError, sqlite3.Error, RoomkeeperError) as err:
+        click.echo(
+            f"roomkeeper batch: learned sizes are off: the journal did not open ({err})", err=True
+        )
+        yield None
+        return
+    try:
+        yield journal
+    finally:
+        journal.close()
+
+
+COMMANDS: tuple[click.Command, ...] = (probe, batch, reap)

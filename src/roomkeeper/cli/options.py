@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from roomkeeper.errors import SizeError
+from roomkeeper.errors import SizeError, UsageError
+from roomkeeper.jobs.spec import check_kind
 from roomkeeper.units import parse_size
 
 
@@ -15,4 +16,14 @@ def parse_size_option(ctx: click.Context, param: click.Parameter, value: str | N
     try:
         return parse_size(value, name=param.name or "size")
     except SizeError as err:
+        raise click.BadParameter(str(err), ctx=ctx, param=param) from err
+
+
+def parse_kind_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: a job kind, the name its learned size is kept under."""
+    if value is None:
+        return None
+    try:
+        return check_kind(value)
+    except UsageError as err:
         raise click.BadParameter(str(err), ctx=ctx, param=param) from err

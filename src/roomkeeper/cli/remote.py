@@ -20,9 +20,10 @@ from rich.console import Console
 from rich.table import Table
 
 from roomkeeper.cli.client import connect
-from roomkeeper.cli.options import parse_size_option
+from roomkeeper.cli.options import parse_kind_option, parse_size_option
+from roomkeeper.cli.workspaces import parse_worktree
 from roomkeeper.errors import NoGatewayError, UsageError
-from roomkeeper.units import format_gb, parse_duration
+from roomkeeper.units import format_bytes, format_gb, parse_duration
 
 EXIT_CODES = {"failed": 127, "timed_out": 124, "expired": 124, "cancelled": 130, "stopped": 143}
 
@@ -69,24 +70,58 @@ def _check(response: httpx.Response) -> Any:
     "--timeout", "timeout_text", metavar="DURATION", help="Deadline from submission (90s, 5m)."
 )
 @click.option("--detach", is_flag=True, help="Print the job id and return at once.")
+@click.option(
+    "--worktree",
+    "worktree_text",
+    metavar="REPO[:BRANCH]",
+    default=None,
+    help="Run in a git worktree of REPO of its own, on BRANCH (default roomkeeper/<job id>).",
+)
+@click.option(
+    "--kind",
+    callback=parse_kind_option,
+    metavar="NAME",
+    help="Learn its size under this name (default: a hash of the command and directory).",
+)
+@click.option(
+    "--pack",
+    is_flag=True,
+    help="Reserve only its measured growth while young (memory policy pack; default strict).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
-    owner: str, memory: int | None, timeout_text: str | None, detach: bool, command: tuple[str, ...]
+    owner: str,
+    memory: int | None,
+    timeout_text: str | None,
+    detach: bool,
+    worktree_text: str | None,
+    kind: str | None,
+    pack: bool,
+    command: tuple[str, ...],
 ) -> None:
-    """Submit COMMAND (after --) as a job, stream its output, exit with its exit code."""
+    """Submit COMMAND (after --) as a job, stream its output, exit with its exit code.
+
+    Without --memory its estimate is what past runs of the same kind peaked at.
+    """
     timeout_s = None
     if timeout_text is not None:
         try:
             timeout_s = parse_duration(timeout_text, name="--timeout")
         except UsageError as err:
             raise click.BadParameter(str(err), param_hint="--timeout") from None
-    body = {
+    body: dict[str, Any] = {
         "argv": list(command),
         "owner": owner,
         "cwd": os.getcwd(),
         "memory_bytes": memory,
         "timeout_s": timeout_s,
+        "kind": kind,
+        "memory_policy": "pack" if pack else None,
     }
+    if worktree_text is not None:
+        tree = parse_worktree(worktree_text)
+        del body["cwd"]  # the job runs inside its tree
+        body["worktree"] = {"repo": tree.repo, **({"branch": tree.branch} if tree.branch else {})}
     with _client() as client:
         job = _check(client.post("/v1/jobs", json={k: v for k, v in body.items() if v is not None}))
         job_id = job["id"]
@@ -97,7 +132,7 @@ def run(
             final = _follow(client, job_id)
         except KeyboardInterrupt:
             with contextlib.suppress(httpx.HTTPError):
-                client.delete(f"/v1/jobs/{job_id}")
+                client.post(f"/v1/jobs/{job_id}/cancel")
             click.echo(f"roomkeeper: cancelled job {job_id}", err=True)
             sys.exit(130)
     state = final["state"]
@@ -171,6 +206,7 @@ def jobs(owner: str | None, state: str | None) -> None:
     table.add_column("state", no_wrap=True)
     table.add_column("reason / exit", no_wrap=True)
     table.add_column("started", no_wrap=True)
+    table.add_column("estimate", no_wrap=True)
     table.add_column("command", overflow="ellipsis", no_wrap=True, max_width=40)
     for j in rows:
         detail = j["reason"] or ("" if j["exit_code"] is None else f"exit {j['exit_code']}")
@@ -180,14 +216,25 @@ def jobs(owner: str | None, state: str | None) -> None:
         started = (
             time.strftime("%H:%M:%S", time.localtime(j["started_at"])) if j["started_at"] else ""
         )
-        table.add_row(j["id"], j["owner"], j["state"], detail, started, " ".join(j["argv"]))
+        table.add_row(
+            j["id"], j["owner"], j["state"], detail, started, _estimate(j), " ".join(j["argv"])
+        )
     if state in (None, "uncertain"):
         with _client() as client:
             calls = _check(client.get("/v1/calls", params={"state": "uncertain"}))
         for c in calls:
             started = time.strftime("%H:%M:%S", time.localtime(c["created_at"]))
-            table.add_row(c["id"], c["owner"], "uncertain", f"call {c['kind']}", started, "")
+            table.add_row(c["id"], c["owner"], "uncertain", f"call {c['kind']}", started, "", "")
     _console().print(table)
+
+
+def _estimate(job: dict[str, Any]) -> str:
+    """A job's memory estimate and where it came from: ``1.1 GB (learned), pack``."""
+    size = job.get("estimate_bytes")
+    if size is None:
+        return ""  # a job recorded before estimates were
+    text = f"{format_bytes(size)} ({job.get('estimate_source') or 'default'})"
+    return text + (", pack" if job.get("memory_policy") == "pack" else "")
 
 
 @click.command()
@@ -214,7 +261,7 @@ def output(job_id: str, follow: bool) -> None:
 def cancel(job_id: str) -> None:
     """Cancel a waiting job, or stop a running job's whole tree."""
     with _client() as client:
-        job = _check(client.delete(f"/v1/jobs/{job_id}"))
+        job = _check(client.post(f"/v1/jobs/{job_id}/cancel"))
     click.echo(f"job {job['id']}: {job['state']}")
 
 

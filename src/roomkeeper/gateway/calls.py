@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from roomkeeper.errors import CallStateError, UnknownJobError
+from roomkeeper.errors import CallStateError, NotEndedError, UnknownJobError
 from roomkeeper.journal.calls import CallRow
 from roomkeeper.journal.database import Journal
 
@@ -119,6 +119,34 @@ class Calls:
         if call.state is CallState.PENDING:
             self._journal.cancel_call(call_id, at=time.time()).result()
         return self.get(call_id)
+
+    def remove(self, call_id: str) -> None:
+        """Forget a call whose outcome is saved (succeeded or failed).
+
+        Raises:
+            UnknownJobError: no call has that id.
+            NotEndedError: ``not_ended`` while it is pending, ``in_doubt`` while it is
+                uncertain or cancelled (what it did is unknown: resolve it first).
+        """
+        call = self.get(call_id)
+        if call.state is CallState.PENDING:
+            raise NotEndedError(
+                f"call {call_id!r} is pending: save its outcome (POST /v1/calls/{call_id}/outcome)"
+                f" or cancel it (POST /v1/calls/{call_id}/cancel) first",
+                work_id=call_id,
+                reason="not_ended",
+            )
+        if call.state in (CallState.UNCERTAIN, CallState.CANCELLED):
+            raise NotEndedError(
+                f"call {call_id!r} is {call.state.value}: what it did is not known; resolve it "
+                f"first (POST /v1/calls/{call_id}/resolve)",
+                work_id=call_id,
+                reason="in_doubt",
+            )
+        if not self._journal.forget_call(call_id).result():
+            raise CallStateError(
+                f"call {call_id!r} changed while it was being removed", call_id=call_id
+            )
 
     def resolve(self, call_id: str, resolution: str) -> CallView:
         """A person or the client settles an uncertain call: succeeded, failed, or rerun.

@@ -7,6 +7,10 @@ a crash left in doubt runs again from its saved spec: deferred jobs one at a
 time, uncertain ones when a person says so.  The scheduler's callbacks also
 keep the refusals for the Health page, the histogram of waiting times for
 ``GET /metrics``, and run a job's release hook when it ends.
+
+Learned sizes: a job that states no memory estimate is submitted with the
+highest of the last five peaks of its kind (its ``kind``, else a hash of its
+argv and cwd), and every ended job's peak is recorded under that key.
 """
 
 from __future__ import annotations
@@ -20,23 +24,33 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from roomkeeper.config import PressureSettings, read_pressure_settings
-from roomkeeper.errors import PersistenceError, UnknownJobError, UnrunnableError, UsageError
+from roomkeeper.errors import (
+    NotEndedError,
+    PersistenceError,
+    UnknownJobError,
+    UnrunnableError,
+    UsageError,
+)
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.ladder import Step
-from roomkeeper.guard.rule import Decision
+from roomkeeper.guard.packing import MemoryPolicy
+from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.monitor import ReliefEvent
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+from roomkeeper.jobs.sizes import size_key
+from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, WorktreeRequest
+from roomkeeper.jobs.workspaces import Workspaces
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 
@@ -76,6 +90,8 @@ class DurableJobs:
             hook holds only its own job's memory, until its deadline.
         job_user: the user jobs run as; None for the gateway's own.
         pressure_settings: the ROOMKEEPER_PRESSURE_* variables of the gateway's environment.
+        workspaces: makes jobs' git worktrees and reaps finished ones (the guard's
+            disk refusal gets one reap first); None: jobs cannot ask for a tree.
     """
 
     def __init__(
@@ -91,6 +107,7 @@ class DurableJobs:
         hooks: HookRunner,
         job_user: JobUser | None = None,
         pressure_settings: Callable[[], PressureSettings] = read_pressure_settings,
+        workspaces: Workspaces | None = None,
     ) -> None:
         self._journal = journal
         self._hooks = hooks
@@ -117,6 +134,8 @@ class DurableJobs:
             job_user=job_user,
             pressure_settings=pressure_settings,
             on_relief=self._relief_step,
+            prepare=workspaces.prepare if workspaces is not None else None,
+            reclaim_disk=workspaces.reclaim if workspaces is not None else None,
         )
 
     def _relief_step(self, event: ReliefEvent) -> None:
@@ -150,6 +169,9 @@ class DurableJobs:
         write = self._journal.record_job(view, pid_started=pid_started)
         self._watch(write)
         self.writes[view.id] = write
+        if view.state.final and view.peak_bytes is not None:
+            # Learned sizes: the next job of this kind that states none starts from this.
+            self._watch(self._journal.record_peak(size_key(view.spec), view.peak_bytes))
         job_id = view.id
 
         def forget(done: concurrent.futures.Future[None]) -> None:
@@ -200,7 +222,8 @@ class DurableJobs:
         """Queue a job; returns once its record is durable.  Never blocks the event loop."""
         if self._closing():
             raise UsageError("the gateway is shutting down", name="shutdown")
-        await self._refuse_what_never_fits(spec)
+        spec = await asyncio.to_thread(self.learned, spec)
+        spec = await self._refuse_what_never_fits(spec)
         job_id = uuid.uuid4().hex[:12]
         if release is not None:
             self.hooks[job_id] = release  # before the job exists: it may end at once
@@ -218,23 +241,41 @@ class DurableJobs:
                 raise PersistenceError(f"the job was not saved, so it will not run: {err}") from err
         return view
 
-    async def _refuse_what_never_fits(self, spec: JobSpec) -> None:
+    def learned(self, spec: JobSpec) -> JobSpec:
+        """``spec`` with the learned size of its kind, when it states no estimate (off the loop)."""
+        if spec.memory_bytes is not None:
+            return spec
+        return replace(spec, learned_bytes=self._journal.learned_size(size_key(spec)))
+
+    async def _refuse_what_never_fits(self, spec: JobSpec) -> JobSpec:
         """A job that could not fit even with nothing else running is refused now (422),
         never accepted to wait for ever.
+
+        A learned size above the line is not the submitter's word: the job is
+        asked for at the line instead (a past run held that much, and ran).
+
+        Returns:
+            The spec to queue.
 
         Raises:
             UnrunnableError: its memory estimate is above the guard's line, or its disk need
                 above the volume's total; the guard's numbers say by how much.
         """
         decision = await asyncio.to_thread(
-            self._guard.check, memory_bytes=spec.memory_bytes, disk_bytes=spec.disk_bytes
+            self._guard.check, memory_bytes=spec.memory_estimate, disk_bytes=spec.disk_bytes
         )
+        line = decision.memory_line_bytes or 0
+        learned = spec.estimate_source is EstimateSource.LEARNED
+        # Asked again once, at the line, where the memory rule can no longer say "never".
+        if decision.never_fits and learned and decision.reason is Reason.MEMORY and line > 0:
+            return await self._refuse_what_never_fits(replace(spec, learned_bytes=line))
         if decision.never_fits:
             raise UnrunnableError(
                 f"refused: {decision.summary}; ask for less (memory_bytes, disk_bytes)",
                 reason="never_fits",
                 name=decision.reason.value,
             )
+        return spec
 
     def cancel(self, job_id: str) -> JobView:
         """Cancel or stop a job; the request is durable before it is acknowledged or signalled.
@@ -251,6 +292,61 @@ class DurableJobs:
             write.result(timeout=MARKER_TIMEOUT_S)
         return view
 
+    def remove(self, job_id: str) -> None:
+        """Forget an ended job: its record, its state changes and its kept output.
+
+        Work in doubt is never forgotten this way: it is resolved first.
+
+        Raises:
+            UnknownJobError: no job has that id.
+            NotEndedError: ``not_ended`` while it waits or runs, ``in_doubt`` while it is
+                uncertain or deferred.
+        """
+        state, log_path = self._state_and_log(job_id)
+        if not state.final:
+            raise NotEndedError(
+                f"job {job_id!r} is {state.value}: cancel it first "
+                f"(POST /v1/jobs/{job_id}/cancel), then remove it once it has ended",
+                work_id=job_id,
+                reason="not_ended",
+            )
+        if state in (JobState.UNCERTAIN, JobState.DEFERRED):
+            raise NotEndedError(
+                f"job {job_id!r} is {state.value}: what it did is not known; resolve it "
+                f"first (POST /v1/jobs/{job_id}/resolve)",
+                work_id=job_id,
+                reason="in_doubt",
+            )
+        # Its final state saved first: the scheduler may not have handed it on yet, and a
+        # write still queued would bring the row back.
+        self.scheduler.flush()
+        write = self.writes.get(job_id)
+        if write is not None:
+            write.result(timeout=MARKER_TIMEOUT_S)
+        if not self._journal.forget_job(job_id).result():
+            raise NotEndedError(
+                f"job {job_id!r} is not saved as ended yet; try again in a moment",
+                work_id=job_id,
+                reason="not_ended",
+            )
+        self.scheduler.forget(job_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(log_path)
+
+    def _state_and_log(self, job_id: str) -> tuple[JobState, str]:
+        """The job's state (this run's view over the journal's) and its output file.
+
+        Raises:
+            UnknownJobError: no job has that id.
+        """
+        with contextlib.suppress(UnknownJobError):
+            view = self.scheduler.get(job_id)
+            return view.state, view.log_path
+        row = self._journal.job(job_id)
+        if row is None:
+            raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)
+        return JobState(row.state), row.log_path
+
     def spec_from_row(self, spec: dict[str, Any], owner: str, resumable: bool) -> JobSpec:
         """The job as it was asked for, to run it again (its deadline counts from now)."""
         return JobSpec(
@@ -266,6 +362,10 @@ class DurableJobs:
             shell=bool(spec.get("shell")),
             resumable=resumable,
             restartable=bool(spec.get("restartable")),
+            worktree=_worktree_from_row(spec.get("worktree")),
+            memory_policy=MemoryPolicy(spec.get("memory_policy", MemoryPolicy.STRICT.value)),
+            kind=spec.get("kind"),
+            learned_bytes=spec.get("learned_bytes"),
         )
 
     def resume_next(self) -> str | None:
@@ -308,3 +408,11 @@ class DurableJobs:
             self._journal.record_history(HistoryEvent(now, RecoveryCode.RESOLVED, {"jobs": 1}))
         )
         return resolution
+
+
+def _worktree_from_row(saved: Any) -> WorktreeRequest | None:
+    """The saved ask for a worktree (a row from before issue 14 has none)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("repo"), str):
+        return None
+    branch = saved.get("branch")
+    return WorktreeRequest(saved["repo"], branch if isinstance(branch, str) else None)

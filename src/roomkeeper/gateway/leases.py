@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import time
 import uuid
 from collections import deque
@@ -20,11 +21,13 @@ from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.leases import Leases, LeaseState, LeaseView, guard_key
-from roomkeeper.guard.rule import Decision
+from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.journal.database import Journal
 
 LEASE_CHECK_EVERY_S = 0.5
 LEASE_RETRY_S = 0.25
+
+log = logging.getLogger("roomkeeper")
 
 
 class DurableLeases:
@@ -39,6 +42,8 @@ class DurableLeases:
         watch: told of every journal write, to report one that fails.
         hooks: the pool release hooks run on (never the event loop's default executor,
             which every ``asyncio.to_thread`` of a request shares).
+        reclaim_disk: the one reap a refusal for disk gets before it stands (finished
+            jobs' trees, down to the guard's line); True when it freed anything.
     """
 
     def __init__(
@@ -51,7 +56,9 @@ class DurableLeases:
         closing: Callable[[], bool],
         watch: Callable[[concurrent.futures.Future[None]], None],
         hooks: HookRunner,
+        reclaim_disk: Callable[[Decision], bool] | None = None,
     ) -> None:
+        self._reclaim_disk = reclaim_disk
         self.leases = leases
         self._hooks = hooks
         self._guard = guard
@@ -101,6 +108,7 @@ class DurableLeases:
             raise UsageError("the gateway is shutting down", name="shutdown")
         lease_id = lease_id or uuid.uuid4().hex[:16]
         deadline = time.monotonic() + wait_s
+        reaped = False
         while True:
             lease, decision = self.leases.grant(
                 lease_id,
@@ -115,10 +123,31 @@ class DurableLeases:
                     await asyncio.wrap_future(self._record(lease))
                 return lease, decision, decision is not None
             assert decision is not None
+            if not reaped and self._may_reap(decision):
+                reaped = True  # one reap per request, then the guard judges again
+                if await asyncio.to_thread(self._reap_for, decision):
+                    continue
             self._refusals.append(Refusal.of(decision, lease_id))
             if time.monotonic() + LEASE_RETRY_S > deadline or self._closing():
                 return None, decision, False
             await asyncio.sleep(LEASE_RETRY_S)
+
+    def _may_reap(self, decision: Decision) -> bool:
+        """A refusal for disk that a reap could change (disk is the one resource we free)."""
+        return (
+            self._reclaim_disk is not None
+            and decision.reason is Reason.DISK
+            and not decision.never_fits
+        )
+
+    def _reap_for(self, decision: Decision) -> bool:
+        """The reap before a disk refusal stands; a failed reap leaves the refusal as it was."""
+        assert self._reclaim_disk is not None
+        try:
+            return self._reclaim_disk(decision)
+        except Exception:
+            log.exception("the disk reap before refusing a lease failed")
+            return False
 
     async def end(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView:
         """End a lease: run its hook, then give its memory back, and record both."""

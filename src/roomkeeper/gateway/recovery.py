@@ -27,17 +27,16 @@ from dataclasses import dataclass
 
 import psutil
 
-from roomkeeper.errors import KernelFileError
 from roomkeeper.jobs.lifeline import cgroup_members, kill_cgroup
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 from roomkeeper.journal.jobs import STOP_REQUESTED
-from roomkeeper.kernel.job_cgroups import job_cgroup_parent
+from roomkeeper.kernel.cgroup_hierarchy import remove_group
+from roomkeeper.kernel.freezer import FreezerGroup
+from roomkeeper.kernel.job_cgroups import stale_job_cgroups
 
 log = logging.getLogger("roomkeeper")
-
-JOB_CGROUP_PREFIX = "roomkeeper-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,38 +73,27 @@ def _kill_recorded_leader(pid: int, started: float) -> int:
 def _kill_stale_groups(previous_pid: int | None) -> tuple[int, int]:
     """Empty and remove the job cgroups the previous gateway process (by its pid) left behind.
 
-    Only that run's groups: other gateways, batches or runs sharing this
-    cgroup are never touched.
+    Its memory groups and, on cgroup v1, its freezer groups: a job suspended
+    when it died sits FROZEN there, and a frozen task cannot die until its
+    group is thawed.  Only that run's groups: other gateways, batches or runs
+    sharing this cgroup are never touched.
     """
     if previous_pid is None or previous_pid == os.getpid():
         return 0, 0
-    try:
-        own = job_cgroup_parent()
-    except (OSError, KernelFileError):
-        return 0, 0
-    if own is None:
-        return 0, 0
-    theirs = f"{JOB_CGROUP_PREFIX}{previous_pid}-"
-    pids = groups = 0
-    with contextlib.suppress(OSError):
-        for name in os.listdir(own.directory):
-            if not name.startswith(theirs):
-                continue
-            directory = os.path.join(own.directory, name)
-            if not os.path.isdir(directory):
-                continue
-            pids += len(cgroup_members(directory))
-            kill_cgroup(directory)
-            for _ in range(100):
-                try:
-                    os.rmdir(directory)
-                    groups += 1
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)
-    return pids, groups
+    stale = stale_job_cgroups(previous_pid)
+    pids: set[int] = set()
+    for directory in stale:
+        members = cgroup_members(directory)
+        pids |= members
+        if not kill_cgroup(directory):  # no cgroup.kill (v1, or v2 before Linux 5.14)
+            for pid in members:  # in a group that run made for its jobs: theirs
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+    freezers = [d for d in stale if os.path.exists(os.path.join(d, "freezer.state"))]
+    # Freezer groups first: each thaws as it goes, so the SIGKILLs land.
+    groups = sum(FreezerGroup(d).remove() for d in freezers)
+    groups += sum(remove_group(d) for d in stale if d not in freezers)
+    return len(pids), groups
 
 
 def recover(journal: Journal, *, crashed: bool, previous_pid: int | None = None) -> RecoveryReport:

@@ -56,6 +56,7 @@ from roomkeeper.gateway.link import SupervisorLink
 from roomkeeper.gateway.recovery import recover
 from roomkeeper.gateway.refusals import REFUSALS_KEPT, Refusal
 from roomkeeper.gateway.samples import Sample, Sampler
+from roomkeeper.gateway.workspaces import gateway_workspaces
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner
 from roomkeeper.guard.leases import Leases
@@ -134,6 +135,9 @@ class Gateway:
         self._shutdown_lock = asyncio.Lock()
         self._shut = False
         self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
+        self.workspaces = gateway_workspaces(
+            journal=journal, workspace=self.workspace, env=env, watch=self._watch
+        )
         self.durable_jobs = self._durable_jobs()
         self.scheduler = self.durable_jobs.scheduler
         self.durable_leases = self._durable_leases()
@@ -192,6 +196,7 @@ class Gateway:
             hooks=self.hooks,
             job_user=self.job_user,
             pressure_settings=lambda: read_pressure_settings(self.env),
+            workspaces=self.workspaces,
         )
 
     def say_who_jobs_run_as(self) -> None:
@@ -223,6 +228,7 @@ class Gateway:
             closing=lambda: self._closing,
             watch=self._watch,
             hooks=self.hooks,
+            reclaim_disk=self.workspaces.reclaim_space,
         )
 
     def _supervisor_link(self, channel: Channel | None) -> SupervisorLink:

@@ -18,6 +18,12 @@ ends or it is released, whatever its outcome.  A caller that can measure a
 young job's own footprint reports it with :meth:`Guard.report_measured`; the
 job then reserves only ``max(0, estimate - measured)``, so its memory is
 never counted twice (once in the reading, once in its reservation).
+
+Each reservation has a memory policy (:mod:`roomkeeper.guard.packing`):
+``strict`` holds the above; ``pack`` holds only what the job's measured
+growth forecasts for the next few seconds, never more than ``strict``.
+Admission itself is unchanged: the job asked about still needs its whole
+estimate to fit beside what the others hold.
 """
 
 from __future__ import annotations
@@ -29,16 +35,18 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from roomkeeper.config import Settings, read_settings
 from roomkeeper.guard.ladder import Reading
+from roomkeeper.guard.packing import REPORTS_KEPT, MemoryPolicy, Report, held_bytes
 from roomkeeper.guard.rule import (
     Ask,
     Decision,
     MemoryRoom,
     Reason,
     decision,
+    disk_needed,
     disk_rule,
     gb,
     memory_room,
@@ -82,11 +90,21 @@ class GuardStatistics:
 class _Reservation:
     estimate: int
     started: float
-    measured: int = 0
+    policy: MemoryPolicy = MemoryPolicy.STRICT
+    # The admission is the first report: nothing of the job is in the reading yet.
+    reports: list[Report] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.reports:
+            self.reports.append(Report(self.started, 0))
 
     @property
     def held(self) -> int:
-        return max(0, self.estimate - self.measured)
+        return held_bytes(self.policy, self.estimate, self.reports)
+
+    def report(self, at: float, measured: int) -> None:
+        self.reports.append(Report(at, measured))
+        del self.reports[:-REPORTS_KEPT]
 
 
 def _prepared_job_groups() -> str | None:
@@ -148,7 +166,12 @@ class Guard:
         self._refusals_logged: dict[str, Reason] = {}  # the reason last logged, per job
 
     def admit(
-        self, job_id: str, *, memory_bytes: int | None = None, disk_bytes: int | None = None
+        self,
+        job_id: str,
+        *,
+        memory_bytes: int | None = None,
+        disk_bytes: int | None = None,
+        policy: MemoryPolicy = MemoryPolicy.STRICT,
     ) -> Decision:
         """Judge whether ``job_id`` fits now and, if it does, reserve its memory.
 
@@ -159,12 +182,17 @@ class Guard:
             job_id: the key of the reservation; release it with :meth:`release`.
             memory_bytes: this job's memory estimate; ROOMKEEPER_JOB_MEMORY_MB when None.
             disk_bytes: this job's disk estimate; ROOMKEEPER_JOB_DISK_MB when None.
+            policy: what the job reserves while young once admitted (``strict``
+                unless the caller can suspend and stop it: see
+                :mod:`roomkeeper.guard.packing`).
         """
         with self._lock:
             settings = read_settings(self._env)
             decision = self._judge(job_id, settings, memory_bytes, disk_bytes)
             if decision.admit:
-                self._young[job_id] = _Reservation(decision.estimate_bytes, self._clock())
+                self._young[job_id] = _Reservation(
+                    decision.estimate_bytes, self._clock(), policy=policy
+                )
                 self._refusals_logged.pop(job_id, None)
             self._counts[decision.reason.value] += 1
             self._last = decision
@@ -226,13 +254,15 @@ class Guard:
     def report_measured(self, job_id: str, measured_bytes: int) -> None:
         """Tell the guard how much of ``job_id``'s memory the reading already shows.
 
-        The job then reserves only ``max(0, estimate - measured)``.  Work that
-        runs elsewhere (leases) never reports, and keeps its full reservation.
+        The job then reserves only ``max(0, estimate - measured)`` (``strict``),
+        or what its growth over its recent reports forecasts, at most that
+        (``pack``).  Work that runs elsewhere (leases) never reports, and keeps
+        its full reservation.
         """
         with self._lock:
             reservation = self._young.get(job_id)
             if reservation is not None:
-                reservation.measured = max(0, measured_bytes)
+                reservation.report(self._clock(), max(0, measured_bytes))
 
     def pressure_reading(self) -> Reading | None:
         """What the pressure monitor judges: the guard's own reading, line and reserve, and PSI.
@@ -321,6 +351,9 @@ class Guard:
             return self._no_room_for_memory(ask, memory, room)
         assert disk is not None
         reason, summary, never = disk_rule(ask, disk, room, settings.disk_headroom_percent)
+        needed = None
+        if disk.total_bytes is not None:
+            needed = disk_needed(ask.job_disk, disk.total_bytes, settings.disk_headroom_percent)
         return decision(
             ask,
             admit=reason is Reason.OK,
@@ -330,6 +363,7 @@ class Guard:
             disk=disk,
             room=room,
             never_fits=never,
+            disk_needed=needed,
         )
 
     @staticmethod

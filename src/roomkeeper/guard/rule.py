@@ -65,6 +65,8 @@ class Decision:
         never_fits: refused, and it could not fit even with nothing else running:
             its memory estimate is above the line, or its disk need above the
             volume's total.  Waiting would be for ever: such a job is failed at once.
+        disk_needed_bytes: the free space the disk rule asked for (the guard's
+            own line: what a disk reap must reach), when disk was judged.
     """
 
     job_id: str
@@ -77,6 +79,7 @@ class Decision:
     young_reserved_bytes: int = 0
     memory_line_bytes: int | None = None
     never_fits: bool = False
+    disk_needed_bytes: int | None = None
 
 
 def memory_line(limit: int, headroom_percent: float) -> int:
@@ -168,6 +171,7 @@ def decision(
     disk: DiskReading | None = None,
     room: MemoryRoom | None = None,
     never_fits: bool = False,
+    disk_needed: int | None = None,
 ) -> Decision:
     """The decision for ``ask``; the young jobs' hold and the line once memory was judged."""
     return Decision(
@@ -181,4 +185,5 @@ def decision(
         young_reserved_bytes=ask.reserved if room is not None else 0,
         memory_line_bytes=room.line if room is not None else None,
         never_fits=never_fits,
+        disk_needed_bytes=disk_needed,
     )

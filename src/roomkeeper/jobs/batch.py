@@ -10,6 +10,19 @@ relief ladder stops one for memory pressure it runs again with its
 observed peak as its estimate (at most ROOMKEEPER_PRESSURE_RETRIES times).
 Each suspension and stop is printed as it happens, one line above the
 progress bar, and counted in the summary.
+
+With ``--worktree REPO`` each line runs in its own git worktree of REPO, on
+the branch ``roomkeeper/batch-<run>-<line>`` (:class:`BatchTrees`); the
+registry of those trees is a journal in ROOMKEEPER_HOME, which the caller
+(the ``batch`` command) opens and hands over as callables.
+
+Packing and learned sizes (issue 12): every line runs under the ``pack``
+memory policy unless the caller asks for ``strict``, and a batch without
+``--job-memory`` asks for each line what past runs of its kind peaked at
+(the highest of the last five).  A line's kind is the batch's ``--kind``,
+or its own, written as a shell comment at its end (``make test
+#kind=unit-tests``: the shell ignores it, so the file still runs under
+``parallel``), or else a hash of the line and the directory.
 """
 
 from __future__ import annotations
@@ -17,26 +30,41 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from roomkeeper.config import read_queue_settings
+from roomkeeper.errors import UsageError
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.monitor import MonitorStatistics
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, PeakMethod
+from roomkeeper.jobs.sizes import SizeBook, size_key
+from roomkeeper.jobs.spec import (
+    EstimateSource,
+    JobSpec,
+    JobState,
+    JobView,
+    PeakMethod,
+    WorktreeRequest,
+    check_kind,
+)
+from roomkeeper.jobs.workspaces import BRANCH_PREFIX, Workspaces
 from roomkeeper.units import format_bytes
 
 STOP_GRACE_ON_INTERRUPT = 2.0
+# A line's own kind: a shell comment at its very end, "#kind=NAME" (or "# kind=NAME").
+_LINE_KIND = re.compile(r"(?:^|\s)#\s*kind=(\S*)\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +79,8 @@ class BatchResult:
     peak_bytes: int | None
     log_path: str
     peak_method: PeakMethod | None = None  # how peak_bytes was taken
+    estimate_bytes: int | None = None  # the memory estimate it was admitted with
+    estimate_source: EstimateSource = EstimateSource.DEFAULT
 
     @property
     def succeeded(self) -> bool:
@@ -61,6 +91,31 @@ class BatchResult:
 def read_commands(lines: Sequence[str]) -> list[str]:
     """The non-empty lines, without their line ends (each is shell text)."""
     return [line.rstrip("\r\n") for line in lines if line.strip()]
+
+
+def line_kind(command: str, number: int) -> str | None:
+    """The kind a batch line names at its end (``... #kind=NAME``), or None.
+
+    Raises:
+        UsageError: the line ends in ``#kind=`` with no valid name; the message
+            gives the line's number and the way to write one.
+    """
+    found = _LINE_KIND.search(command)
+    if found is None:
+        return None
+    try:
+        return check_kind(found.group(1))
+    except UsageError as err:
+        raise UsageError(
+            f"line {number}: {err}; write it at the end of the line, as in "
+            "'make test #kind=unit-tests'",
+            name="kind",
+        ) from None
+
+
+def line_kinds(commands: Sequence[str], default: str | None) -> list[str | None]:
+    """Each line's kind: its own, else ``default`` (every line is checked before any runs)."""
+    return [line_kind(c, i + 1) or default for i, c in enumerate(commands)]
 
 
 class BatchProgress:
@@ -125,6 +180,44 @@ class BatchProgress:
         self._done = done
 
 
+@dataclass(frozen=True, slots=True)
+class BatchTrees:
+    """One git worktree per line, and where the trees are registered.
+
+    Attributes:
+        repo: the repository every line gets a tree of.
+        run_id: this run's name, in every branch (``roomkeeper/batch-<run>-<line>``).
+        workspaces: makes the trees and reaps finished ones.
+        register: saves a line's tree as its own before the line starts (durable on return).
+        follow: records each change of a line's state against its tree.
+    """
+
+    repo: str
+    run_id: str
+    workspaces: Workspaces
+    register: Callable[[JobView], None]
+    follow: Callable[[JobView], None]
+
+    def request(self, line: int) -> WorktreeRequest:
+        """The tree line ``line`` (1-based) asks for."""
+        return WorktreeRequest(self.repo, f"{BRANCH_PREFIX}batch-{self.run_id}-{line}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOptions:
+    """How a batch sizes its lines.
+
+    Attributes:
+        policy: the memory policy every line runs under (``pack`` unless ``--strict``).
+        kinds: each line's kind (None: a hash of the line and the directory).
+        sizes: where learned sizes are read and each line's peak is kept; None learns nothing.
+    """
+
+    policy: MemoryPolicy = MemoryPolicy.PACK
+    kinds: Sequence[str | None] = ()
+    sizes: SizeBook | None = None
+
+
 def run_batch(
     commands: Sequence[str],
     *,
@@ -136,17 +229,31 @@ def run_batch(
     progress: BatchProgress,
     guard: Guard | None = None,
     scheduler_factory: Callable[..., Scheduler] = Scheduler,
+    trees: BatchTrees | None = None,
+    options: BatchOptions | None = None,
 ) -> list[BatchResult]:
     """Run every command as memory allows, print each job's output as it ends.
 
     Ctrl-C (KeyboardInterrupt) stops every running tree before it propagates.
+    With ``trees``, each line runs in its own git worktree.
     """
+    guard = guard if guard is not None else Guard()
     events: queue.Queue[JobView] = queue.Queue()
+    hooks: dict[str, Any] = {"on_change": events.put}
+    if trees is not None:
+
+        def changed(view: JobView) -> None:
+            trees.follow(view)
+            events.put(view)
+
+        hooks = {
+            "on_change": changed,
+            "prepare": trees.workspaces.prepare,
+            "reclaim_disk": trees.workspaces.reclaim,
+            "before_launch": trees.register,
+        }
     scheduler = scheduler_factory(
-        logs_dir=logs_dir,
-        guard=guard,
-        limits=lambda: _limits(max_running),
-        on_change=events.put,
+        logs_dir=logs_dir, guard=guard, limits=lambda: _limits(max_running), **hooks
     )
     run = _BatchRun(
         commands,
@@ -157,6 +264,9 @@ def run_batch(
         timeout_s=timeout_s,
         quiet=quiet,
         progress=progress,
+        trees=trees,
+        options=options or BatchOptions(),
+        guard=guard,
     )
     try:
         scheduler.start()
@@ -193,8 +303,16 @@ class _BatchRun:
         timeout_s: float | None,
         quiet: bool,
         progress: BatchProgress,
+        options: BatchOptions,
+        guard: Guard,
+        trees: BatchTrees | None = None,
     ) -> None:
+        self._trees = trees
         self._commands = commands
+        self._options = options
+        self._guard = guard
+        self._keys: dict[str, str] = {}  # each submitted line's learned-size key
+        self._line: int | None = None  # the guard's memory line, read once for learned sizes
         self._scheduler = scheduler
         self._events = events
         self._job_memory = job_memory
@@ -214,19 +332,42 @@ class _BatchRun:
         """Submit lines as room frees: keep a few lines ready, never the whole file."""
         waiting = self._scheduler.statistics().waiting
         while self._next_line < len(self._commands) and waiting < max(2, self._max_running):
-            self._scheduler.submit(
-                JobSpec(
-                    argv=[self._commands[self._next_line]],
-                    owner="batch",
-                    memory_bytes=self._job_memory,
-                    timeout_s=self._timeout_s,
-                    shell=True,
-                    restartable=True,  # as GNU parallel treats its lines
-                ),
-                job_id=str(self._next_line + 1),
-            )
+            job_id = str(self._next_line + 1)
+            self._scheduler.submit(self._spec(self._next_line, job_id), job_id=job_id)
             self._next_line += 1
             waiting += 1
+
+    def _spec(self, index: int, job_id: str) -> JobSpec:
+        """Line ``index``'s job: its kind, the batch's policy, and its learned size if any."""
+        kinds = self._options.kinds
+        spec = JobSpec(
+            argv=[self._commands[index]],
+            owner="batch",
+            memory_bytes=self._job_memory,
+            timeout_s=self._timeout_s,
+            shell=True,
+            memory_policy=self._options.policy,
+            kind=kinds[index] if index < len(kinds) else None,
+            worktree=self._trees.request(index + 1) if self._trees else None,
+            restartable=True,  # as GNU parallel treats its lines
+        )
+        sizes = self._options.sizes
+        if sizes is None:
+            return spec
+        key = self._keys[job_id] = size_key(spec)
+        if spec.memory_bytes is not None:
+            return spec
+        learned = sizes.learned_size(key)
+        if learned is None:
+            return spec
+        # A past run that held more than the line still ran: ask for the line, not "never".
+        return replace(spec, learned_bytes=min(learned, self._memory_line(learned)))
+
+    def _memory_line(self, fallback: int) -> int:
+        """The guard's memory line, read once per batch (``fallback`` while it is unknown)."""
+        if self._line is None:
+            self._line = self._guard.check(memory_bytes=0).memory_line_bytes
+        return fallback if self._line is None else self._line
 
     def collect(self) -> None:
         """Wait a little for a change, then record every job that ended."""
@@ -275,7 +416,10 @@ class _BatchRun:
                 peak_bytes=v.peak_bytes,
                 log_path=v.log_path,
                 peak_method=v.peak_method,
+                estimate_bytes=v.estimate_bytes,
+                estimate_source=v.estimate_source,
             )
+            self._learn(v)
             if not self._quiet:
                 with contextlib.suppress(OSError):
                     self._progress.output(Path(v.log_path).read_bytes())
@@ -301,6 +445,12 @@ class _BatchRun:
             why = view.error or "it has no runs left"
             self._progress.note(f"{line} stopped for memory pressure (output kept): {why}")
 
+    def _learn(self, view: JobView) -> None:
+        """Keep an ended line's peak under its key, for the next batch (and the next line)."""
+        key = self._keys.pop(view.id, None)
+        if self._options.sizes is not None and key is not None and view.peak_bytes is not None:
+            self._options.sizes.record_peak(key, view.peak_bytes)
+
 
 def pressure_line(stats: MonitorStatistics) -> str:
     """The relief ladder's counts and reaction times on one line (bench_swarm reads it)."""
@@ -318,13 +468,14 @@ def pressure_line(stats: MonitorStatistics) -> str:
 def summary_table(
     results: Sequence[BatchResult], elapsed: float, pressure: MonitorStatistics | None = None
 ) -> str:
-    """The closing table: command, exit code, wall time, peak memory of its tree and how taken.
+    """The closing table: command, exit code, wall time, peak memory of its tree and how taken,
+    and the estimate it was admitted with and where that came from (stated, learned, default).
 
     Plain text, not a rich table: a batch may have thousands of lines, and
     the table must not cost more than running them did.
     """
     failed = sum(1 for r in results if not r.succeeded)
-    rows = [("#", "command", "exit", "wall", "peak memory")]
+    rows = [("#", "command", "exit", "wall", "peak memory", "estimate")]
     for r in results:
         exit_text = str(r.exit_code) if r.state is JobState.EXITED else r.state.value
         if r.state is not JobState.EXITED and r.exit_code is not None:
@@ -333,8 +484,11 @@ def summary_table(
         peak = format_bytes(r.peak_bytes) if r.peak_bytes is not None else "-"
         if r.peak_bytes is not None and r.peak_method is not None:
             peak += f" ({r.peak_method.value})"  # memory.peak, sampled cgroup, sampled
-        rows.append((str(r.line), command, exit_text, f"{r.wall_seconds:.2f} s", peak))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        estimate = "-"
+        if r.estimate_bytes is not None:
+            estimate = f"{format_bytes(r.estimate_bytes)} ({r.estimate_source.value})"
+        rows.append((str(r.line), command, exit_text, f"{r.wall_seconds:.2f} s", peak, estimate))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"roomkeeper batch: {len(results)} commands, {failed} failed, {elapsed:.1f} s"]
     if pressure is not None:
         lines.append(pressure_line(pressure))

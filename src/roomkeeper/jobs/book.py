@@ -19,7 +19,15 @@ from typing import Protocol
 
 from roomkeeper.errors import UnknownJobError
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, MemoryPeak, PeakMethod, Transition
+from roomkeeper.jobs.spec import (
+    JobSpec,
+    JobState,
+    JobView,
+    MemoryPeak,
+    PeakMethod,
+    Transition,
+    Worktree,
+)
 
 KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one
 
@@ -58,7 +66,9 @@ class JobRecord:
     stop_cause: JobState | None = None
     stop_reason: Reason | None = None
     reruns: int = 0  # times the relief ladder stopped it and queued it again
+    estimate_bytes: int | None = None  # the memory estimate it was submitted with
     history: list[Transition] = field(default_factory=list)
+    workspace: Worktree | None = None
 
 
 class JobBook:
@@ -187,6 +197,14 @@ class JobBook:
             del self._jobs[job_id]
         return True
 
+    def forget(self, job_id: str) -> bool:
+        """Forget one finished job (its record was removed); False if it is unknown or live."""
+        job = self._jobs.get(job_id)
+        if job is None or not job.state.final:
+            return False
+        del self._jobs[job_id]
+        return True
+
     def view(self, job: JobRecord) -> JobView:
         """A frozen snapshot of the record."""
         return JobView(
@@ -204,4 +222,6 @@ class JobBook:
             history=tuple(job.history),
             pid=job.handle.pid if job.handle is not None else None,
             peak_method=job.peak_method,
+            workspace=job.workspace,
+            estimate_bytes=job.estimate_bytes,
         )

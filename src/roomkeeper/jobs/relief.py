@@ -74,7 +74,7 @@ class SchedulerRelief:
                     job_id=job.id,
                     started=job.started or 0.0,
                     footprint=footprint,
-                    estimate=self._guard.estimate(job.spec.memory_bytes),
+                    estimate=self._guard.estimate(job.spec.memory_estimate),
                     suspended=job.state is JobState.SUSPENDED,
                     suspendable=callable(getattr(handle, "suspend", None)),
                     restartable=job.spec.restartable,

@@ -10,6 +10,13 @@ lock held, and the launch re-checks, under the lock, that the job is still
 waiting.  A cancel that lands while the job is being judged therefore
 removes its permission to launch; a cancel after the spawn stops its tree.
 
+Disk is the one resource roomkeeper can free itself (seed 000): a refusal
+for disk gets one reap first (``reclaim_disk``), which stops at the guard's
+own line, and then the guard judges again.  A job that asked for a git
+worktree gets it after admission and before its command starts
+(``prepare``), outside the lock because git takes its time; a job cancelled
+meanwhile does not start.
+
 A :class:`Runner` owns the running jobs; the queue and the job book are the
 scheduler's, shared with it, and so is the lock.  When and how often rounds
 run is :mod:`roomkeeper.jobs.scheduler`'s.
@@ -27,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from roomkeeper.config import read_pressure_settings
-from roomkeeper.errors import LaunchError
+from roomkeeper.errors import LaunchError, WorkspaceError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord
@@ -35,7 +42,7 @@ from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.launch import LaunchSpec, launch
 from roomkeeper.jobs.process import Lifeline, become_subreaper
 from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.jobs.spec import JobState, JobView, Worktree
 from roomkeeper.kernel.delegation import prepare_job_groups
 
 log = logging.getLogger("roomkeeper")
@@ -46,6 +53,8 @@ CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
 
 
 Launcher = Callable[[str, LaunchSpec], Handle]
+Prepare = Callable[[JobView], Worktree | None]
+ReclaimDisk = Callable[[JobView, Decision], bool]
 
 
 class Runner:
@@ -79,8 +88,12 @@ class Runner:
         stop_grace: float,
         job_user: JobUser | None = None,
         retries: Callable[[], int] = lambda: read_pressure_settings().retries,
+        prepare: Prepare | None = None,
+        reclaim_disk: ReclaimDisk | None = None,
     ) -> None:
         self._job_user = job_user
+        self._prepare = prepare
+        self._reclaim_disk = reclaim_disk
         self._lock = lock
         self._book = book
         self._queue = queue
@@ -163,7 +176,7 @@ class Runner:
             or job.reruns >= self._retries()
         ):
             return False
-        estimate = max(job.peak_bytes or 0, job.spec.memory_bytes or 0)
+        estimate = max(job.peak_bytes or 0, job.spec.memory_estimate or 0)
         job.spec = replace(job.spec, memory_bytes=estimate)
         job.reruns += 1
         self.reruns += 1
@@ -213,12 +226,14 @@ class Runner:
                 with contextlib.suppress(Exception):
                     assert other.handle is not None
                     self._guard.report_measured(other.id, other.handle.footprint_bytes())
-            decision = self._guard.admit(
-                job.id, memory_bytes=job.spec.memory_bytes, disk_bytes=job.spec.disk_bytes
-            )
+            decision = self._judge(job)
+            tree, unprepared = self._make_tree(job) if decision.admit else (None, None)
             with self._lock:
                 if job.state is not JobState.WAITING:  # cancelled while it was judged
                     self._guard.release(job.id)
+                    continue
+                if unprepared is not None:
+                    self._fail_unprepared(job, unprepared)
                     continue
                 if decision.never_fits:  # waiting would be for ever: fail it, go on
                     self._fail_never_fits(job, decision)
@@ -228,11 +243,61 @@ class Runner:
                     self.last_refusal = decision.summary
                     self._explain(decision.reason)
                     break
+                job.workspace = tree
                 self._start(job, limits)
                 continue
             if self._on_refusal is not None:
                 self._on_refusal(job.id, decision)
             return
+
+    def _judge(self, job: JobRecord) -> Decision:
+        """The guard's answer; a refusal for disk gets one reap first, then a second judgement."""
+        decision = self._admit(job)
+        if decision.admit or decision.reason is not Reason.DISK or decision.never_fits:
+            return decision
+        if self._reclaim_disk is None:
+            return decision
+        with self._lock:
+            view = self._book.view(job)
+        try:
+            freed = self._reclaim_disk(view, decision)
+        except Exception:  # a failed reap leaves the refusal as it was
+            log.exception("the disk reap before refusing job %s failed", job.id)
+            return decision
+        return self._admit(job) if freed else decision
+
+    def _admit(self, job: JobRecord) -> Decision:
+        return self._guard.admit(
+            job.id,
+            memory_bytes=job.spec.memory_estimate,
+            disk_bytes=job.spec.disk_bytes,
+            policy=job.spec.memory_policy,
+        )
+
+    def _make_tree(self, job: JobRecord) -> tuple[Worktree | None, Exception | None]:
+        """The job's git worktree, made or reused after admission (lock not held)."""
+        if job.spec.worktree is None:
+            return None, None
+        if self._prepare is None:  # never run it elsewhere than the tree it asked for
+            return None, WorkspaceError(
+                "this scheduler makes no worktrees (it was given no prepare); "
+                "run the job without worktree, or through the gateway or batch",
+                reason="worktree_failed",
+                repo=job.spec.worktree.repo,
+            )
+        with self._lock:
+            view = self._book.view(job)
+        try:
+            return self._prepare(view), None
+        except (OSError, ValueError) as err:  # WorkspaceError is a ValueError
+            return None, err
+
+    def _fail_unprepared(self, job: JobRecord, err: Exception) -> None:
+        """Its tree could not be made: the job fails before anything starts (lock held)."""
+        self._queue.remove(job.spec.owner, job)
+        self._guard.release(job.id)
+        job.error = f"not started: {err}"
+        self._book.finish(job, JobState.FAILED, None)
 
     def _fail_never_fits(self, job: JobRecord, decision: Decision) -> None:
         """A job that could not fit even alone fails now with the guard's words (lock held)."""
@@ -280,7 +345,7 @@ class Runner:
         spec = LaunchSpec(
             argv=job.spec.argv,
             log_path=job.log_path,
-            cwd=job.spec.cwd,
+            cwd=job.workspace.path if job.workspace is not None else job.spec.cwd,
             env=job.spec.environment(),
             nice=limits.worker_nice,
             shell=job.spec.shell,

@@ -46,7 +46,14 @@ from roomkeeper.jobs.monitor import (
 )
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.relief import SchedulerRelief
-from roomkeeper.jobs.rounds import RETRY_SECONDS, STOP_GRACE_SECONDS, Launcher, Runner
+from roomkeeper.jobs.rounds import (
+    RETRY_SECONDS,
+    STOP_GRACE_SECONDS,
+    Launcher,
+    Prepare,
+    ReclaimDisk,
+    Runner,
+)
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.kernel.resources import cpu_pressure_percent
 
@@ -99,6 +106,12 @@ class Scheduler:
         pressure_settings: the ROOMKEEPER_PRESSURE_* variables, read afresh.
         on_relief: told of every step the relief ladder takes (the gateway's history).
         monitor_interval: seconds between the monitor's readings.
+        prepare: makes or reuses the git worktree of a job that asked for one,
+            after admission and before ``before_launch`` (lock not held); the
+            command runs inside it.  If it raises, the job fails without starting.
+        reclaim_disk: the one reap a refusal for disk gets before it stands,
+            given the job and the refusal (its ``disk_needed_bytes`` is the
+            line to reach); True when it freed anything, and the guard judges again.
     """
 
     def __init__(
@@ -122,6 +135,8 @@ class Scheduler:
         pressure_settings: Callable[[], PressureSettings] = read_pressure_settings,
         on_relief: Callable[[ReliefEvent], None] | None = None,
         monitor_interval: float = INTERVAL_S,
+        prepare: Prepare | None = None,
+        reclaim_disk: ReclaimDisk | None = None,
     ) -> None:
         self._logs_dir = Path(logs_dir)
         self._guard = guard if guard is not None else Guard()
@@ -147,6 +162,8 @@ class Scheduler:
             stop_grace=stop_grace,
             job_user=job_user,
             retries=lambda: pressure_settings().retries,
+            prepare=prepare,
+            reclaim_disk=reclaim_disk,
         )
         self.cooldown = cooldown if cooldown is not None else Cooldown(clock)
         self.relief = SchedulerRelief(
@@ -195,6 +212,7 @@ class Scheduler:
             now = self._clock()
             deadline = now + spec.timeout_s if spec.timeout_s is not None else None
             job = JobRecord(job_id, spec, str(self._logs_dir / f"{job_id}.log"), now, deadline)
+            job.estimate_bytes = self._guard.estimate(spec.memory_estimate)
             self._book.add(job)
             self._queue.push(spec.owner, job)
             self._book.record(job, JobState.WAITING, Reason.QUEUED)
@@ -219,6 +237,16 @@ class Scheduler:
         self._book.flush()
         self._wake()
         return self.get(job_id)
+
+    def flush(self) -> None:
+        """Hand every change recorded so far to ``on_change`` now, in order (a round does it
+        too, at its end): a caller about to act on a job's saved state waits for it so."""
+        self._book.flush()
+
+    def forget(self, job_id: str) -> bool:
+        """Forget a job that has ended; False if this scheduler does not know it or it is live."""
+        with self._lock:
+            return self._book.forget(job_id)
 
     def get(self, job_id: str) -> JobView:
         """The job's current view.
@@ -300,7 +328,7 @@ class Scheduler:
             return
         if pending is None or pending.done():
             return
-        self._guard.hold(view.id, self._guard.estimate(view.spec.memory_bytes))
+        self._guard.hold(view.id, self._guard.estimate(view.spec.memory_estimate))
 
         def offered_again(_: concurrent.futures.Future[Any]) -> None:
             self._guard.release(view.id)

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from roomkeeper.errors import UnrunnableError, UsageError
+from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Reason
+
+KIND_PATTERN = r"[A-Za-z0-9._:@-]{1,200}"
+"""What a job's ``kind`` may be: a name (letters, digits, ``. _ : @ -``), at most 200 long."""
 
 
 class JobState(enum.Enum):
@@ -52,6 +57,14 @@ class PeakMethod(enum.Enum):
     SAMPLED = "sampled"
 
 
+class EstimateSource(enum.Enum):
+    """Where a job's memory estimate came from: every estimate shown says so."""
+
+    STATED = "stated"  # the submitter gave it (memory_bytes, --memory, --job-memory)
+    LEARNED = "learned"  # the highest peak of the last runs of the same kind
+    DEFAULT = "default"  # ROOMKEEPER_JOB_MEMORY_MB: nothing stated, nothing learned yet
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryPeak:
     """The highest memory a job's tree held, and how that was taken."""
@@ -62,6 +75,36 @@ class MemoryPeak:
     def describe(self) -> str:
         """The method in words, as the batch summary shows it."""
         return self.method.value
+
+
+@dataclass(frozen=True, slots=True)
+class WorktreeRequest:
+    """A job's ask for a git worktree of a local repository (issue 14).
+
+    Attributes:
+        repo: a path inside the repository (its working tree or a worktree of it).
+        branch: the branch the tree is on; ``roomkeeper/<job id>`` when None.
+    """
+
+    repo: str
+    branch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Worktree:
+    """A job's git worktree, made or reused under ROOMKEEPER_WORKSPACE.
+
+    Attributes:
+        path: the tree's directory: the command runs there.
+        repo: the repository's top level.
+        branch: the branch the tree is on.
+        reused: whether the tree was already there (a re-dispatch), not made now.
+    """
+
+    path: str
+    repo: str
+    branch: str
+    reused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +131,14 @@ class JobSpec:
         inherit_env: ``env`` holds only what the submitter gave, set over the
             scheduler's environment (less ``ROOMKEEPER_*``) when the job
             launches; the journal then never stores the inherited variables.
+        worktree: run in a git worktree of this repository, made after
+            admission and before the command starts (then ``cwd`` is not used).
+        memory_policy: what the job reserves while young (``strict``: its
+            estimate less its footprint; ``pack``: its forecast growth).
+        kind: the name its learned size is kept under; without one, a hash of
+            its argv and cwd (see :mod:`roomkeeper.jobs.sizes`).
+        learned_bytes: the size past runs of its kind peaked at, found when it
+            was submitted; used when ``memory_bytes`` is None.
     """
 
     argv: Sequence[str]
@@ -101,6 +152,24 @@ class JobSpec:
     resumable: bool = False
     inherit_env: bool = False
     restartable: bool = False
+    worktree: WorktreeRequest | None = None
+    memory_policy: MemoryPolicy = MemoryPolicy.STRICT
+    kind: str | None = None
+    learned_bytes: int | None = None
+
+    @property
+    def memory_estimate(self) -> int | None:
+        """The estimate the guard is asked with: stated, else learned (None: the default)."""
+        return self.memory_bytes if self.memory_bytes is not None else self.learned_bytes
+
+    @property
+    def estimate_source(self) -> EstimateSource:
+        """Where :attr:`memory_estimate` comes from."""
+        if self.memory_bytes is not None:
+            return EstimateSource.STATED
+        if self.learned_bytes is not None:
+            return EstimateSource.LEARNED
+        return EstimateSource.DEFAULT
 
     def environment(self) -> Mapping[str, str] | None:
         """The whole environment the job launches with (None: the scheduler's own)."""
@@ -126,10 +195,27 @@ class JobSpec:
             raise UsageError("owner must be a non-empty name", name="owner")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise UsageError(f"timeout_s must be > 0 (got {self.timeout_s})", name="timeout_s")
-        for name in ("memory_bytes", "disk_bytes"):
+        for name in ("memory_bytes", "disk_bytes", "learned_bytes"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise UsageError(f"{name} must be >= 0 (got {value})", name=name)
+        if self.kind is not None:
+            check_kind(self.kind)
+
+
+def check_kind(kind: str) -> str:
+    """Return ``kind`` if it is a valid name.
+
+    Raises:
+        UsageError: it is empty, too long, or has a character outside the name's set.
+    """
+    if not re.fullmatch(KIND_PATTERN, kind):
+        raise UsageError(
+            f"kind must be 1 to 200 letters, digits or . _ : @ - (got {kind[:100]!r}); "
+            "name the kind of work, e.g. 'unit-tests' or 'build:linux'",
+            name="kind",
+        )
+    return kind
 
 
 def inherited_environment() -> dict[str, str]:
@@ -191,6 +277,7 @@ class JobView:
         exit_code: the leader's exit status; negative for a signal, as subprocess reports.
         peak_bytes: the highest memory its tree held, when measured.
         peak_method: how ``peak_bytes`` was taken (the journal keeps the bytes only).
+        workspace: the git worktree the job runs in, once made (its spec asked for one).
         error: why it could not start (state ``failed``).
         history: every state change, oldest first.
     """
@@ -209,6 +296,13 @@ class JobView:
     history: tuple[Transition, ...]
     pid: int | None = None
     peak_method: PeakMethod | None = None
+    workspace: Worktree | None = None  # the job's git worktree, once made
+    estimate_bytes: int | None = None  # the memory estimate it was submitted with (see spec)
+
+    @property
+    def estimate_source(self) -> EstimateSource:
+        """Where :attr:`estimate_bytes` came from."""
+        return self.spec.estimate_source
 
     @property
     def owner(self) -> str:

@@ -131,6 +131,22 @@ class CallsTable(Store):
 
         return self.submit(write)
 
+    def forget_call(self, call_id: str) -> Future[bool]:
+        """Delete a call whose outcome is saved (succeeded or failed, its marker gone); False
+        (nothing deleted) for any other."""
+
+        def write(conn: sqlite3.Connection) -> bool:
+            if is_marked(conn, MarkerKind.CALL, call_id):
+                return False
+            return bool(
+                conn.execute(
+                    "DELETE FROM calls WHERE id = :id AND state IN ('succeeded', 'failed')",
+                    {"id": call_id},
+                ).rowcount
+            )
+
+        return self.submit(write)
+
     def mark_calls_uncertain(self) -> Future[int]:
         """After a crash every pending call is uncertain, its marker kept; how many were."""
 

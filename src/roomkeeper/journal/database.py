@@ -9,8 +9,8 @@ the writer); the gateway makes them off its event loop.
 
 This module is that core.  Each table's schema, SQL and named operations
 live in its own module (``jobs``, ``leases``, ``markers``, ``calls``,
-``history``); :class:`Journal` gathers them, so a caller says what it means
-(``journal.settle_call(...)``) and never writes SQL.
+``history``, ``workspaces``, ``sizes``); :class:`Journal` gathers them, so a
+caller says what it means (``journal.settle_call(...)``) and never writes SQL.
 """
 
 from __future__ import annotations
@@ -26,19 +26,39 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from roomkeeper.journal import calls, history, jobs, leases, markers
+from roomkeeper.journal import calls, history, jobs, leases, markers, sizes, workspaces
 from roomkeeper.journal.calls import CallsTable
 from roomkeeper.journal.history import MAX_EVENTS, HistoryTable
 from roomkeeper.journal.jobs import JobsTable
 from roomkeeper.journal.leases import LeasesTable
+from roomkeeper.journal.sizes import SizesTable
+from roomkeeper.journal.workspaces import WorkspacesTable
 
 log = logging.getLogger("roomkeeper")
 
 _T = TypeVar("_T")
 _GROUP_MAX = 512  # writes per transaction at most
 
-# Each table's schema lives with its SQL, in its own module.
-SCHEMA = "".join(m.SCHEMA for m in (jobs, leases, markers, calls, history))
+# Each table's schema lives with its SQL, in its own module.  A table added later
+# (workspaces, sizes) is its own migration: CREATE TABLE IF NOT EXISTS on open.
+SCHEMA = "".join(m.SCHEMA for m in (jobs, leases, markers, calls, history, workspaces, sizes))
+# Columns added to a table after it first shipped: (table, column, its declaration).
+# CREATE TABLE IF NOT EXISTS leaves an older file's table as it was; these bring it up.
+MIGRATIONS: tuple[tuple[str, str, str], ...] = jobs.ADDED_COLUMNS
+
+
+def migrate(conn: sqlite3.Connection) -> list[str]:
+    """Add each column of :data:`MIGRATIONS` an older journal lacks; the ``table.column``s added.
+
+    Idempotent: a column already there is left alone, so every open runs it.
+    """
+    added = []
+    for table, column, declaration in MIGRATIONS:
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            added.append(f"{table}.{column}")
+    return added
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -49,11 +69,12 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
-class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable):
+class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorkspacesTable, SizesTable):
     """Durable records, written off the caller's thread with group commit.
 
     The tables' named operations come from their modules (``jobs``,
-    ``leases``, ``calls``, ``history``); this class is the core they share:
+    ``leases``, ``calls``, ``history``, ``workspaces``, ``sizes``); this class is the core
+    they share:
     the writer thread, :meth:`submit`, and one reading connection per thread.
 
     Args:
@@ -75,6 +96,8 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable):
         self._writer = _connect(self.path)
         self._writer.execute(f"PRAGMA synchronous={synchronous}")
         self._writer.executescript(SCHEMA)
+        for added in migrate(self._writer):
+            log.info("journal: added column %s (a journal from an earlier version)", added)
         self._queue: queue.Queue[
             tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | None
         ] = queue.Queue()

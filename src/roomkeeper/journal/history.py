@@ -52,6 +52,8 @@ class RecoveryCode(enum.Enum):
     PRESSURE_RESUMED = "pressure_resumed"  # a suspended tree fits again and goes on
     PRESSURE_STOPPED = "pressure_stopped"  # a tree was stopped (output kept), cooldown started
     PRESSURE_NEVER_FITS = "pressure_never_fits"  # a job alone outgrew the container: stopped
+    WORKSPACES_REAPED = "workspaces_reaped"  # finished jobs' trees removed to free disk
+    REAP_REFUSED = "reap_refused"  # the workspace registry was unreadable: nothing removed
 
 
 # Numbers only, by name: resource evidence and counts.
@@ -68,6 +70,9 @@ ALLOWED_FIELDS = frozenset(
         "exit_code",
         "footprint_bytes",
         "reaction_ms",
+        "trees",  # worktrees a reap removed
+        "kept",  # worktrees a reap left, protected or past its low mark
+        "freed_bytes",  # what a reap freed
     }
 )
 

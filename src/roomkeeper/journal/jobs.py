@@ -16,10 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from roomkeeper.jobs.spec import JobState, JobView
-from roomkeeper.journal.markers import MarkerKind, clear, mark, marked
+from roomkeeper.journal.markers import MarkerKind, clear, is_marked, mark, marked
 from roomkeeper.journal.store import Store
+from roomkeeper.journal.workspaces import follow, register
 
 STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
+# The states a job's record may be removed in: ended, and not in doubt.
+REMOVABLE = tuple(
+    s.value for s in JobState if s.final and s not in (JobState.UNCERTAIN, JobState.DEFERRED)
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -38,7 +43,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     resumable INTEGER NOT NULL DEFAULT 0,
     pid INTEGER,
     pid_started REAL,
-    resolution TEXT
+    resolution TEXT,
+    memory_policy TEXT NOT NULL DEFAULT 'strict',
+    estimate_bytes INTEGER,
+    estimate_source TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_owner_state ON jobs (owner, state);
 CREATE TABLE IF NOT EXISTS job_events (
@@ -50,20 +58,29 @@ CREATE TABLE IF NOT EXISTS job_events (
 CREATE INDEX IF NOT EXISTS job_events_job ON job_events (job_id);
 """
 
+# Added after the table first shipped: ``database.migrate`` adds them to an older file.
+ADDED_COLUMNS = (
+    ("jobs", "memory_policy", "TEXT NOT NULL DEFAULT 'strict'"),
+    ("jobs", "estimate_bytes", "INTEGER"),
+    ("jobs", "estimate_source", "TEXT"),
+)
+
 _UPSERT = """
 INSERT INTO jobs (
     id, owner, state, reason, exit_code, spec, log_path, submitted_at, started_at, ended_at,
-    peak_bytes, error, resumable, pid, pid_started
+    peak_bytes, error, resumable, pid, pid_started, memory_policy, estimate_bytes, estimate_source
 ) VALUES (
     :id, :owner, :state, :reason, :exit_code, :spec, :log_path, :submitted_at, :started_at,
-    :ended_at, :peak_bytes, :error, :resumable, :pid, :pid_started
+    :ended_at, :peak_bytes, :error, :resumable, :pid, :pid_started, :memory_policy,
+    :estimate_bytes, :estimate_source
 )
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state, reason = excluded.reason, exit_code = excluded.exit_code,
     started_at = excluded.started_at, ended_at = excluded.ended_at,
     peak_bytes = excluded.peak_bytes, error = excluded.error,
     pid = coalesce(excluded.pid, pid), pid_started = coalesce(excluded.pid_started, pid_started),
-    resolution = NULL
+    resolution = NULL, memory_policy = excluded.memory_policy,
+    estimate_bytes = excluded.estimate_bytes, estimate_source = excluded.estimate_source
 """
 
 
@@ -87,6 +104,9 @@ class JobRow:
     pid: int | None = None
     pid_started: float | None = None
     resolution: str | None = None
+    memory_policy: str = "strict"
+    estimate_bytes: int | None = None
+    estimate_source: str | None = None  # stated, learned or default (None: an older row)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +149,12 @@ def spec_json(view: JobView) -> str:
             "shell": spec.shell,
             "inherit_env": spec.inherit_env,
             "restartable": spec.restartable,
+            "worktree": None
+            if spec.worktree is None
+            else {"repo": spec.worktree.repo, "branch": spec.worktree.branch},
+            "memory_policy": spec.memory_policy.value,
+            "kind": spec.kind,
+            "learned_bytes": spec.learned_bytes,
         }
     )
 
@@ -152,6 +178,9 @@ def _upsert(conn: sqlite3.Connection, view: JobView, pid_started: float | None) 
             "resumable": int(view.spec.resumable),
             "pid": view.pid,
             "pid_started": pid_started,
+            "memory_policy": view.spec.memory_policy.value,
+            "estimate_bytes": view.estimate_bytes,
+            "estimate_source": view.estimate_source.value,
         },
     )
 
@@ -180,12 +209,14 @@ class JobsTable(Store):
     # ------------------------------------------------------------- writing
 
     def record_launch(self, view: JobView) -> Future[None]:
-        """The job's row and its pending marker, before it is spawned (no state change added)."""
+        """The job's row, its pending marker and its tree's registry row, before it is
+        spawned (no state change added): one transaction."""
         at = time.time()
 
         def write(conn: sqlite3.Connection) -> None:
             _upsert(conn, view, None)
             mark(conn, MarkerKind.JOB, view.id, at=at)
+            register(conn, view, at)
 
         return self.submit(write)
 
@@ -202,6 +233,7 @@ class JobsTable(Store):
             if last is not None:
                 reason = last.reason.value if last.reason else None
                 _event(conn, view.id, last.state.value, reason, last.at)
+            follow(conn, view)  # its tree's row, in the same transaction
             if view.state.final:
                 clear(conn, MarkerKind.JOB, view.id)
 
@@ -252,6 +284,22 @@ class JobsTable(Store):
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE jobs SET reason = NULL WHERE id = :id", {"id": job_id})
+
+        return self.submit(write)
+
+    def forget_job(self, job_id: str) -> Future[bool]:
+        """Delete an ended job's row and its state changes; False (nothing deleted) while it
+        is live, in doubt, or still has its pending marker."""
+        states = {f"s{i}": s for i, s in enumerate(REMOVABLE)}
+        sql = f"DELETE FROM jobs WHERE id = :id AND state IN ({', '.join(':' + k for k in states)})"
+
+        def write(conn: sqlite3.Connection) -> bool:
+            if is_marked(conn, MarkerKind.JOB, job_id):
+                return False
+            if not conn.execute(sql, {"id": job_id, **states}).rowcount:
+                return False
+            conn.execute("DELETE FROM job_events WHERE job_id = :id", {"id": job_id})
+            return True
 
         return self.submit(write)
 
@@ -350,4 +398,7 @@ def _job_row(r: sqlite3.Row) -> JobRow:
         pid=r["pid"],
         pid_started=r["pid_started"],
         resolution=r["resolution"],
+        memory_policy=r["memory_policy"],
+        estimate_bytes=r["estimate_bytes"],
+        estimate_source=r["estimate_source"],
     )

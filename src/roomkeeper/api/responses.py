@@ -1,0 +1,412 @@
+"""The API's success bodies as models, so that ``/openapi.json`` says what each route sends.
+
+A client generated from the document gets real types, and schemathesis'
+``response_schema_conformance`` checks every answer against them.  The
+routes still build their answers in :mod:`roomkeeper.api.views`; each route
+names its model here as its ``response_model`` and answers with
+``response_model_exclude_unset``, so what goes on the wire is what the view
+built, key for key.  A field with a default is one the view sends only
+sometimes (``last_output`` of work in doubt, say); every other field is
+always sent.  The models forbid extra keys: a view that grows a field the
+document does not declare fails loudly in the tests instead of drifting from
+the contract.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+
+from roomkeeper.gateway.calls import CallState
+from roomkeeper.gateway.service import HEADLINES
+from roomkeeper.guard.leases import LeaseState
+from roomkeeper.guard.rule import Reason
+from roomkeeper.jobs.spec import JobState
+from roomkeeper.journal.history import RecoveryCode
+from roomkeeper.journal.jobs import STOP_REQUESTED
+from roomkeeper.kernel.resources import MemorySource
+
+OUT = ConfigDict(extra="forbid")
+
+# Numbers stay as they were given (a float-only field would send an int 1 as 1.0); the
+# document says "number", which JSON Schema's integers are part of.
+Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
+
+
+def _closed(words: tuple[str, ...], what: str) -> AfterValidator:
+    """A check that a string is one of ``words`` (the document lists them as an enum)."""
+
+    def check(value: str) -> str:
+        if value not in words:
+            raise ValueError(f"{what} {value!r} is not one of {', '.join(words)}")
+        return value
+
+    return AfterValidator(check)
+
+
+JOB_REASONS = (*(r.value for r in Reason), STOP_REQUESTED)
+"""Why a job waits or ended: the guard's and scheduler's words, and the journal's
+``stop_requested`` (a person stopped it) on a job of an earlier run."""
+JobReason = Annotated[
+    str,
+    _closed(JOB_REASONS, "job reason"),
+    WithJsonSchema({"type": "string", "enum": list(JOB_REASONS)}),
+]
+FEED_SOURCES = (*(s.value for s in MemorySource), "not read")
+FeedSource = Annotated[
+    str,
+    _closed(FEED_SOURCES, "memory source"),
+    WithJsonSchema({"type": "string", "enum": list(FEED_SOURCES)}),
+]
+GUARD_HEADLINES = tuple(sorted(set(HEADLINES.values())))
+GuardHeadline = Annotated[
+    str,
+    _closed(GUARD_HEADLINES, "headline"),
+    WithJsonSchema({"type": "string", "enum": list(GUARD_HEADLINES)}),
+]
+
+
+# ------------------------------------------------------------------ open routes
+
+
+class HealthOut(BaseModel):
+    """``GET /health``: this gateway process's boot id (the CLI checks it) and uptime."""
+
+    model_config = OUT
+    boot_id: str
+    uptime_s: Number
+
+
+# ------------------------------------------------------------------ jobs
+
+
+class JobCreated(BaseModel):
+    """``POST /v1/jobs``: the new job's id and its first state."""
+
+    model_config = OUT
+    id: str
+    state: JobState
+
+
+class WorktreeOut(BaseModel):
+    """The git worktree a job asked for (its path is in GET /v1/workspaces once made)."""
+
+    model_config = OUT
+    repo: str
+    branch: str | None
+
+
+class JobOut(BaseModel):
+    """A job of this run or an earlier one."""
+
+    model_config = OUT
+    id: str
+    owner: str
+    state: JobState
+    reason: JobReason | None
+    exit_code: int | None
+    argv: list[str]
+    submitted_at: Number
+    started_at: Number | None
+    ended_at: Number | None
+    peak_bytes: int | None
+    error: str | None
+    worktree: WorktreeOut | None = Field(
+        default=None, description="The git worktree it asked for, if it asked for one."
+    )
+    memory_policy: Literal["strict", "pack"] | None = Field(
+        default=None, description="strict: reserves its estimate while young; pack: its growth."
+    )
+    estimate_bytes: int | None = Field(
+        default=None, description="The memory estimate it was judged with."
+    )
+    estimate_source: Literal["stated", "learned", "default"] | None = Field(
+        default=None, description="Where the estimate came from."
+    )
+    kind: str | None = Field(default=None, description="The name its learned size is kept under.")
+    resolution: Literal["succeeded", "failed"] | None = Field(
+        default=None, description="How uncertain work was settled; sent for earlier runs' jobs."
+    )
+    last_output: str | None = Field(
+        default=None, description="The last bytes of its output; sent for uncertain jobs only."
+    )
+
+
+class WorkspaceOut(BaseModel):
+    """One job's git worktree, as ``GET /v1/workspaces`` lists it."""
+
+    model_config = OUT
+
+    path: str
+    repo: str
+    branch: str
+    job_id: str
+    state: str
+    size_bytes: int
+    protection: str | None = Field(
+        description="why the reaper keeps it (job_active, dispatching, changes, stash, "
+        "unpushed, uninspectable); null: a reap may remove it"
+    )
+    registered_at: float
+
+
+# ------------------------------------------------------------------ calls
+
+
+class CallOut(BaseModel):
+    """A registered side-effecting call."""
+
+    model_config = OUT
+    id: str
+    kind: str
+    owner: str
+    resumable: bool
+    state: CallState
+    created_at: Number
+    ended_at: Number | None
+    numbers: dict[str, Number]
+    error: str | None
+    pending_marker: bool
+
+
+class HistoryEventOut(BaseModel):
+    """One recovery event: a timestamp, a reason code and numbers only."""
+
+    model_config = OUT
+    at: Number
+    code: RecoveryCode
+    numbers: dict[str, Number]
+
+
+# ------------------------------------------------------------------ leases
+
+
+class ReleaseOut(BaseModel):
+    """A release hook as it was accepted."""
+
+    model_config = OUT
+    method: Literal["DELETE", "POST", "PUT", "PATCH", "GET"]
+    url: str
+
+
+class LeaseOut(BaseModel):
+    """A lease: admission for a turn that runs elsewhere."""
+
+    model_config = OUT
+    id: str
+    owner: str
+    state: LeaseState
+    memory_bytes: int | None
+    disk_bytes: int | None
+    ttl_s: Number
+    granted_at: Number
+    expires_at: Number
+    ended_at: Number | None
+    release: ReleaseOut | None
+    hook_outcome: str | None = Field(
+        description="``ok <status>`` or ``failed: <why>`` once its hook ran; else null."
+    )
+
+
+class LeaseCounts(BaseModel):
+    """Leases granted now, and how many ended each way (a way is sent once one ended so)."""
+
+    model_config = OUT
+    granted: int
+    released: int = 0
+    expired: int = 0
+
+
+# ------------------------------------------------------------------ status and feed
+
+
+class OwnerCounts(BaseModel):
+    """One owner's jobs waiting and running."""
+
+    model_config = OUT
+    waiting: int
+    running: int
+
+
+class DecisionOut(BaseModel):
+    """A decision of the guard."""
+
+    model_config = OUT
+    admit: bool
+    reason: Reason
+    summary: str
+
+
+class StatusGuard(BaseModel):
+    """The guard's answer for one more job now, its reservations and its last decision."""
+
+    model_config = OUT
+    admit: bool
+    reason: Reason
+    summary: str
+    young: int
+    reserved_bytes: int
+    last_decision: DecisionOut | None
+
+
+class StatusMemory(BaseModel):
+    """Memory in use against the effective limit (nulls when unknown)."""
+
+    model_config = OUT
+    used_bytes: int | None
+    limit_bytes: int | None
+    source: MemorySource | None
+
+
+class DiskOut(BaseModel):
+    """The workspace volume's free and total space (nulls when unknown)."""
+
+    model_config = OUT
+    free_bytes: int | None
+    total_bytes: int | None
+
+
+class QueueOut(BaseModel):
+    """The queue: counts, per owner, and refusals by reason."""
+
+    model_config = OUT
+    waiting: int
+    running: int
+    by_owner: dict[str, OwnerCounts]
+    refusals: dict[str, int]
+
+
+class StatusOut(BaseModel):
+    """``GET /v1/status``."""
+
+    model_config = OUT
+    boot_id: str
+    uptime_s: Number
+    guard: StatusGuard
+    memory: StatusMemory
+    disk: DiskOut
+    queue: QueueOut
+    leases: LeaseCounts
+    holds: list[Literal["shutting down", "recovery mode", "relief"]]
+
+
+class FeedGuard(BaseModel):
+    """The guard's answer now, with the Health page's headline."""
+
+    model_config = OUT
+    admit: bool
+    reason: Reason
+    headline: GuardHeadline
+    summary: str
+
+
+class FeedMemory(BaseModel):
+    """Memory now, with the chart's line (``source`` is ``not read`` without a reading)."""
+
+    model_config = OUT
+    used_bytes: int | None
+    limit_bytes: int | None
+    line_bytes: int | None
+    source: FeedSource
+
+
+class SampleOut(BaseModel):
+    """One point of the Health page's chart."""
+
+    model_config = OUT
+    at: Number
+    used_bytes: int | None
+    limit_bytes: int | None
+    line_bytes: int | None
+    disk_free_bytes: int | None
+    disk_total_bytes: int | None
+    running: int
+    waiting: int
+
+
+class FeedJob(BaseModel):
+    """A job (or a call left uncertain) as the Health page lists it: no command, no path."""
+
+    model_config = OUT
+    id: str
+    owner: str
+    state: JobState
+    reason: JobReason | None
+    exit_code: int | None
+    submitted_at: Number
+    started_at: Number | None
+    ended_at: Number | None
+
+
+class FeedRefusal(BaseModel):
+    """A recent refusal of the guard."""
+
+    model_config = OUT
+    at: Number
+    reason: Reason
+    summary: str
+
+
+class FeedRecovery(BaseModel):
+    """A recent recovery event."""
+
+    model_config = OUT
+    at: Number
+    reason: RecoveryCode
+
+
+class FeedOut(BaseModel):
+    """``GET /v1/feed``: what the Health page shows, ids, owners, states and numbers only."""
+
+    model_config = OUT
+    boot_id: str
+    uptime_s: Number
+    now: Number
+    guard: FeedGuard
+    memory: FeedMemory
+    disk: DiskOut
+    history: list[SampleOut]
+    owners: dict[str, OwnerCounts]
+    jobs: list[FeedJob]
+    refusals: list[FeedRefusal]
+    recoveries: list[FeedRecovery]
+    leases: LeaseCounts
+
+
+# ------------------------------------------------------------------ the service
+
+
+class NeedsYouOut(BaseModel):
+    """``GET /v1/needs-you``: a short headline and a sentence."""
+
+    model_config = OUT
+    headline: str
+    body: str
+
+
+class ShutdownOut(BaseModel):
+    """``POST /v1/shutdown``."""
+
+    model_config = OUT
+    state: Literal["stopping"]
+
+
+class RestartOut(BaseModel):
+    """``POST /v1/restart``."""
+
+    model_config = OUT
+    state: Literal["restarting"]
+
+
+class RepairOut(BaseModel):
+    """``POST /v1/repair``: whether the checks passed, and why (not)."""
+
+    model_config = OUT
+    repaired: bool
+    why: str
+
+
+SENT_AS_BUILT: dict[str, Any] = {"response_model_exclude_unset": True}
+"""Every route's answer is the view's keys, no more: a field with a default the view left out
+stays out (see the module docstring)."""

@@ -1,0 +1,53 @@
+"""Learned sizes: the key a job's peaks are kept under, and what keeps them.
+
+When a job states no memory estimate, roomkeeper uses what past runs of the
+same kind peaked at (issue 12).  The kind is the job's explicit ``kind`` when
+it has one, else a SHA-256 of its argv, its working directory and whether
+it is shell text: two runs of the same command in the same place are the
+same kind, and the key says nothing of the command (no command text is ever
+stored for learning).  The statistic is the maximum of the last
+:data:`LAST_RUNS` peaks: robust to a run stopped early, quick to follow a
+job that grew.
+
+The journal keeps the peaks (``roomkeeper.journal.sizes``); this package
+only names the key and what it needs of the keeper, so ``batch`` and the
+gateway learn the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Protocol
+
+from roomkeeper.jobs.spec import JobSpec
+
+LAST_RUNS = 5  # peaks kept per key; the learned size is their maximum
+KIND_PREFIX = "kind:"
+HASH_PREFIX = "sha256:"
+
+
+def size_key(spec: JobSpec) -> str:
+    """The key ``spec``'s peaks are learned under: its kind, else a hash of argv and cwd.
+
+    A job without a ``cwd`` runs in this process's own directory, which is
+    what is hashed.
+    """
+    if spec.kind is not None:
+        return KIND_PREFIX + spec.kind
+    what = {"argv": list(spec.argv), "cwd": spec.cwd or os.getcwd(), "shell": spec.shell}
+    text = json.dumps(what, sort_keys=True, ensure_ascii=False)
+    return HASH_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class SizeBook(Protocol):
+    """What keeps learned sizes (the journal's ``learned_size`` and ``record_peak``)."""
+
+    def learned_size(self, key: str) -> int | None:
+        """The maximum of the last :data:`LAST_RUNS` peaks under ``key``, or None."""
+        ...
+
+    def record_peak(self, key: str, peak_bytes: int) -> object:
+        """Keep one ended run's peak under ``key`` (durable once its future resolves)."""
+        ...

@@ -1,0 +1,66 @@
+"""The learned-sizes table: the last peaks of each kind of job, under its key only.
+
+A row is a key (``kind:<name>`` or ``sha256:<hex>``, from
+:func:`roomkeeper.jobs.sizes.size_key`), one ended run's peak in bytes and
+when it was recorded: never the command, its arguments or its directory.
+Each record trims its key back to :data:`~roomkeeper.jobs.sizes.LAST_RUNS`
+rows and the table to :data:`MAX_ROWS`, in the same transaction, so the
+table stays small however many kinds of work pass through.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from concurrent.futures import Future
+
+from roomkeeper.jobs.sizes import LAST_RUNS
+from roomkeeper.journal.store import Store
+
+MAX_ROWS = 50_000  # every key's last runs; the oldest rows go first beyond this
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS learned_sizes (
+    key TEXT NOT NULL,
+    peak_bytes INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS learned_sizes_key ON learned_sizes (key);
+"""
+
+_LAST = "SELECT rowid FROM learned_sizes WHERE key = :key ORDER BY rowid DESC LIMIT :keep"
+
+
+class SizesTable(Store):
+    """The learned sizes' named operations (``Journal`` has them)."""
+
+    def record_peak(self, key: str, peak_bytes: int) -> Future[None]:
+        """Keep one ended run's peak under ``key``; only its last LAST_RUNS are kept."""
+        at = time.time()
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO learned_sizes (key, peak_bytes, at) VALUES (:key, :peak, :at)",
+                {"key": key, "peak": max(0, int(peak_bytes)), "at": at},
+            )
+            conn.execute(
+                f"DELETE FROM learned_sizes WHERE key = :key AND rowid NOT IN ({_LAST})",
+                {"key": key, "keep": LAST_RUNS},
+            )
+            conn.execute(
+                "DELETE FROM learned_sizes WHERE rowid <= "
+                "(SELECT max(rowid) FROM learned_sizes) - :max_rows",
+                {"max_rows": MAX_ROWS},
+            )
+
+        return self.submit(write)
+
+    def learned_size(self, key: str) -> int | None:
+        """The maximum of the last LAST_RUNS peaks under ``key``; None when none is kept."""
+        sql = f"SELECT max(peak_bytes) FROM learned_sizes WHERE rowid IN ({_LAST})"
+
+        def read(conn: sqlite3.Connection) -> int | None:
+            value = conn.execute(sql, {"key": key, "keep": LAST_RUNS}).fetchone()[0]
+            return None if value is None else int(value)
+
+        return self._read(read)

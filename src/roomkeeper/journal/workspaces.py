@@ -1,0 +1,124 @@
+"""The workspace registry: which git worktree belongs to which job, and that job's state.
+
+Issue 14: the reaper's protect set comes from here, never from a guess.  A
+tree's row is written in the same transaction as its job's launch row and
+marker (:func:`register`, called by ``record_launch``), and follows the job's
+state in the same transaction as every later change (:func:`follow`, called
+by ``record_job``).  The protect lookup reads the job's state from the jobs
+table where the job has a row (so recovery's *uncertain* and *deferred*
+protect the tree too) and the row's own state where it has none (a batch
+run, which keeps no job rows).  A tree is protected unless its job is
+settled: :data:`SETTLED` lists those states, so a state added later is
+protected until someone says otherwise.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from concurrent.futures import Future
+
+from roomkeeper.jobs.reaper import RegisteredTree
+from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.journal.store import Store
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS workspaces (
+    path TEXT PRIMARY KEY,
+    repo TEXT NOT NULL,
+    branch TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    registered_at REAL NOT NULL
+);
+"""
+
+SETTLED = (
+    JobState.EXITED,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.EXPIRED,
+    JobState.TIMED_OUT,
+    JobState.STOPPED,
+    JobState.RESOLVED,
+)
+_SETTLED_SQL = ", ".join(f"'{s.value}'" for s in SETTLED)  # constants, not input
+
+_TREES = f"""
+SELECT w.path, w.repo, w.branch, w.job_id, coalesce(j.state, w.state) AS state,
+       w.registered_at,
+       coalesce(j.state, w.state) NOT IN ({_SETTLED_SQL}) AS active
+FROM workspaces w LEFT JOIN jobs j ON j.id = w.job_id
+"""
+
+
+def register(conn: sqlite3.Connection, view: JobView, at: float) -> None:
+    """The job's tree is its own from now (inside the launch's transaction)."""
+    tree = view.workspace
+    if tree is None:
+        return
+    conn.execute(
+        "INSERT INTO workspaces (path, repo, branch, job_id, state, registered_at) "
+        "VALUES (:path, :repo, :branch, :job_id, :state, :at) "
+        "ON CONFLICT (path) DO UPDATE SET job_id = excluded.job_id, state = excluded.state, "
+        "registered_at = excluded.registered_at",
+        {
+            "path": tree.path,
+            "repo": tree.repo,
+            "branch": tree.branch,
+            "job_id": view.id,
+            "state": JobState.RUNNING.value,
+            "at": at,
+        },
+    )
+
+
+def follow(conn: sqlite3.Connection, view: JobView) -> None:
+    """The tree's row takes its job's new state (inside that change's transaction)."""
+    if view.workspace is None:
+        return
+    conn.execute(
+        "UPDATE workspaces SET state = :state WHERE path = :path AND job_id = :job_id",
+        {"state": view.state.value, "path": view.workspace.path, "job_id": view.id},
+    )
+
+
+class WorkspacesTable(Store):
+    """The registry's named operations (``Journal`` has them)."""
+
+    def record_workspace(self, view: JobView) -> Future[None]:
+        """Register a tree whose job keeps no row here (a batch line), before it starts."""
+        return self.submit(lambda conn: register(conn, view, time.time()))
+
+    def record_workspace_state(self, view: JobView) -> Future[None]:
+        """A batch line's tree follows its job's state."""
+        return self.submit(lambda conn: follow(conn, view))
+
+    def forget_tree(self, path: str) -> Future[None]:
+        """The tree was removed: drop its row."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM workspaces WHERE path = :path", {"path": path})
+
+        return self.submit(write)
+
+    def registered_trees(self) -> list[RegisteredTree]:
+        """Every registered tree with its job's state now, oldest first."""
+        sql = _TREES + " ORDER BY w.registered_at"
+        return self._read(lambda conn: [_tree(r) for r in conn.execute(sql)])
+
+    def protected_paths(self) -> frozenset[str]:
+        """The trees whose jobs are not settled (running, suspended, waiting, in doubt)."""
+        sql = f"SELECT path FROM ({_TREES}) WHERE active"
+        return self._read(lambda conn: frozenset(r[0] for r in conn.execute(sql)))
+
+
+def _tree(r: sqlite3.Row) -> RegisteredTree:
+    return RegisteredTree(
+        path=r["path"],
+        repo=r["repo"],
+        branch=r["branch"],
+        job_id=r["job_id"],
+        state=r["state"],
+        registered_at=r["registered_at"],
+    )

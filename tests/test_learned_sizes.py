@@ -1,0 +1,201 @@
+"""Learned sizes: the key, the table (max of the last five), migration, and batch learning."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from roomkeeper.errors import UsageError
+from roomkeeper.jobs.batch import line_kind
+from roomkeeper.jobs.sizes import size_key
+from roomkeeper.jobs.spec import JobSpec
+from roomkeeper.journal.database import Journal
+from tests.test_batch import batch
+
+MB = 10**6
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    j = Journal(tmp_path / "journal.db", synchronous="OFF")
+    yield j
+    j.close()
+
+
+def test_the_learned_size_is_the_max_of_the_last_five_peaks(journal: Journal) -> None:
+    """Six runs: the first (the largest) is forgotten; the max of the five after it is used."""
+    assert journal.learned_size("kind:x") is None
+    for peak in (900, 100, 500, 200, 300, 400):
+        journal.record_peak("kind:x", peak * MB).result()
+    assert journal.learned_size("kind:x") == 500 * MB
+    journal.record_peak("kind:y", 7).result()
+    assert journal.learned_size("kind:y") == 7
+    assert journal.learned_size("kind:x") == 500 * MB  # keys do not mix
+
+
+def test_the_read_takes_the_last_five_even_of_more_rows(journal: Journal, tmp_path: Path) -> None:
+    """The statistic itself looks at the newest five rows, whatever the table holds."""
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        for peak in (900, 100, 500, 200, 300, 400):
+            conn.execute(
+                "INSERT INTO learned_sizes (key, peak_bytes, at) VALUES ('kind:x', ?, 0)", (peak,)
+            )
+    assert journal.learned_size("kind:x") == 500
+
+
+def test_each_key_keeps_only_its_last_five_rows(journal: Journal, tmp_path: Path) -> None:
+    """The table does not grow with the number of runs."""
+    for peak in range(20):
+        journal.record_peak("kind:x", peak).result()
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        count = conn.execute("SELECT count(*) FROM learned_sizes").fetchone()[0]
+    assert count == 5
+    assert journal.learned_size("kind:x") == 19
+
+
+def test_the_key_is_the_kind_else_a_hash_of_argv_and_cwd() -> None:
+    """Same command in the same place: one key; another directory or argv: another; no text."""
+    spec = JobSpec(argv=["make", "test-secret-target"], cwd="/src/a")
+    key = size_key(spec)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", key)
+    assert "secret" not in key
+    assert size_key(JobSpec(argv=["make", "test-secret-target"], cwd="/src/a")) == key
+    assert size_key(JobSpec(argv=["make", "test-secret-target"], cwd="/src/b")) != key
+    assert size_key(JobSpec(argv=["make", "other"], cwd="/src/a")) != key
+    assert size_key(JobSpec(argv=["make test-secret-target"], cwd="/src/a", shell=True)) != key
+    assert size_key(JobSpec(argv=["anything"], kind="unit-tests")) == "kind:unit-tests"
+
+
+def test_an_older_journal_gains_the_new_columns(tmp_path: Path) -> None:
+    """A jobs table from before memory policies is migrated in place when the journal opens."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE jobs (id TEXT PRIMARY KEY, owner TEXT NOT NULL, state TEXT NOT NULL, "
+            "reason TEXT, exit_code INTEGER, spec TEXT NOT NULL, log_path TEXT NOT NULL, "
+            "submitted_at REAL NOT NULL, started_at REAL, ended_at REAL, peak_bytes INTEGER, "
+            "error TEXT, resumable INTEGER NOT NULL DEFAULT 0, pid INTEGER, pid_started REAL, "
+            "resolution TEXT)"
+        )
+        conn.execute(
+            "INSERT INTO jobs (id, owner, state, spec, log_path, submitted_at) "
+            "VALUES ('old', 'o', 'exited', '{\"argv\": [\"true\"]}', '/x.log', 1.0)"
+        )
+    journal = Journal(path, synchronous="OFF")
+    try:
+        row = journal.job("old")
+        assert row is not None
+        assert (row.memory_policy, row.estimate_bytes, row.estimate_source) == (
+            "strict",
+            None,
+            None,
+        )
+    finally:
+        journal.close()
+    Journal(path, synchronous="OFF").close()  # a second open finds nothing to add
+
+
+def test_a_batch_line_names_its_kind_in_a_trailing_comment() -> None:
+    """``#kind=NAME`` at the end is the line's kind; one in the middle or quoted is not."""
+    assert line_kind("make test #kind=unit-tests", 1) == "unit-tests"
+    assert line_kind("make test   # kind=build:linux  ", 1) == "build:linux"
+    assert line_kind("echo '#kind=x' done", 1) is None
+    assert line_kind("make #kind=x && echo done", 1) is None
+    assert line_kind("make test", 1) is None
+    with pytest.raises(UsageError, match=r"line 3: kind must be 1 to 200 letters.*'a/b'"):
+        line_kind("make #kind=a/b", 3)
+    with pytest.raises(UsageError, match="line 2: kind must be"):
+        line_kind("make #kind=", 2)
+
+
+def _alloc(mb: int, kind: str | None = None) -> str:
+    line = (
+        f"{sys.executable} -c \"b = bytearray({mb} * 10**6); b[::4096] = b'x' * len(b[::4096]); "
+        'import time; time.sleep(0.5)"'
+    )
+    return line + (f" #kind={kind}" if kind else "")
+
+
+def _estimates(stderr: str) -> dict[str, str]:
+    """Each summary row's last cell pair: ``{line number: "80.0 MB (learned)"}``."""
+    found = {}
+    for line in stderr.splitlines():
+        m = re.match(r"\s*(\d+)\s.*\s(\S+ [kMG]?B \((?:stated|learned|default)\))$", line)
+        if m:
+            found[m[1]] = m[2]
+    return found
+
+
+def _peak_mb(stderr: str, line: str) -> float:
+    row = next(r for r in stderr.splitlines() if re.match(rf"\s*{line}\s", r))
+    m = re.search(r"([0-9.]+) MB \((?:memory\.peak|sampled cgroup|sampled)\)", row)
+    assert m is not None, stderr
+    return float(m[1])
+
+
+@pytest.mark.kernel
+def test_a_second_batch_learns_from_the_first(tmp_path: Path) -> None:
+    """Run 1 has only the default; run 2 asks each line for what it peaked at in run 1."""
+    lines = f"{_alloc(80)}\n{_alloc(1, kind='tiny')}\n"
+    first = batch(tmp_path, "--quiet", stdin=lines)
+    assert first.returncode == 0, first.stderr
+    assert _estimates(first.stderr) == {"1": "1.1 GB (default)", "2": "1.1 GB (default)"}
+    peak = _peak_mb(first.stderr, "1")
+    assert 75 <= peak <= 130, first.stderr
+    # The kind travels to another command: a line of that kind learns what "tiny" held.
+    second = batch(tmp_path, "--quiet", stdin=f"{_alloc(80)}\ntrue #kind=tiny\n")
+    assert second.returncode == 0, second.stderr
+    learned = _estimates(second.stderr)
+    assert learned["1"] == f"{peak:.1f} MB (learned)", second.stderr
+    assert learned["2"].endswith("(learned)") and not learned["2"].startswith("1.1 GB")
+    stated = batch(tmp_path, "--quiet", "--job-memory", "300M", stdin=f"{_alloc(1)}\n")
+    assert _estimates(stated.stderr) == {"1": "314.6 MB (stated)"}
+
+
+@pytest.mark.kernel
+def test_no_command_text_reaches_the_journal_file(tmp_path: Path) -> None:
+    """Batch learning keeps hashes and peaks only: the db bytes never hold the command."""
+    marker = "rk-private-marker-7f3a"
+    result = batch(tmp_path, "--quiet", stdin=f"echo {marker} > /dev/null\n")
+    assert result.returncode == 0, result.stderr
+    files = sorted((tmp_path / "home").glob("journal.db*"))
+    assert files and any(f.stat().st_size for f in files)
+    assert all(marker.encode() not in f.read_bytes() for f in files)
+    with sqlite3.connect(tmp_path / "home" / "journal.db") as conn:
+        keys = [r[0] for r in conn.execute("SELECT key FROM learned_sizes")]
+    assert len(keys) == 1 and keys[0].startswith("sha256:")
+
+
+@pytest.mark.kernel
+def test_a_bad_kind_fails_the_batch_before_anything_runs(tmp_path: Path) -> None:
+    """One line, exit 1, the line's number and how to write it; nothing ran."""
+    flag = tmp_path / "ran"
+    result = batch(tmp_path, stdin=f"touch {flag}\nmake #kind=no/slash\n")
+    assert result.returncode == 1
+    assert "line 2: kind must be 1 to 200 letters" in result.stderr
+    assert "'make test #kind=unit-tests'" in result.stderr
+    assert not flag.exists()
+    option = batch(tmp_path, "--kind", "a b", stdin="true\n")
+    assert option.returncode == 2 and "kind must be 1 to 200 letters" in option.stderr
+
+
+@pytest.mark.kernel
+def test_a_batch_that_cannot_open_the_journal_still_runs(tmp_path: Path) -> None:
+    """ROOMKEEPER_HOME unusable but --logs fine: one line says learning is off, the lines run."""
+    (tmp_path / "home").write_text("")  # the helper's ROOMKEEPER_HOME: a file, not a folder
+    # The disk rule reads the workspace, by default under the home: give it one that exists.
+    result = batch(
+        tmp_path,
+        "--logs",
+        str(tmp_path / "logs"),
+        stdin="true\n",
+        ROOMKEEPER_WORKSPACE=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("learned sizes are off") == 1
+    assert "1 commands, 0 failed" in result.stderr

@@ -1,0 +1,210 @@
+"""Memory policies: strict holds estimate less footprint; pack holds only forecast growth."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+
+from roomkeeper.cli import local
+from roomkeeper.cli.app import main
+from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.packing import (
+    FLOOR_BYTES,
+    HORIZON_SECONDS,
+    OBSERVE_SECONDS,
+    MemoryPolicy,
+    Report,
+    forecast_bytes,
+    growth_slope,
+    held_bytes,
+    observed,
+)
+from roomkeeper.guard.rule import Decision
+from roomkeeper.jobs.batch import BatchOptions, BatchProgress, BatchResult, run_batch
+from roomkeeper.testing import FakeClock
+from tests.trees import Level, v2_tree
+
+MB = 10**6
+GB = 10**9
+NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
+
+
+def reports(*points: tuple[float, int]) -> list[Report]:
+    return [Report(at, measured) for at, measured in points]
+
+
+def test_pack_forecasts_the_measured_slope_over_the_horizon() -> None:
+    """Growing 100 MB/s, a pack job holds 5 s of that growth plus the floor."""
+    grown = reports((0.0, 0), (1.0, 100 * MB), (2.0, 200 * MB))
+    assert growth_slope(grown) == pytest.approx(100 * MB)
+    expected = int(100 * MB * HORIZON_SECONDS) + FLOOR_BYTES
+    assert forecast_bytes(grown) == expected
+    assert held_bytes(MemoryPolicy.PACK, 10 * GB, grown) == expected
+
+
+def test_pack_never_holds_more_than_strict() -> None:
+    """The forecast is capped at estimate - measured: packing only ever reserves less."""
+    steep = reports((0.0, 0), (1.0, 400 * MB))
+    assert forecast_bytes(steep) > 600 * MB
+    assert held_bytes(MemoryPolicy.PACK, GB, steep) == GB - 400 * MB
+    past = reports((0.0, 0), (1.0, 2 * GB))
+    assert held_bytes(MemoryPolicy.PACK, GB, past) == 0
+
+
+def test_a_job_that_stopped_growing_holds_only_the_floor() -> None:
+    """The slope is taken over the recent reports: old growth is forgotten."""
+    flat = reports((0.0, 0), (1.0, 500 * MB), (10.0, 500 * MB), (11.0, 500 * MB))
+    assert growth_slope(flat) == 0.0
+    assert held_bytes(MemoryPolicy.PACK, 2 * GB, flat) == FLOOR_BYTES
+    shrinking = reports((0.0, 0), (5.0, 500 * MB), (6.0, 300 * MB))
+    assert held_bytes(MemoryPolicy.PACK, 2 * GB, shrinking) == FLOOR_BYTES
+
+
+def test_the_slope_uses_the_last_report_older_than_the_window_when_none_is_inside() -> None:
+    """Two reports far apart still give a slope (the scheduler may report rarely)."""
+    sparse = reports((0.0, 0), (10.0, 100 * MB))
+    assert growth_slope(sparse) == pytest.approx(10 * MB)
+
+
+@given(
+    estimate=st.integers(0, 10 * GB),
+    points=st.lists(
+        st.tuples(st.floats(0, 100, allow_nan=False), st.integers(0, 10 * GB)), max_size=8
+    ),
+)
+def test_strict_is_estimate_less_measured_and_pack_never_more(
+    estimate: int, points: list[tuple[float, int]]
+) -> None:
+    """Strict is exactly today's rule, whatever was reported; pack is never above it."""
+    ordered = reports(*sorted(points))
+    measured = ordered[-1].measured if ordered else 0
+    strict = held_bytes(MemoryPolicy.STRICT, estimate, ordered)
+    assert strict == max(0, estimate - measured)
+    assert 0 <= held_bytes(MemoryPolicy.PACK, estimate, ordered) <= strict
+
+
+def _guard(tmp_path: Path, used: int, limit: int = 10 * GB) -> tuple[Guard, FakeClock]:
+    roots = v2_tree(tmp_path / "tree", "/job", {"/job": Level(limit, used + 12345, 12345)})
+    clock = FakeClock()
+    guard = Guard(
+        env=NO_DISK,
+        proc_root=roots.proc,
+        cgroup_root=roots.cgroup,
+        workspace=tmp_path,
+        clock=clock,
+    )
+    return guard, clock
+
+
+def test_a_pack_job_holds_strict_until_it_has_been_observed(tmp_path: Path) -> None:
+    """Just admitted (or reported within OBSERVE_SECONDS), a pack job has no growth to go by."""
+    assert held_bytes(MemoryPolicy.PACK, GB, reports((0.0, 0))) == GB
+    early = reports((0.0, 0), (OBSERVE_SECONDS - 0.01, 0))
+    assert not observed(early) and held_bytes(MemoryPolicy.PACK, GB, early) == GB
+    late = reports((0.0, 0), (OBSERVE_SECONDS, 0))
+    assert observed(late) and held_bytes(MemoryPolicy.PACK, GB, late) == FLOOR_BYTES
+    guard, clock = _guard(tmp_path, used=GB)
+    assert guard.admit("a", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    clock.advance(0.2)
+    guard.report_measured("a", 0)  # a burst: the next launch of the same round
+    assert guard.statistics().reserved_bytes == 3 * GB
+
+
+def test_the_guard_holds_a_pack_jobs_forecast_and_a_strict_jobs_estimate(
+    tmp_path: Path,
+) -> None:
+    """Admitted alike; young, the pack job holds its forecast, the strict one its estimate."""
+    guard, clock = _guard(tmp_path, used=GB)
+    assert guard.admit("strict", memory_bytes=3 * GB).admit
+    assert guard.admit("pack", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    assert guard.statistics().reserved_bytes == 6 * GB
+    clock.advance(1.0)
+    guard.report_measured("strict", 100 * MB)
+    guard.report_measured("pack", 100 * MB)  # 100 MB in its first second
+    forecast = int(100 * MB * HORIZON_SECONDS) + FLOOR_BYTES
+    assert guard.statistics().reserved_bytes == (3 * GB - 100 * MB) + forecast
+
+
+def test_packing_admits_what_strict_would_refuse(tmp_path: Path) -> None:
+    """Line 9 GB, used 1 GB: after two 3 GB strict jobs a third is refused; after pack, not."""
+    strict, _ = _guard(tmp_path / "s", used=GB)
+    for job in ("a", "b"):
+        assert strict.admit(job, memory_bytes=3 * GB).admit
+    assert not strict.admit("c", memory_bytes=3 * GB).admit
+    pack, clock = _guard(tmp_path / "p", used=GB)
+    for job in ("a", "b"):
+        assert pack.admit(job, memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    assert not pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    clock.advance(OBSERVE_SECONDS)
+    for job in ("a", "b"):
+        pack.report_measured(job, 0)  # observed, and not growing
+    third = pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK)
+    assert third.admit and third.young_reserved_bytes == 2 * FLOOR_BYTES
+
+
+def test_the_job_asked_about_still_needs_its_whole_estimate(tmp_path: Path) -> None:
+    """Pack changes what young jobs hold, not the question: the new job's estimate must fit."""
+    guard, _ = _guard(tmp_path, used=GB)
+    assert not guard.admit("big", memory_bytes=8 * GB + 1, policy=MemoryPolicy.PACK).admit
+    assert guard.admit("fits", memory_bytes=8 * GB, policy=MemoryPolicy.PACK).admit
+
+
+def test_batch_packs_unless_strict_and_passes_its_kind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``roomkeeper batch`` runs its lines under pack; ``--strict`` and ``--kind`` reach them."""
+    seen: list[BatchOptions] = []
+
+    def fake_run_batch(commands: Sequence[str], **kw: Any) -> list[BatchResult]:
+        seen.append(kw["options"])
+        return []
+
+    monkeypatch.setattr(local, "run_batch", fake_run_batch)
+    env = {"ROOMKEEPER_HOME": str(tmp_path / "home")}
+    lines = "true\ntrue #kind=own\n"
+    for args in ([], ["--strict", "--kind", "all"]):
+        result = CliRunner().invoke(main, ["batch", *args, "-"], input=lines, env=env)
+        assert result.exit_code == 0, result.output
+    assert [o.policy for o in seen] == [MemoryPolicy.PACK, MemoryPolicy.STRICT]
+    assert [list(o.kinds) for o in seen] == [[None, "own"], ["all", "own"]]
+    assert all(o.sizes is not None for o in seen)  # ROOMKEEPER_HOME's journal
+
+
+class _RecordingGuard(Guard):
+    """A real guard that remembers the policy each job was admitted under."""
+
+    policies: dict[str, MemoryPolicy]
+
+    def admit(self, job_id: str, **kw: Any) -> Decision:
+        self.policies[job_id] = kw["policy"]
+        return super().admit(job_id, **kw)
+
+
+@pytest.mark.kernel
+def test_run_batch_defaults_to_pack(tmp_path: Path) -> None:
+    """Without options, every line reaches the guard under the pack policy."""
+    guard = _RecordingGuard(env=NO_DISK, workspace=tmp_path)
+    guard.policies = {}
+    progress = BatchProgress(
+        2, console=Console(file=io.StringIO()), on_terminal=False, out=io.BytesIO()
+    )
+    results = run_batch(
+        ["true", "true"],
+        logs_dir=tmp_path / "logs",
+        job_memory=MB,
+        max_running=2,
+        timeout_s=None,
+        quiet=True,
+        progress=progress,
+        guard=guard,
+    )
+    assert [r.succeeded for r in results] == [True, True]
+    assert guard.policies == {"1": MemoryPolicy.PACK, "2": MemoryPolicy.PACK}
