@@ -277,6 +277,22 @@ class QueueOut(BaseModel):
     refusals: dict[str, int]
 
 
+class PressureOut(BaseModel):
+    """The relief ladder: whether it holds launches, its counts and its reaction times."""
+
+    model_config = OUT
+    holding: bool
+    cooldown_s: Number  # left on the one cooldown clock (the ladder's stop, a relief request)
+    holds: int
+    suspensions: int
+    resumes: int
+    stops: int
+    reruns: int
+    reaction_p50_s: Number | None
+    reaction_max_s: Number | None
+    wakes_on: str  # the kernel notifications armed, or "polling only (...)"
+
+
 class StatusOut(BaseModel):
     """``GET /v1/status``."""
 
@@ -288,7 +304,8 @@ class StatusOut(BaseModel):
     disk: DiskOut
     queue: QueueOut
     leases: LeaseCounts
-    holds: list[Literal["shutting down", "recovery mode", "relief"]]
+    holds: list[Literal["shutting down", "recovery mode", "relief", "memory pressure"]]
+    pressure: PressureOut
 
 
 class FeedGuard(BaseModel):
