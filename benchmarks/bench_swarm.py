@@ -54,6 +54,18 @@ def oom_kills(group: Path, version: int) -> int:
     raise RuntimeError(f"{name} has no oom_kill counter (Linux >= 4.13 needed)")
 
 
+def pressure_figures(stderr_text: str) -> str:
+    """(d): the relief ladder's counts and reaction times, from ``roomkeeper batch``'s summary.
+
+    The batch prints ``memory pressure: holds N, suspensions N, stops N, re-runs N,
+    reaction p50 X ms, max Y ms`` (:func:`roomkeeper.jobs.batch.pressure_line`).
+    """
+    for line in stderr_text.splitlines():
+        if line.startswith("memory pressure: holds"):
+            return line.removeprefix("memory pressure: ")
+    return "no pressure line in roomkeeper batch's summary"
+
+
 def kernel_oom_kills() -> int:
     """The kernel's count of OOM kills anywhere since boot (``/proc/vmstat``, Linux >= 4.13).
 
@@ -70,10 +82,16 @@ def kernel_oom_kills() -> int:
 
 
 def run_in_group(
-    parent: Path, version: int, limit: int, argv: list[str], stdin: Path
+    parent: Path,
+    version: int,
+    limit: int,
+    argv: list[str],
+    stdin: Path,
+    stderr: Path | None = None,
 ) -> tuple[float, int]:
     """Run argv inside a fresh child group with ``limit``; return (wall seconds, OOM kills).
 
+    ``stderr``, when given, receives the contender's stderr (the batch's summary).
     The kills are the larger of the group's own counter and the kernel-wide delta.
     """
     group = parent / f"rkbench-{os.getpid()}-{time.monotonic_ns()}"
@@ -86,12 +104,13 @@ def run_in_group(
         joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
         before = kernel_oom_kills()
         start = time.monotonic()
-        with stdin.open() as f:
+        with stdin.open() as f, contextlib.ExitStack() as stack:
+            err = stack.enter_context(stderr.open("w")) if stderr else subprocess.DEVNULL
             subprocess.run(
                 joiner + argv,
                 stdin=f,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=err,
                 check=False,
             )
         wall = time.monotonic() - start
@@ -175,7 +194,10 @@ def main() -> None:
                     for i, size in enumerate(sizes)
                 )
             )
-            wall, kills = run_in_group(parent, version, limit, argv, commands)
+            err = (
+                tmpdir / f"{name.replace(' ', '_')}.err" if name.startswith("roomkeeper") else None
+            )
+            wall, kills = run_in_group(parent, version, limit, argv, commands, err)
             completed = len(list(done.iterdir()))
             rows.append((name, completed, kills, wall))
             print(
@@ -183,6 +205,8 @@ def main() -> None:
                 f"wall {wall:6.1f} s",
                 flush=True,
             )
+            if err is not None:
+                print(f"  (d) {pressure_figures(err.read_text())}", flush=True)
 
     safe = {
         int(n.split()[-1]): w

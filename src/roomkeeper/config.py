@@ -250,6 +250,59 @@ def read_queue_settings(env: Mapping[str, str] | None = None) -> QueueSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class PressureSettings:
+    """The relief ladder's variables (seed 002's "sustained critical memory pressure").
+
+    Attributes:
+        full_percent: PSI memory ``full`` avg10 above which pressure is critical.
+        full_seconds: how long it must stay critical before a tree is stopped.
+        cooldown_s: admission held after a stop (and after a supervisor's relief request).
+        retries: how many times restartable work stopped for pressure runs again.
+    """
+
+    full_percent: float = 20.0
+    full_seconds: float = 5.0
+    cooldown_s: float = 60.0
+    retries: int = 3
+
+
+def read_pressure_settings(env: Mapping[str, str] | None = None) -> PressureSettings:
+    """Read ROOMKEEPER_PRESSURE_FULL_PERCENT, _SECONDS, _COOLDOWN and _RETRIES now.
+
+    Args:
+        env: the environment to read; ``os.environ`` when omitted.
+    """
+    env = os.environ if env is None else env
+    d = PressureSettings()
+    return PressureSettings(
+        full_percent=_variable(
+            env,
+            "ROOMKEEPER_PRESSURE_FULL_PERCENT",
+            d.full_percent,
+            _PERCENT,
+            "a percentage from 0 to 100",
+        ),
+        full_seconds=_variable(
+            env,
+            "ROOMKEEPER_PRESSURE_SECONDS",
+            d.full_seconds,
+            _SECONDS,
+            "a number of seconds >= 0",
+        ),
+        cooldown_s=_variable(
+            env,
+            "ROOMKEEPER_PRESSURE_COOLDOWN",
+            d.cooldown_s,
+            _SECONDS,
+            "a number of seconds >= 0",
+        ),
+        retries=_variable(
+            env, "ROOMKEEPER_PRESSURE_RETRIES", d.retries, _integer(0, 100), "an integer 0 to 100"
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class GatewaySettings:
     """The gateway's own variables."""
 

@@ -118,6 +118,7 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
         disk_bytes=body.disk_bytes,
         timeout_s=body.timeout_s,
         resumable=body.resumable,
+        restartable=body.restartable,
         worktree=worktree,
         memory_policy=MemoryPolicy(body.memory_policy),
         kind=body.kind,

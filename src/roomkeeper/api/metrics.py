@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from roomkeeper.gateway.jobs import WAIT_BUCKETS
 from roomkeeper.guard.rule import Reason
+from roomkeeper.jobs.monitor import MonitorStatistics
 from roomkeeper.jobs.spec import JobState
 
 if TYPE_CHECKING:
@@ -41,7 +42,11 @@ class GatewayCollector(Collector):
                 yield GaugeMetricFamily(f"roomkeeper_{suffix}", doc, value=value)
         stats = g.scheduler.statistics()
         jobs = GaugeMetricFamily("roomkeeper_jobs", "Jobs by state in this run.", labels=["state"])
-        counts = {JobState.WAITING.value: stats.waiting, JobState.RUNNING.value: stats.running}
+        counts = {
+            JobState.WAITING.value: stats.waiting,
+            JobState.RUNNING.value: stats.running - stats.suspended,
+            JobState.SUSPENDED.value: stats.suspended,
+        }
         counts.update(stats.ended)
         for state in JobState:
             jobs.add_metric([state.value], counts.get(state.value, 0))
@@ -72,6 +77,7 @@ class GatewayCollector(Collector):
             buckets=[*cumulative, ("+Inf", g.durable_jobs.wait_count)],
             sum_value=g.durable_jobs.wait_sum,
         )
+        yield from _pressure_metrics(g.scheduler.pressure_statistics())
         leases = GaugeMetricFamily(
             "roomkeeper_leases", "Leases by state in this run.", labels=["state"]
         )
@@ -107,6 +113,30 @@ def _node_metrics(g: Gateway) -> Iterator[GaugeMetricFamily]:
         if n.headroom_bytes is not None:
             headroom.add_metric([n.node_id], n.headroom_bytes)
     yield from (jobs, memory, reserved, headroom)
+
+
+def _pressure_metrics(
+    pressure: MonitorStatistics,
+) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The relief ladder's steps and its reaction times."""
+    steps = CounterMetricFamily(
+        "roomkeeper_pressure_steps", "Relief ladder steps taken, by step.", labels=["step"]
+    )
+    for step, count in (
+        ("hold", pressure.holds),
+        ("suspend", pressure.suspensions),
+        ("resume", pressure.resumes),
+        ("stop", pressure.stops),
+        ("rerun", pressure.reruns),
+    ):
+        steps.add_metric([step], count)
+    yield steps
+    for suffix, doc, value in (
+        ("p50", "Median reaction time, crossing to step.", pressure.reaction_p50_s),
+        ("max", "Longest reaction time, crossing to step.", pressure.reaction_max_s),
+    ):
+        if value is not None:
+            yield GaugeMetricFamily(f"roomkeeper_pressure_reaction_{suffix}_seconds", doc, value)
 
 
 def render_metrics(gateway: Gateway) -> tuple[bytes, str]:

@@ -28,7 +28,9 @@ from roomkeeper.jobs.spec import JobState
 CHUNK = 256 * 1024  # bytes read and sent at a time
 FOLLOW_EVERY_S = 0.2  # how often a followed job's output is read again
 MAX_FOLLOWERS = 16  # follow=true streams at once
-RUNNING_STATES = frozenset({JobState.WAITING.value, JobState.RUNNING.value})
+RUNNING_STATES = frozenset(
+    {JobState.WAITING.value, JobState.RUNNING.value, JobState.SUSPENDED.value}
+)
 TEXT = {"schema": {"type": "string"}}
 
 

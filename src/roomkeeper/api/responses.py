@@ -294,6 +294,22 @@ class NodeOut(BaseModel):
     headroom_at: Number | None
 
 
+class PressureOut(BaseModel):
+    """The relief ladder: whether it holds launches, its counts and its reaction times."""
+
+    model_config = OUT
+    holding: bool
+    cooldown_s: Number  # left on the one cooldown clock (the ladder's stop, a relief request)
+    holds: int
+    suspensions: int
+    resumes: int
+    stops: int
+    reruns: int
+    reaction_p50_s: Number | None
+    reaction_max_s: Number | None
+    wakes_on: str  # the kernel notifications armed, or "polling only (...)"
+
+
 class StatusOut(BaseModel):
     """``GET /v1/status``."""
 
@@ -307,7 +323,8 @@ class StatusOut(BaseModel):
     leases: LeaseCounts
     backend: Literal["local", "ray"]
     nodes: list[NodeOut] = Field(description="Ray nodes; empty with the local backend.")
-    holds: list[Literal["shutting down", "recovery mode", "relief"]]
+    holds: list[Literal["shutting down", "recovery mode", "relief", "memory pressure"]]
+    pressure: PressureOut
 
 
 class FeedGuard(BaseModel):

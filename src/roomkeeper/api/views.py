@@ -253,6 +253,7 @@ def status_json(gateway: Gateway) -> dict[str, Any]:
     memory, disk = decision.memory, decision.disk
     stats = gateway.scheduler.statistics()
     guard_stats = gateway.guard.statistics()
+    pressure = gateway.scheduler.pressure_statistics()
     last = guard_stats.last_decision
     return {
         "boot_id": gateway.boot_id,
@@ -291,8 +292,21 @@ def status_json(gateway: Gateway) -> dict[str, Any]:
             for word, on in (
                 ("shutting down", gateway.closing),
                 ("recovery mode", gateway.link.recovery_mode),
-                ("relief", time.monotonic() < gateway.link.relief_until),
+                ("relief", gateway.link.relief_holds()),
+                ("memory pressure", pressure.holding),
             )
             if on
         ],
+        "pressure": {
+            "holding": pressure.holding,
+            "cooldown_s": gateway.scheduler.cooldown.remaining(),
+            "holds": pressure.holds,
+            "suspensions": pressure.suspensions,
+            "resumes": pressure.resumes,
+            "stops": pressure.stops,
+            "reruns": pressure.reruns,
+            "reaction_p50_s": pressure.reaction_p50_s,
+            "reaction_max_s": pressure.reaction_max_s,
+            "wakes_on": pressure.wakes_on,
+        },
     }

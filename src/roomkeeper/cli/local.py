@@ -311,7 +311,7 @@ def _run_batch_lines(
     if interrupted:
         err_console.print("roomkeeper batch: interrupted; every running command was stopped")
         sys.exit(130)
-    click.echo(summary_table(results, time.monotonic() - started), err=True)
+    click.echo(summary_table(results, time.monotonic() - started, progress.pressure), err=True)
     click.echo(f"logs kept in {logs_dir}", err=True)
     if not all(r.succeeded for r in results):
         sys.exit(1)

@@ -30,6 +30,7 @@ from typing import Any
 
 import psutil
 
+from roomkeeper.config import PressureSettings, read_pressure_settings
 from roomkeeper.errors import (
     NotEndedError,
     PersistenceError,
@@ -40,9 +41,11 @@ from roomkeeper.errors import (
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
+from roomkeeper.guard.ladder import Step
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.job_user import JobUser
+from roomkeeper.jobs.monitor import ReliefEvent
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.rounds import Launcher, Placement
 from roomkeeper.jobs.scheduler import Scheduler
@@ -55,6 +58,12 @@ from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 log = logging.getLogger("roomkeeper")
 
 MARKER_TIMEOUT_S = 30.0
+_RELIEF_CODES = {
+    Step.HOLD: RecoveryCode.PRESSURE_HOLD,
+    Step.SUSPEND: RecoveryCode.PRESSURE_SUSPENDED,
+    Step.RESUME: RecoveryCode.PRESSURE_RESUMED,
+    Step.STOP: RecoveryCode.PRESSURE_STOPPED,
+}
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 
 
@@ -81,6 +90,7 @@ class DurableJobs:
         hooks: the pool release hooks run on, never the scheduler's thread: a hung
             hook holds only its own job's memory, until its deadline.
         job_user: the user jobs run as; None for the gateway's own.
+        pressure_settings: the ROOMKEEPER_PRESSURE_* variables of the gateway's environment.
         workspaces: makes jobs' git worktrees and reaps finished ones (the guard's
             disk refusal gets one reap first); None: jobs cannot ask for a tree.
         launcher: starts a job's tree elsewhere (the Ray backend); None: here.
@@ -99,6 +109,7 @@ class DurableJobs:
         watch: Callable[[concurrent.futures.Future[None]], None],
         hooks: HookRunner,
         job_user: JobUser | None = None,
+        pressure_settings: Callable[[], PressureSettings] = read_pressure_settings,
         workspaces: Workspaces | None = None,
         launcher: Launcher | None = None,
         placement: Placement | None = None,
@@ -126,11 +137,28 @@ class DurableJobs:
             on_refusal=self._job_refused,
             before_launch=self._mark_launch,
             job_user=job_user,
+            pressure_settings=pressure_settings,
+            on_relief=self._relief_step,
             prepare=workspaces.prepare if workspaces is not None else None,
             reclaim_disk=workspaces.reclaim if workspaces is not None else None,
             launcher=launcher,
             placement=placement,
         )
+
+    def _relief_step(self, event: ReliefEvent) -> None:
+        """A step of the relief ladder in the recovery history, numbers only (monitor thread)."""
+        code = _RELIEF_CODES[event.step]
+        if event.step is Step.STOP and event.never_fits:
+            code = RecoveryCode.PRESSURE_NEVER_FITS
+        numbers: dict[str, int | float] = {
+            "used_bytes": event.used_bytes,
+            "limit_bytes": event.limit_bytes,
+        }
+        if event.job_id is not None:
+            numbers["footprint_bytes"] = event.footprint_bytes
+        if event.reaction_s is not None:
+            numbers["reaction_ms"] = round(event.reaction_s * 1000, 1)
+        self._watch(self._journal.record_history(HistoryEvent(time.time(), code, numbers)))
 
     def _mark_launch(self, view: JobView) -> None:
         """The job's row and its pending marker, durable before the spawn (scheduler thread)."""
@@ -340,6 +368,7 @@ class DurableJobs:
             timeout_s=spec.get("timeout_s"),
             shell=bool(spec.get("shell")),
             resumable=resumable,
+            restartable=bool(spec.get("restartable")),
             worktree=_worktree_from_row(spec.get("worktree")),
             memory_policy=MemoryPolicy(spec.get("memory_policy", MemoryPolicy.STRICT.value)),
             kind=spec.get("kind"),

@@ -20,19 +20,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from roomkeeper.config import read_watchdog_settings
+from roomkeeper.config import read_pressure_settings, read_watchdog_settings
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.cooldown import CooldownCause
 from roomkeeper.ipc import CAPABILITIES, PROTOCOL, RECOVERY_MODE_VARIABLE, Channel
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobState
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 
 log = logging.getLogger("roomkeeper")
 
 HEALTH_DEADLINE_S = 2.0  # a self-probe slower than this is no heartbeat
-RELIEF_HOLD_S = 60.0  # launches held after the supervisor asks for relief
 REPAIR_PROBES = 3  # consecutive healthy self-probes before a repair
 REPAIR_PROBE_GAP_S = 0.5
 
@@ -77,7 +76,6 @@ class SupervisorLink:
         # The supervisor's latch: automatic work is held.  Known from the start, so
         # nothing slips out before the channel's first message.
         self.recovery_mode = channel is not None and env.get(RECOVERY_MODE_VARIABLE) == "1"
-        self.relief_until = 0.0  # monotonic: launches held after a relief request
         self.releasing = False  # after a repair: one job at a time until the queue drains
         self._listen_port: int | None = None
         self._listen_socket: str | None = None
@@ -103,17 +101,24 @@ class SupervisorLink:
         return [asyncio.create_task(self._heartbeat_loop(url, transport))]
 
     def relief(self) -> str | None:
-        """Hold launches for a while and stop the newest managed tree, keeping its output."""
-        self.relief_until = time.monotonic() + RELIEF_HOLD_S
-        running = [v for v in self._scheduler.jobs() if v.state is JobState.RUNNING]
+        """Hold launches for a while and stop the newest managed tree, keeping its output.
+
+        The hold is ROOMKEEPER_PRESSURE_COOLDOWN on the scheduler's one cooldown
+        clock, the same the relief ladder's stops start: one clock, not two.
+        """
+        hold_s = read_pressure_settings(self._env).cooldown_s
+        self._scheduler.cooldown.start(hold_s, CooldownCause.RELIEF)
+        running = [v for v in self._scheduler.jobs() if v.state.live]
         if not running:
             return None
         newest = max(running, key=lambda v: v.started_at or 0)
         self._scheduler.cancel(newest.id)
-        log.warning(
-            "relief requested: launches held for %.0f s, job %s stopped", RELIEF_HOLD_S, newest.id
-        )
+        log.warning("relief requested: launches held for %.0f s, job %s stopped", hold_s, newest.id)
         return newest.id
+
+    def relief_holds(self) -> bool:
+        """Whether a relief request's cooldown holds launches now."""
+        return self._scheduler.cooldown.cause() is CooldownCause.RELIEF
 
     def _listen(self) -> None:
         """The supervisor's messages (a thread); its loss means: shut down."""
@@ -164,7 +169,7 @@ class SupervisorLink:
 
     def holds(self, limits: Limits) -> Limits:
         """``limits`` with the supervisor's holds on top, and the gentle release after a repair."""
-        if self.recovery_mode or time.monotonic() < self.relief_until:
+        if self.recovery_mode or self.relief_holds():
             return replace(limits, hold=True)
         if self.releasing:  # after a repair, held work goes out one job at a time
             if not self._scheduler.statistics().waiting:
@@ -197,7 +202,7 @@ class SupervisorLink:
             return {"repaired": False, "why": f"no headroom: {decision.summary}"}
         self.recovery_mode = False
         self.releasing = True
-        self.relief_until = 0.0
+        self._scheduler.cooldown.clear()
         self.tell("repaired")
         self._watch(
             self._journal.record_history(HistoryEvent(time.time(), RecoveryCode.REPAIRED, {}))

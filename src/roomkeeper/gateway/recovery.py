@@ -125,7 +125,7 @@ def _settle_jobs_in_flight(
     uncertain = deferred = 0
     writes = []
     for job in journal.jobs_in_flight():
-        was_launched = job.marked or job.state in ("running", "stopped")
+        was_launched = job.marked or job.state in ("running", "suspended", "stopped")
         if job.reason == STOP_REQUESTED:  # a person asked: it stays stopped
             state = JobState.STOPPED
             if job.state == "waiting" and not was_launched:

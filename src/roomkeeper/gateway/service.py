@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Protocol
 from roomkeeper.config import (
     read_backend_settings,
     read_gateway_settings,
+    read_pressure_settings,
     read_queue_settings,
     read_watchdog_settings,
 )
@@ -199,6 +200,7 @@ class Gateway:
             watch=self._watch,
             hooks=self.hooks,
             job_user=self.job_user,
+            pressure_settings=lambda: read_pressure_settings(self.env),
             workspaces=self.workspaces,
             launcher=None if self.cluster is None else self.cluster.launch,
             placement=None if self.cluster is None else self.cluster.place,

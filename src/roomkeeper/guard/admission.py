@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from roomkeeper.config import Settings, read_settings
+from roomkeeper.guard.ladder import Reading
 from roomkeeper.guard.packing import REPORTS_KEPT, MemoryPolicy, Report, held_bytes
 from roomkeeper.guard.rule import (
     Ask,
@@ -58,6 +59,7 @@ from roomkeeper.kernel.resources import (
     Resources,
     read_disk,
     read_memory,
+    read_pressure_inputs,
 )
 from roomkeeper.paths import workspace_dir
 from roomkeeper.units import format_gb
@@ -261,6 +263,35 @@ class Guard:
             reservation = self._young.get(job_id)
             if reservation is not None:
                 reservation.report(self._clock(), max(0, measured_bytes))
+
+    def pressure_reading(self) -> Reading | None:
+        """What the pressure monitor judges: the guard's own reading, line and reserve, and PSI.
+
+        None where the guard has nothing to protect (off, not Linux) or memory
+        is unknown: the relief ladder never acts on a guess.
+        """
+        settings = read_settings(self._env)
+        if not settings.guard_on or not self._platform.linux:
+            return None
+        inputs = read_pressure_inputs(
+            proc_root=self._proc_root,
+            cgroup_root=self._cgroup_root,
+            settings=settings,
+            platform=self._platform,
+        )
+        memory = inputs.memory
+        if memory.used_bytes is None or memory.limit_bytes is None:
+            return None
+        return Reading(
+            used=memory.used_bytes,
+            limit=memory.limit_bytes,
+            headroom_percent=settings.memory_headroom_percent,
+            reserve=max(0, self._reserve()) if self._reserve is not None else 0,
+            full_avg10=inputs.full_avg10,
+            at=self._clock(),
+            directory=inputs.directory,
+            version=inputs.version,
+        )
 
     def statistics(self) -> GuardStatistics:
         """Young count, reserved bytes, the last decision and decision counts."""

@@ -42,6 +42,9 @@ class Reason(enum.Enum):
     HELD = "held"  # launches are held (relief, recovery mode): a person or time releases them
     QUEUE_FULL = "queue_full"  # submission refused: ROOMKEEPER_MAX_WAITING jobs wait
     OWNER_QUEUE_FULL = "owner_queue_full"  # submission refused: the owner's queue is full
+    # Words the relief ladder adds (issue 12): memory pressure after admission.
+    PRESSURE = "pressure"  # launches held: used is past the line, or a stop's cooldown runs
+    MEMORY_PRESSURE = "memory_pressure"  # stopped (or queued again) to relieve memory pressure
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,12 @@ batch is one owner, so the per-owner caps do not apply, and lines are fed
 to the scheduler as room frees, so a file of any length never meets the
 waiting bound.  Needs no server.
 
+Every line is restartable, as GNU parallel treats its lines: when the
+relief ladder stops one for memory pressure it runs again with its
+observed peak as its estimate (at most ROOMKEEPER_PRESSURE_RETRIES times).
+Each suspension and stop is printed as it happens, one line above the
+progress bar, and counted in the summary.
+
 With ``--worktree REPO`` each line runs in its own git worktree of REPO, on
 the branch ``roomkeeper/batch-<run>-<line>`` (:class:`BatchTrees`); the
 registry of those trees is a journal in ROOMKEEPER_HOME, which the caller
@@ -39,6 +45,8 @@ from roomkeeper.config import read_queue_settings
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import MemoryPolicy
+from roomkeeper.guard.rule import Reason
+from roomkeeper.jobs.monitor import MonitorStatistics
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.sizes import SizeBook, size_key
@@ -118,6 +126,7 @@ class BatchProgress:
         self._console = console
         self._out = out
         self._done = 0
+        self.pressure: MonitorStatistics | None = None  # the monitor's counts, once it ended
         self._bar: Progress | None = None
         if on_terminal:
             self._bar = Progress(
@@ -153,6 +162,13 @@ class BatchProgress:
         else:
             self._out.write(data)
             self._out.flush()
+
+    def note(self, text: str) -> None:
+        """Say one thing that happened (a suspension, a stop) on its own line above the bar."""
+        if self._bar is not None:
+            self._console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def update(self, *, done: int, running: int, waiting: int, reason: str) -> None:
         """Show counts and the guard's current reason."""
@@ -264,6 +280,7 @@ def run_batch(
         raise
     finally:
         scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
+        progress.pressure = scheduler.pressure_statistics()
     return run.results()
 
 
@@ -332,6 +349,7 @@ class _BatchRun:
             memory_policy=self._options.policy,
             kind=kinds[index] if index < len(kinds) else None,
             worktree=self._trees.request(index + 1) if self._trees else None,
+            restartable=True,  # as GNU parallel treats its lines
         )
         sizes = self._options.sizes
         if sizes is None:
@@ -385,6 +403,7 @@ class _BatchRun:
             except queue.Empty:
                 break
         for v in pending:
+            self._say_relief(v)
             if not v.state.final or v.id in self._results:
                 continue
             wall = (v.ended_at - v.started_at) if v.ended_at and v.started_at else 0.0
@@ -405,6 +424,27 @@ class _BatchRun:
                 with contextlib.suppress(OSError):
                     self._progress.output(Path(v.log_path).read_bytes())
 
+    def _say_relief(self, view: JobView) -> None:
+        """One line for each suspension, resume and stop of the relief ladder, as it happens."""
+        previous = view.history[-2].state if len(view.history) > 1 else None
+        resumed = view.state is JobState.RUNNING and previous is JobState.SUSPENDED
+        if view.reason is not Reason.MEMORY_PRESSURE and not resumed:
+            return
+        line = f"roomkeeper batch: line {view.id}"
+        if view.state is JobState.SUSPENDED:
+            self._progress.note(f"{line} suspended for memory pressure (nothing lost)")
+        elif resumed:
+            self._progress.note(f"{line} resumed")
+        elif view.state is JobState.WAITING and view.reason is Reason.MEMORY_PRESSURE:
+            peak = format_bytes(view.peak_bytes) if view.peak_bytes is not None else "unknown"
+            self._progress.note(
+                f"{line} stopped for memory pressure (output kept); it runs again with its "
+                f"peak {peak} as its estimate"
+            )
+        elif view.state is JobState.STOPPED and view.reason is Reason.MEMORY_PRESSURE:
+            why = view.error or "it has no runs left"
+            self._progress.note(f"{line} stopped for memory pressure (output kept): {why}")
+
     def _learn(self, view: JobView) -> None:
         """Keep an ended line's peak under its key, for the next batch (and the next line)."""
         key = self._keys.pop(view.id, None)
@@ -412,7 +452,22 @@ class _BatchRun:
             self._options.sizes.record_peak(key, view.peak_bytes)
 
 
-def summary_table(results: Sequence[BatchResult], elapsed: float) -> str:
+def pressure_line(stats: MonitorStatistics) -> str:
+    """The relief ladder's counts and reaction times on one line (bench_swarm reads it)."""
+
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+    return (
+        f"memory pressure: holds {stats.holds}, suspensions {stats.suspensions}, "
+        f"stops {stats.stops}, re-runs {stats.reruns}, reaction p50 "
+        f"{ms(stats.reaction_p50_s)}, max {ms(stats.reaction_max_s)}"
+    )
+
+
+def summary_table(
+    results: Sequence[BatchResult], elapsed: float, pressure: MonitorStatistics | None = None
+) -> str:
     """The closing table: command, exit code, wall time, peak memory of its tree and how taken,
     and the estimate it was admitted with and where that came from (stated, learned, default).
 
@@ -435,6 +490,8 @@ def summary_table(results: Sequence[BatchResult], elapsed: float) -> str:
         rows.append((str(r.line), command, exit_text, f"{r.wall_seconds:.2f} s", peak, estimate))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"roomkeeper batch: {len(results)} commands, {failed} failed, {elapsed:.1f} s"]
+    if pressure is not None:
+        lines.append(pressure_line(pressure))
     for row in rows:
         lines.append(
             "  ".join(

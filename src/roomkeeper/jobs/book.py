@@ -103,6 +103,7 @@ class JobRecord:
     error: str | None = None
     stop_cause: JobState | None = None
     stop_reason: Reason | None = None
+    reruns: int = 0  # times the relief ladder stopped it and queued it again
     estimate_bytes: int | None = None  # the memory estimate it was submitted with
     history: list[Transition] = field(default_factory=list)
     workspace: Worktree | None = None

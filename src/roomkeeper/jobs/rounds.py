@@ -36,8 +36,10 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from roomkeeper.config import read_pressure_settings
 from roomkeeper.errors import LaunchError, WorkspaceError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
@@ -93,6 +95,7 @@ class Runner:
         before_launch: Callable[[JobView], None] | None,
         stop_grace: float,
         job_user: JobUser | None = None,
+        retries: Callable[[], int] = lambda: read_pressure_settings().retries,
         prepare: Prepare | None = None,
         reclaim_disk: ReclaimDisk | None = None,
         placement: Placement | None = None,
@@ -130,6 +133,9 @@ class Runner:
         self.launched = 0
         self.last_refusal: str | None = None
         self._stoppers: list[threading.Thread] = []
+        self._retries = retries
+        self.pressure_hold = False  # the relief ladder holds launches (reason "pressure")
+        self.reruns = 0  # restartable jobs queued again after a stop for pressure
 
     def start(self) -> None:
         """Start the lifeline, if this runner launches with one."""
@@ -165,7 +171,8 @@ class Runner:
             with contextlib.suppress(Exception):
                 peak = job.handle.peak()
                 job.peak_bytes, job.peak_method = peak.bytes, peak.method
-            self._book.finish(job, job.stop_cause or JobState.EXITED, job.stop_reason)
+            if not self._rerun(job):
+                self._book.finish(job, job.stop_cause or JobState.EXITED, job.stop_reason)
         return ended
 
     def _settle(self, job: JobRecord, settled: Settlement) -> None:
@@ -197,6 +204,39 @@ class Runner:
             self._book.finish(job, job.stop_cause, job.stop_reason)
         else:
             self._book.finish(job, JobState.UNCERTAIN, None)
+
+    def _rerun(self, job: JobRecord) -> bool:
+        """Queue restartable work stopped for pressure again, with its peak as its estimate.
+
+        At most ROOMKEEPER_PRESSURE_RETRIES times; the estimate never shrinks
+        below the one it was given (it may have been stopped for others'
+        growth, not its own).  Anything else is never re-run silently.
+        """
+        if (
+            job.stop_reason is not Reason.MEMORY_PRESSURE
+            or job.stop_cause is not JobState.STOPPED
+            or not job.spec.restartable
+            or job.error is not None  # it alone outgrows the container: never again
+            or job.reruns >= self._retries()
+        ):
+            return False
+        estimate = max(job.peak_bytes or 0, job.spec.memory_estimate or 0)
+        job.spec = replace(job.spec, memory_bytes=estimate)
+        job.reruns += 1
+        self.reruns += 1
+        job.handle, job.started, job.exit_code = None, None, None
+        job.stop_cause, job.stop_reason = None, None
+        self._queue.push(job.spec.owner, job)
+        self._book.record(job, JobState.WAITING, Reason.MEMORY_PRESSURE)
+        log.warning(
+            "job %s queued again after its stop for memory pressure (run %d of %d), "
+            "estimate %.2f GB",
+            job.id,
+            job.reruns + 1,
+            self._retries() + 1,
+            estimate / 1e9,
+        )
+        return True
 
     def close_handles(self, handles: list[Handle]) -> None:
         """Close reaped trees' handles (without the lock)."""
@@ -317,6 +357,8 @@ class Runner:
         """The head of the next owner in turn that may launch, or why none may."""
         if limits.hold:
             return None, Reason.HELD
+        if self.pressure_hold:
+            return None, Reason.PRESSURE
         if len(self.running) >= limits.max_running:
             return None, Reason.SLOTS
         blocked = Reason.QUEUED

@@ -30,13 +30,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roomkeeper.config import read_queue_settings
+from roomkeeper.config import PressureSettings, read_pressure_settings, read_queue_settings
 from roomkeeper.errors import QueueFullError
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.cooldown import Cooldown
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.job_user import JobUser
+from roomkeeper.jobs.monitor import (
+    INTERVAL_S,
+    MonitorStatistics,
+    PressureMonitor,
+    ReliefEvent,
+    arm_container,
+)
 from roomkeeper.jobs.queue import FairQueue, Limits
+from roomkeeper.jobs.relief import SchedulerRelief
 from roomkeeper.jobs.rounds import (
     RETRY_SECONDS,
     STOP_GRACE_SECONDS,
@@ -64,6 +73,7 @@ class SchedulerStatistics:
     ended: Mapping[str, int]
     last_refusal: str | None
     waiting_reason: Reason | None  # why the next job in line waits, if one does
+    suspended: int = 0  # of the running, how many the relief ladder has suspended
 
 
 class Scheduler:
@@ -90,6 +100,13 @@ class Scheduler:
             raises, the job is not started and ends as failed.
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
         job_user: the user jobs run as; None for ours (``ROOMKEEPER_JOB_USER``).
+        cooldown: the one cooldown clock (the gateway shares it with the supervisor's
+            relief); a new one on ``clock`` when omitted.
+        pressure: whether the pressure monitor runs beside the scheduler's thread
+            (:meth:`start` starts it, :meth:`close` stops it).
+        pressure_settings: the ROOMKEEPER_PRESSURE_* variables, read afresh.
+        on_relief: told of every step the relief ladder takes (the gateway's history).
+        monitor_interval: seconds between the monitor's readings.
         prepare: makes or reuses the git worktree of a job that asked for one,
             after admission and before ``before_launch`` (lock not held); the
             command runs inside it.  If it raises, the job fails without starting.
@@ -116,6 +133,11 @@ class Scheduler:
         before_launch: Callable[[JobView], None] | None = None,
         stop_grace: float = STOP_GRACE_SECONDS,
         job_user: JobUser | None = None,
+        cooldown: Cooldown | None = None,
+        pressure: bool = True,
+        pressure_settings: Callable[[], PressureSettings] = read_pressure_settings,
+        on_relief: Callable[[ReliefEvent], None] | None = None,
+        monitor_interval: float = INTERVAL_S,
         prepare: Prepare | None = None,
         reclaim_disk: ReclaimDisk | None = None,
         placement: Placement | None = None,
@@ -143,10 +165,32 @@ class Scheduler:
             before_launch=before_launch,
             stop_grace=stop_grace,
             job_user=job_user,
+            retries=lambda: pressure_settings().retries,
             prepare=prepare,
             reclaim_disk=reclaim_disk,
             placement=placement,
         )
+        self.cooldown = cooldown if cooldown is not None else Cooldown(clock)
+        self.relief = SchedulerRelief(
+            lock=self._lock,
+            book=self._book,
+            runner=self._runner,
+            guard=self._guard,
+            wake=self._wake,
+            flush=self._book.flush,
+        )
+        self.monitor = PressureMonitor(
+            target=self.relief,
+            read=self._guard.pressure_reading,
+            cooldown=self.cooldown,
+            settings=pressure_settings,
+            arm=arm_container,
+            clock=clock,
+            on_step=on_relief,
+            reruns=lambda: self._runner.reruns,
+            interval=monitor_interval,
+        )
+        self._pressure = pressure
         self._thread: threading.Thread | None = None
         self._closing = False
         self._closed = False
@@ -193,7 +237,7 @@ class Scheduler:
                 self._queue.remove(job.spec.owner, job)
                 self._guard.release(job.id)  # in case it was being judged right now
                 self._book.finish(job, JobState.CANCELLED, None)
-            elif job.state is JobState.RUNNING:
+            elif job.state.live:
                 self._runner.stop(job, JobState.STOPPED)
         self._book.flush()
         self._wake()
@@ -247,7 +291,12 @@ class Scheduler:
                 ended=self._book.ended_counts(),
                 last_refusal=self._runner.last_refusal,
                 waiting_reason=first.reason if first is not None else None,
+                suspended=sum(1 for j in running.values() if j.state is JobState.SUSPENDED),
             )
+
+    def pressure_statistics(self) -> MonitorStatistics:
+        """The pressure monitor's counts (holds, suspensions, stops, re-runs) and reaction times."""
+        return self.monitor.statistics()
 
     # ------------------------------------------------------------- the round
 
@@ -297,6 +346,8 @@ class Scheduler:
     def start(self) -> None:
         """Run rounds on a thread until :meth:`close`."""
         self._runner.start()
+        if self._pressure:
+            self.monitor.start()
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._loop, name="roomkeeper-scheduler", daemon=True
@@ -341,6 +392,7 @@ class Scheduler:
                 self._book.finish(job, JobState.CANCELLED, Reason.SHUTDOWN)
             stoppers = self._runner.stop_all(grace)
         self._wake()
+        self.monitor.close()  # before the trees stop: their end is no pressure to relieve
         if self._thread is not None:
             self._thread.join()
         for stopper in stoppers:

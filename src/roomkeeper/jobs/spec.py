@@ -22,6 +22,7 @@ class JobState(enum.Enum):
 
     WAITING = "waiting"  # queued, with a reason
     RUNNING = "running"
+    SUSPENDED = "suspended"  # running, but frozen by the relief ladder: nothing lost, not final
     EXITED = "exited"  # ended by itself, with an exit code (zero or not)
     FAILED = "failed"  # could not start
     CANCELLED = "cancelled"  # cancelled before it started
@@ -35,7 +36,12 @@ class JobState(enum.Enum):
     @property
     def final(self) -> bool:
         """Whether the job has ended."""
-        return self not in (JobState.WAITING, JobState.RUNNING)
+        return self not in (JobState.WAITING, JobState.RUNNING, JobState.SUSPENDED)
+
+    @property
+    def live(self) -> bool:
+        """Whether the job's tree exists now (running or suspended)."""
+        return self in (JobState.RUNNING, JobState.SUSPENDED)
 
 
 class PeakMethod(enum.Enum):
@@ -118,6 +124,10 @@ class JobSpec:
         shell: run ``argv[0]`` as shell text.
         resumable: safe to run again if a crash interrupts it (then it is
             deferred and resumed, instead of shown as uncertain).
+        restartable: safe to stop and run again from the start when memory
+            runs out (every ``batch`` line is): the relief ladder then queues it
+            again with its observed peak as its estimate, at most
+            ROOMKEEPER_PRESSURE_RETRIES times.  Other work is never re-run silently.
         inherit_env: ``env`` holds only what the submitter gave, set over the
             scheduler's environment (less ``ROOMKEEPER_*``) when the job
             launches; the journal then never stores the inherited variables.
@@ -141,6 +151,7 @@ class JobSpec:
     shell: bool = False
     resumable: bool = False
     inherit_env: bool = False
+    restartable: bool = False
     worktree: WorktreeRequest | None = None
     memory_policy: MemoryPolicy = MemoryPolicy.STRICT
     kind: str | None = None

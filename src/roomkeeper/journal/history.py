@@ -46,6 +46,12 @@ class RecoveryCode(enum.Enum):
     ORPHANS_STOPPED = "orphans_stopped"  # managed trees of an earlier run, stopped at start
     RESOLVED = "resolved"  # a person or client resolved uncertain work
     REPAIRED = "repaired"  # a repair passed its checks: the restart budget is cleared
+    # The relief ladder (issue 12): memory pressure after admission.
+    PRESSURE_HOLD = "pressure_hold"  # used crossed the line: launches held
+    PRESSURE_SUSPENDED = "pressure_suspended"  # the newest suspendable tree was suspended
+    PRESSURE_RESUMED = "pressure_resumed"  # a suspended tree fits again and goes on
+    PRESSURE_STOPPED = "pressure_stopped"  # a tree was stopped (output kept), cooldown started
+    PRESSURE_NEVER_FITS = "pressure_never_fits"  # a job alone outgrew the container: stopped
     WORKSPACES_REAPED = "workspaces_reaped"  # finished jobs' trees removed to free disk
     REAP_REFUSED = "reap_refused"  # the workspace registry was unreadable: nothing removed
 
@@ -62,6 +68,8 @@ ALLOWED_FIELDS = frozenset(
         "free_bytes",
         "uptime_s",
         "exit_code",
+        "footprint_bytes",
+        "reaction_ms",
         "trees",  # worktrees a reap removed
         "kept",  # worktrees a reap left, protected or past its low mark
         "freed_bytes",  # what a reap freed

@@ -148,6 +148,7 @@ def spec_json(view: JobView) -> str:
             "timeout_s": spec.timeout_s,
             "shell": spec.shell,
             "inherit_env": spec.inherit_env,
+            "restartable": spec.restartable,
             "worktree": None
             if spec.worktree is None
             else {"repo": spec.worktree.repo, "branch": spec.worktree.branch},
@@ -341,7 +342,10 @@ class JobsTable(Store):
 
     def running_leaders(self) -> list[RecordedLeader]:
         """The recorded leaders of the jobs the journal says are running."""
-        sql = "SELECT pid, pid_started FROM jobs WHERE state = 'running' AND pid IS NOT NULL"
+        sql = (
+            "SELECT pid, pid_started FROM jobs "
+            "WHERE state IN ('running', 'suspended') AND pid IS NOT NULL"
+        )
         return self._read(
             lambda conn: [RecordedLeader(r["pid"], r["pid_started"]) for r in conn.execute(sql)]
         )
@@ -353,7 +357,7 @@ class JobsTable(Store):
             launched = marked(conn, MarkerKind.JOB)
             rows = conn.execute(
                 "SELECT id, state, reason, resumable FROM jobs "
-                "WHERE state IN ('waiting', 'running') "
+                "WHERE state IN ('waiting', 'running', 'suspended') "
                 "OR (reason = 'shutdown' AND state IN ('cancelled', 'stopped'))"
             )
             return [

@@ -362,3 +362,57 @@ def read_resources(
         platform=platform,
         taken_at=time.time(),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PressureInputs:
+    """What the pressure monitor reads: the guard's memory reading, the container's PSI.
+
+    Attributes:
+        memory: the same reading the guard judges (the tightest level).
+        full_avg10: PSI memory ``full`` avg10 of that container: its v2 group's
+            ``memory.pressure``; the machine's ``/proc/pressure/memory`` only where
+            the machine is the container.  None otherwise (a v1 group has no PSI of
+            its own, and a host-wide figure says nothing about the container).
+        directory: the tightest level's directory, where notifications are armed.
+        version: its cgroup version (None without a cgroup).
+    """
+
+    memory: MemoryReading
+    full_avg10: float | None
+    directory: str | None
+    version: int | None
+
+
+def read_pressure_inputs(
+    *,
+    proc_root: str = PROC_ROOT,
+    cgroup_root: str = CGROUP_ROOT,
+    settings: Settings | None = None,
+    platform: Platform = THIS_PLATFORM,
+) -> PressureInputs:
+    """Read memory as the guard does, and the PSI of the same container, now.  Never raises."""
+    settings = read_settings() if settings is None else settings
+    if not platform.linux:
+        return PressureInputs(_portable_memory(), None, None, None)
+    found = _find(proc_root, cgroup_root)
+    memory = _kernel_memory(found, proc_root, settings)
+    hierarchy = found.hierarchy
+    if memory.limit_origin is LimitOrigin.MACHINE:
+        pressure = _read_pressure_file(f"{proc_root}/pressure/memory")
+        full = pressure.full.avg10 if pressure is not None and pressure.full else None
+        return PressureInputs(memory, full, None, None)
+    if hierarchy is None or memory.group is None:
+        return PressureInputs(memory, None, None, None)
+    directory = _group_directory(hierarchy, memory.group)
+    full = None
+    if hierarchy.version == 2:
+        pressure = _read_pressure_file(f"{directory}/memory.pressure")
+        full = pressure.full.avg10 if pressure is not None and pressure.full else None
+    return PressureInputs(memory, full, directory, hierarchy.version)
+
+
+def _group_directory(hierarchy: Hierarchy, group: str) -> str:
+    """The directory of a level of our path, given as the cgroup path the reading names."""
+    rel = group.strip("/")
+    return f"{hierarchy.mount_dir}/{rel}" if rel else hierarchy.mount_dir

@@ -1,0 +1,269 @@
+"""The relief ladder, pure: which step memory pressure calls for, from one reading.
+
+Admission (:mod:`roomkeeper.guard.rule`) judges a job before it starts;
+the ladder watches what admitted work does afterwards (issue 12, seed 002's
+"sustained critical memory pressure")::
+
+    headroom = limit - memory_line(limit, headroom%)      (the guard's headroom)
+    hold     when used > line                              (new launches wait: ``pressure``)
+    suspend  when used > memory_line + headroom / 2 and rising: the newest suspendable tree
+    stop     when used > limit - headroom / 4, or PSI full avg10 > FULL% for SECONDS:
+             the newest tree, restartable work first; then a cooldown holds admission
+    resume   suspended trees, oldest first, once one fits under the line again and
+             used is not rising (before anything new is admitted)
+
+The progress guarantee: the oldest live job is never suspended or stopped for
+newer ones; when it is the only one left and the stop rule still holds, it
+alone outgrows the container and is stopped as one that can never fit here.
+One victim at a time: while a stopped tree is still going, no other is chosen.
+
+Nothing here reads the kernel, a clock or a thread: :func:`decide` takes a
+:class:`Reading`, the live jobs and the ladder's :class:`LadderState`, and
+returns the :class:`Plan` and the next state.  The monitor
+(:mod:`roomkeeper.jobs.monitor`) takes the readings and acts.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from roomkeeper.config import PressureSettings
+from roomkeeper.guard.rule import gb, memory_line
+
+RISE_BYTES = 1 << 20  # less than this between two readings is noise, not growth
+
+
+class Step(enum.Enum):
+    """What one rung of the ladder does."""
+
+    HOLD = "hold"  # new launches wait (reason ``pressure``)
+    SUSPEND = "suspend"  # freeze one tree: its growth stops, nothing is lost
+    RESUME = "resume"  # let a suspended tree go on
+    STOP = "stop"  # stop one tree, keep its output, start the cooldown
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What the monitor read: the guard's own numbers, and the container's PSI.
+
+    Attributes:
+        used: non-reclaimable memory of the container (the guard's "used").
+        limit: the container's effective limit.
+        headroom_percent: ROOMKEEPER_MEMORY_HEADROOM_PERCENT.
+        reserve: what the guard keeps free on top of the headroom (the gateway's own).
+        full_avg10: PSI memory ``full`` avg10 of the container, None where it has none
+            (a host-wide figure is never given when a container limit exists).
+        at: monotonic seconds.
+        directory: the container's cgroup directory, where notifications are armed.
+        version: its cgroup version (None without a cgroup).
+    """
+
+    used: int
+    limit: int
+    headroom_percent: float
+    reserve: int
+    full_avg10: float | None
+    at: float
+    directory: str | None = None
+    version: int | None = None
+
+    @property
+    def headroom(self) -> int:
+        """The guard's headroom: limit minus its line."""
+        return self.limit - memory_line(self.limit, self.headroom_percent)
+
+    @property
+    def hold_line(self) -> int:
+        """The guard's own line: nothing is admitted past it."""
+        return memory_line(self.limit, self.headroom_percent) - self.reserve
+
+    @property
+    def suspend_line(self) -> int:
+        """Past the line by half the headroom."""
+        return memory_line(self.limit, self.headroom_percent) + self.headroom // 2
+
+    @property
+    def stop_line(self) -> int:
+        """Within a quarter of the headroom of the limit."""
+        return self.limit - self.headroom // 4
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """One live job as the ladder sees it.
+
+    Attributes:
+        job_id: the scheduler's id.
+        started: monotonic seconds of its launch: the order of age.
+        footprint: its tree's memory now.
+        estimate: the memory it was admitted with.
+        suspended: frozen now.
+        suspendable: its tree can be frozen.
+        restartable: it may be stopped and queued again.
+        stopping: a stop was asked and its tree is not gone yet.
+    """
+
+    job_id: str
+    started: float
+    footprint: int
+    estimate: int
+    suspended: bool = False
+    suspendable: bool = True
+    restartable: bool = False
+    stopping: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step to take now: which, on which job, and why in numbers."""
+
+    step: Step
+    job_id: str | None
+    why: str
+    never_fits: bool = False  # a stop of a job that alone outgrows the container
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one reading calls for.
+
+    Attributes:
+        hold: whether new launches wait now (past the line, a suspended job, the cooldown).
+        actions: the steps to take, in order (at most one suspend, resume or stop).
+        crossed: the step whose threshold this reading crossed, for the reaction time.
+    """
+
+    hold: bool
+    actions: tuple[Action, ...]
+    crossed: Step | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LadderState:
+    """What the ladder remembers between readings.
+
+    Attributes:
+        last_used: the previous reading's used bytes (None before the first).
+        full_since: when PSI full first stayed above the threshold (None while below).
+        holding: whether the previous plan held launches.
+        above: the highest threshold the previous reading was past.
+    """
+
+    last_used: int | None = None
+    full_since: float | None = None
+    holding: bool = False
+    above: Step | None = None
+
+
+_ORDER = {None: 0, Step.HOLD: 1, Step.SUSPEND: 2, Step.STOP: 3}
+
+
+def decide(
+    state: LadderState,
+    reading: Reading,
+    live: Sequence[Live],
+    settings: PressureSettings,
+    *,
+    cooling: bool,
+) -> tuple[Plan, LadderState]:
+    """The plan for one reading, and the ladder's next state.
+
+    Args:
+        state: what the previous call returned (``LadderState()`` first).
+        reading: the container now.
+        live: every live job (running or suspended), any order.
+        settings: the ROOMKEEPER_PRESSURE_* variables.
+        cooling: whether the shared cooldown clock holds admission now.
+    """
+    rising = state.last_used is not None and reading.used - state.last_used > RISE_BYTES
+    full_since = _full_since(state.full_since, reading, settings)
+    critical = full_since is not None and reading.at - full_since >= settings.full_seconds
+    above = _above(reading, critical)
+    by_age = sorted(live, key=lambda j: j.started)
+    actions: list[Action] = []
+    if above is Step.STOP:
+        actions += _stop(reading, by_age, critical)
+    elif above is Step.SUSPEND and rising:
+        actions += _suspend(reading, by_age)
+    elif not rising and above in (None, Step.HOLD):
+        actions += _resume(reading, by_age)
+    hold = above is not None or cooling or any(j.suspended for j in live)
+    hold = hold or any(a.step in (Step.SUSPEND, Step.STOP) for a in actions)
+    if hold and not state.holding:
+        actions.insert(0, Action(Step.HOLD, None, _figures(reading, "line", reading.hold_line)))
+    crossed = above if _ORDER[above] > _ORDER[state.above] else None
+    next_state = replace(
+        state, last_used=reading.used, full_since=full_since, holding=hold, above=above
+    )
+    return Plan(hold=hold, actions=tuple(actions), crossed=crossed), next_state
+
+
+def _full_since(since: float | None, reading: Reading, settings: PressureSettings) -> float | None:
+    """When PSI full went above the threshold and stayed there; None while it is below."""
+    if reading.full_avg10 is None or reading.full_avg10 <= settings.full_percent:
+        return None
+    return reading.at if since is None else since
+
+
+def _above(reading: Reading, critical: bool) -> Step | None:
+    """The highest rung whose threshold this reading is past."""
+    if critical or reading.used > reading.stop_line:
+        return Step.STOP
+    if reading.used > reading.suspend_line:
+        return Step.SUSPEND
+    if reading.used > reading.hold_line:
+        return Step.HOLD
+    return None
+
+
+def _figures(reading: Reading, name: str, line: int) -> str:
+    """The numbers of a step, in decimal GB (no path, no command)."""
+    text = f"used {gb(reading.used)} > {name} {gb(line)} (limit {gb(reading.limit)}, GB)"
+    if reading.full_avg10 is not None:
+        text += f", PSI full avg10 {reading.full_avg10:.1f} %"
+    return text
+
+
+def _stop(reading: Reading, by_age: list[Live], critical: bool) -> list[Action]:
+    """Stop the newest tree (restartable first), never the oldest for newer ones."""
+    if any(j.stopping for j in by_age):
+        return []  # one victim at a time: wait until it is gone
+    why = (
+        f"PSI full avg10 {reading.full_avg10:.1f} % sustained"
+        if critical and reading.used <= reading.stop_line
+        else _figures(reading, "stop line", reading.stop_line)
+    )
+    if not by_age:
+        return []
+    newer = by_age[1:]
+    if not newer:  # the oldest alone: it outgrows the container by itself
+        return [Action(Step.STOP, by_age[0].job_id, why, never_fits=True)]
+    victim = max(newer, key=lambda j: (j.restartable, j.started))
+    return [Action(Step.STOP, victim.job_id, why)]
+
+
+def _suspend(reading: Reading, by_age: list[Live]) -> list[Action]:
+    """Suspend the newest suspendable running tree that is not the oldest."""
+    candidates = [j for j in by_age[1:] if j.suspendable and not j.suspended and not j.stopping]
+    if not candidates:
+        return []
+    victim = candidates[-1]
+    return [Action(Step.SUSPEND, victim.job_id, _figures(reading, "line", reading.suspend_line))]
+
+
+def _resume(reading: Reading, by_age: list[Live]) -> list[Action]:
+    """Resume the oldest suspended tree once what it still expects to grow fits under the line."""
+    for job in by_age:
+        if not job.suspended or job.stopping:
+            continue
+        still = max(0, job.estimate - job.footprint)
+        if reading.used + still <= reading.hold_line:
+            why = (
+                f"used {gb(reading.used)} + its rest {gb(still)} <= line "
+                f"{gb(reading.hold_line)} (GB)"
+            )
+            return [Action(Step.RESUME, job.job_id, why)]
+        return []  # oldest first: a younger one never goes before it
+    return []

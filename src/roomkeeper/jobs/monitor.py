@@ -1,0 +1,366 @@
+"""The pressure monitor: its own thread, reading the container every 100 ms, acting on the ladder.
+
+Admission cannot see what a job does once it runs.  The monitor reads the
+same non-reclaimable usage of the container the guard reads, and PSI memory,
+at least every :data:`INTERVAL_S`, and wakes at once where the kernel can
+say so (:mod:`roomkeeper.kernel.notify`: a v1 usage threshold, a v2 PSI
+trigger or a change of ``memory.events``).  Each reading goes through the
+pure ladder (:func:`roomkeeper.guard.ladder.decide`); its plan is carried
+out through the scheduler (:class:`Target`), whose lock guards every record.
+
+It runs on a thread of its own, so a busy event loop or a slow launch round
+cannot delay it.  It measures its reaction time (from the reading, or the
+kernel's notification, that crossed a threshold, to the step taken) and
+counts every step; :meth:`PressureMonitor.statistics` is the snapshot the
+benchmark, the API and ``roomkeeper batch`` show.  It never touches a
+process it did not start: it acts only on the scheduler's own jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import statistics as stats
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from roomkeeper.config import PressureSettings, read_pressure_settings
+from roomkeeper.guard.cooldown import Cooldown, CooldownCause
+from roomkeeper.guard.ladder import Action, LadderState, Live, Plan, Reading, Step, decide
+from roomkeeper.kernel.notify import Notifier
+
+log = logging.getLogger("roomkeeper")
+
+INTERVAL_S = 0.1  # DESIGN.md: the pressure monitor reads at least this often
+REACTIONS_KEPT = 1000  # reaction times kept for the percentiles (the latest)
+
+
+class Target(Protocol):
+    """What the monitor acts on: the scheduler's live jobs, under the scheduler's lock."""
+
+    def live_jobs(self) -> list[Live]:
+        """Every running or suspended job, with its footprint now."""
+        ...
+
+    def hold_for_pressure(self, hold: bool) -> None:
+        """Hold new launches (reason ``pressure``), or let them go."""
+        ...
+
+    def suspend_for_pressure(self, job_id: str) -> bool:
+        """Suspend the job's tree; whether it is suspended now."""
+        ...
+
+    def resume_after_pressure(self, job_id: str) -> bool:
+        """Let the job's tree go on; whether it runs now."""
+        ...
+
+    def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
+        """Stop the job's tree, keeping its output; whether a stop was started."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReliefEvent:
+    """One step taken, in numbers only (the gateway's recovery history keeps it).
+
+    Attributes:
+        step: which rung.
+        job_id: the job it acted on (None for a hold).
+        used_bytes: the container's used memory when it was decided.
+        limit_bytes: the container's limit.
+        footprint_bytes: the job's memory then (0 for a hold).
+        reaction_s: from the crossing to the step taken (None for a resume).
+        why: the numbers in words, for the log.
+        never_fits: a stop of a job that alone outgrows the container.
+    """
+
+    step: Step
+    job_id: str | None
+    used_bytes: int
+    limit_bytes: int
+    footprint_bytes: int
+    reaction_s: float | None
+    why: str
+    never_fits: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorStatistics:
+    """A snapshot of the monitor's counts and reaction times.
+
+    Attributes:
+        holds: how many times launches began to be held for pressure.
+        suspensions: trees suspended.
+        resumes: trees resumed.
+        stops: trees stopped for pressure.
+        reruns: restartable jobs queued again after a stop (the scheduler's count).
+        reaction_p50_s: the median reaction time (None before the first step).
+        reaction_max_s: the longest reaction time (None before the first step).
+        readings: readings taken.
+        woken: readings a kernel notification woke the monitor for.
+        wakes_on: what wakes it, in words ("polling only (...)" without notifications).
+        holding: whether launches are held for pressure now.
+    """
+
+    holds: int
+    suspensions: int
+    resumes: int
+    stops: int
+    reruns: int
+    reaction_p50_s: float | None
+    reaction_max_s: float | None
+    readings: int
+    woken: int
+    wakes_on: str
+    holding: bool
+
+
+class PressureMonitor:
+    """Reads the container, decides with the ladder, acts through the scheduler.
+
+    Args:
+        target: the scheduler's side (:class:`Target`).
+        read: one reading now, None where memory is unknown or nothing is protected
+            (then the monitor does nothing).
+        cooldown: the one cooldown clock, shared with the supervisor's relief.
+        settings: the ROOMKEEPER_PRESSURE_* variables, read afresh for each reading.
+        arm: arms kernel notifications for a reading's group (None: polling only).
+        clock: monotonic seconds.
+        on_step: told of every step taken (the gateway's history), never under a lock.
+        reruns: how many restartable jobs the scheduler queued again.
+        interval: seconds between readings without a notification.
+    """
+
+    def __init__(
+        self,
+        *,
+        target: Target,
+        read: Callable[[], Reading | None],
+        cooldown: Cooldown,
+        settings: Callable[[], PressureSettings] = read_pressure_settings,
+        arm: Callable[[Notifier, Reading], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_step: Callable[[ReliefEvent], None] | None = None,
+        reruns: Callable[[], int] = lambda: 0,
+        interval: float = INTERVAL_S,
+    ) -> None:
+        self._target = target
+        self._read = read
+        self._cooldown = cooldown
+        self._settings = settings
+        self._arm = arm
+        self._clock = clock
+        self._on_step = on_step
+        self._reruns = reruns
+        self._interval = interval
+        self._state = LadderState()
+        self._crossed: dict[Step, float] = {}  # when each threshold was crossed, until acted on
+        self._lock = threading.Lock()  # the counts
+        self._counts = {step: 0 for step in Step}
+        self._reactions: deque[float] = deque(maxlen=REACTIONS_KEPT)
+        self._readings = 0
+        self._woken = 0
+        self._notifier = Notifier()
+        self._armed_for: tuple[int, int] | None = None
+        self._wakes_on = "not armed yet" if arm is not None else "polling only (not armed)"
+        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+
+    # ------------------------------------------------------------ one reading
+
+    def check(self, *, woken_at: float | None = None) -> Plan | None:
+        """Take one reading and carry out its plan; None when nothing could be read.
+
+        Args:
+            woken_at: when a kernel notification woke the monitor, the crossing's
+                time for the reaction (it is earlier than the reading).
+        """
+        reading = self._read()
+        if reading is None:
+            return None
+        if self._arm is not None and self._armed_for != (reading.limit, reading.hold_line):
+            self._rearm(reading)  # the first reading, or the container's limit moved
+        live = self._target.live_jobs()
+        plan, self._state = decide(
+            self._state, reading, live, self._settings(), cooling=self._cooldown.active()
+        )
+        with self._lock:
+            self._readings += 1
+        if plan.crossed is not None:
+            seen = reading.at if woken_at is None else min(woken_at, reading.at)
+            for step in Step:  # a reading past a higher rung is past the lower ones too
+                if _RANK[step] <= _RANK[plan.crossed]:
+                    self._crossed.setdefault(step, seen)
+        self._target.hold_for_pressure(plan.hold)
+        footprints = {j.job_id: j.footprint for j in live}
+        for action in plan.actions:
+            self._act(action, reading, footprints.get(action.job_id or "", 0))
+        if not plan.hold:
+            self._crossed.clear()
+        return plan
+
+    def _act(self, action: Action, reading: Reading, footprint: int) -> None:
+        """Carry out one step; log it, count it, and tell ``on_step``."""
+        step, job_id = action.step, action.job_id
+        if step is Step.HOLD:
+            done = True
+        elif step is Step.SUSPEND:
+            done = job_id is not None and self._target.suspend_for_pressure(job_id)
+        elif step is Step.RESUME:
+            done = job_id is not None and self._target.resume_after_pressure(job_id)
+        else:
+            done = job_id is not None and self._target.stop_for_pressure(
+                job_id, action.why, never_fits=action.never_fits
+            )
+            if done:
+                self._cooldown.start(self._settings().cooldown_s, CooldownCause.PRESSURE)
+        if not done:
+            return
+        reaction = None
+        if step is not Step.RESUME:
+            crossed = self._crossed.pop(step, None)
+            reaction = None if crossed is None else max(0.0, self._clock() - crossed)
+        with self._lock:
+            self._counts[step] += 1
+            if reaction is not None:
+                self._reactions.append(reaction)
+        self._log(action, reaction)
+        if self._on_step is not None:
+            event = ReliefEvent(
+                step,
+                job_id,
+                reading.used,
+                reading.limit,
+                footprint,
+                reaction,
+                action.why,
+                action.never_fits,
+            )
+            try:
+                self._on_step(event)
+            except Exception:  # a failing history write must not stop the relief
+                log.exception("recording a pressure step failed")
+
+    def _log(self, action: Action, reaction: float | None) -> None:
+        """One log line per step, with its numbers."""
+        took = "" if reaction is None else f" ({reaction * 1000:.0f} ms after the crossing)"
+        if action.step is Step.HOLD:
+            log.warning("memory pressure: launches held: %s%s", action.why, took)
+        elif action.step is Step.SUSPEND:
+            log.warning("memory pressure: job %s suspended: %s%s", action.job_id, action.why, took)
+        elif action.step is Step.RESUME:
+            log.info("memory pressure eased: job %s resumed: %s", action.job_id, action.why)
+        elif action.never_fits:
+            log.warning(
+                "memory pressure: job %s stopped: it alone outgrows the container, it can "
+                "never fit here: %s%s",
+                action.job_id,
+                action.why,
+                took,
+            )
+        else:
+            log.warning(
+                "memory pressure: job %s stopped (output kept), admission held for %.0f s: %s%s",
+                action.job_id,
+                self._settings().cooldown_s,
+                action.why,
+                took,
+            )
+
+    # --------------------------------------------------------------- the loop
+
+    def start(self) -> None:
+        """Read on a thread of its own until :meth:`close`."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name="roomkeeper-pressure", daemon=True
+            )
+            self._thread.start()
+
+    def _loop(self) -> None:
+        woken_at: float | None = None
+        while not self._closing.is_set():
+            try:
+                self.check(woken_at=woken_at)
+            except Exception:  # the monitor must outlive any one bad reading
+                log.exception("a pressure reading failed; trying again shortly")
+            woken_at = self._wait()
+
+    def _wait(self) -> float | None:
+        """Sleep one interval, or less when a notification comes; when it came, if it did."""
+        poller = select.poll()
+        self._notifier.register(poller)
+        events = poller.poll(max(1, int(self._interval * 1000)))
+        if not events:
+            return None
+        at = self._clock()
+        for fd, _ in events:
+            self._notifier.clear(fd)
+        with self._lock:
+            self._woken += 1
+        return at
+
+    def _rearm(self, reading: Reading) -> None:
+        """Arm the kernel's notifications once for the reading's thresholds; say what wakes us."""
+        assert self._arm is not None
+        self._notifier.close()
+        self._notifier = Notifier()
+        self._armed_for = (reading.limit, reading.hold_line)
+        try:
+            self._arm(self._notifier, reading)
+        except Exception as err:  # notifications are an optimisation: polling still works
+            self._notifier.failures.append(str(err))
+        self._wakes_on = self._notifier.describe()
+        if self._notifier.armed:
+            log.info("pressure monitor wakes on: %s", self._notifier.describe())
+        else:
+            log.info(
+                "pressure monitor: no kernel notification could be armed, reading every "
+                "%.0f ms instead: %s",
+                self._interval * 1000,
+                self._notifier.describe(),
+            )
+
+    def close(self) -> None:
+        """Stop the thread and close the notifications."""
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._notifier.close()
+
+    def statistics(self) -> MonitorStatistics:
+        """Counts of each step, reaction times p50 and max, readings, what wakes it."""
+        with self._lock:
+            reactions = list(self._reactions)
+            return MonitorStatistics(
+                holds=self._counts[Step.HOLD],
+                suspensions=self._counts[Step.SUSPEND],
+                resumes=self._counts[Step.RESUME],
+                stops=self._counts[Step.STOP],
+                reruns=self._reruns(),
+                reaction_p50_s=stats.median(reactions) if reactions else None,
+                reaction_max_s=max(reactions) if reactions else None,
+                readings=self._readings,
+                woken=self._woken,
+                wakes_on=self._wakes_on,
+                holding=self._state.holding,
+            )
+
+
+_RANK = {Step.HOLD: 1, Step.SUSPEND: 2, Step.STOP: 3, Step.RESUME: 0}
+
+
+def arm_container(notifier: Notifier, reading: Reading) -> None:
+    """Arm what the container's cgroup offers: v1 usage thresholds at the ladder's three
+    lines, or a v2 PSI trigger and ``memory.events``; nothing without a cgroup."""
+    if reading.directory is None:
+        notifier.failures.append("the container is the machine: no cgroup to arm")
+    elif reading.version == 1:
+        lines = [reading.hold_line, reading.suspend_line, reading.stop_line]
+        notifier.arm_v1_thresholds(reading.directory, [max(0, n) for n in lines])
+    elif reading.version == 2:
+        notifier.arm_v2(reading.directory)

@@ -1,0 +1,156 @@
+"""The scheduler's side of the relief ladder: what the pressure monitor may do to its jobs.
+
+:class:`SchedulerRelief` is the :class:`~roomkeeper.jobs.monitor.Target`
+the monitor acts through.  Every record changes under the scheduler's lock;
+the kernel's part of a suspension or a resume (a freezer write, signals)
+happens outside it, so an API call never waits on the freezer.  A stop goes
+through the runner's own stop (SIGTERM, grace, SIGKILL), keeps the job's
+output, and ends the job ``stopped`` with reason ``memory_pressure``, unless
+it is restartable and has runs left (:meth:`roomkeeper.jobs.rounds.Runner.reap`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+from roomkeeper.errors import SuspendError
+from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.ladder import Live
+from roomkeeper.guard.rule import Reason
+from roomkeeper.jobs.book import JobBook, JobRecord, RemoteHandle
+from roomkeeper.jobs.rounds import Runner
+from roomkeeper.jobs.spec import JobState
+
+log = logging.getLogger("roomkeeper")
+
+SUSPEND_TIMEOUT_S = 2.0  # a tree that does not freeze in this time is let go on and stopped
+
+
+class SchedulerRelief:
+    """Suspends, resumes and stops the scheduler's own jobs for the monitor.
+
+    Args:
+        lock: the scheduler's lock.
+        book: its job book.
+        runner: its runner (the running jobs, the launch hold, the stop).
+        guard: asked for a job's estimate when it stated none.
+        wake: wakes the scheduler's loop (launches may go on again).
+        flush: hands recorded changes to ``on_change``, outside the lock.
+    """
+
+    def __init__(
+        self,
+        *,
+        lock: threading.Lock,
+        book: JobBook,
+        runner: Runner,
+        guard: Guard,
+        wake: Callable[[], None],
+        flush: Callable[[], None],
+    ) -> None:
+        self._lock = lock
+        self._book = book
+        self._runner = runner
+        self._guard = guard
+        self._wake = wake
+        self._flush = flush
+
+    def live_jobs(self) -> list[Live]:
+        """Every running or suspended job here with its footprint now, oldest first.
+
+        A job on another machine (the Ray backend) is not in this container's
+        reading: its own node's guard watches it, and ours never touches it.
+        """
+        with self._lock:
+            jobs = [
+                j
+                for j in self._runner.running.values()
+                if j.handle is not None and not isinstance(j.handle, RemoteHandle)
+            ]
+        live = []
+        for job in jobs:  # footprints are read outside the lock: they read kernel files
+            handle = job.handle
+            assert handle is not None
+            footprint = 0
+            with contextlib.suppress(Exception):
+                footprint = handle.footprint_bytes()
+            live.append(
+                Live(
+                    job_id=job.id,
+                    started=job.started or 0.0,
+                    footprint=footprint,
+                    estimate=self._guard.estimate(job.spec.memory_estimate),
+                    suspended=job.state is JobState.SUSPENDED,
+                    suspendable=callable(getattr(handle, "suspend", None)),
+                    restartable=job.spec.restartable,
+                    stopping=job.stop_cause is not None,
+                )
+            )
+        return live
+
+    def hold_for_pressure(self, hold: bool) -> None:
+        """Hold launches (reason ``pressure``), or let them go and wake the scheduler."""
+        with self._lock:
+            was, self._runner.pressure_hold = self._runner.pressure_hold, hold
+        if was and not hold:
+            self._wake()
+
+    def suspend_for_pressure(self, job_id: str) -> bool:
+        """Suspend the job's whole tree; its state becomes ``suspended`` (memory pressure)."""
+        job = self._live(job_id)
+        if job is None or job.state is JobState.SUSPENDED:
+            return False
+        suspend = getattr(job.handle, "suspend", None)
+        if suspend is None:
+            return False
+        try:
+            suspend(timeout=SUSPEND_TIMEOUT_S)
+        except SuspendError as err:
+            log.warning("memory pressure: job %s could not be suspended: %s", job_id, err)
+            return False
+        with self._lock:
+            if job.state is not JobState.RUNNING or job.stop_cause is not None:
+                return True  # it ended or is being stopped meanwhile: the stop resumes it
+            self._book.record(job, JobState.SUSPENDED, Reason.MEMORY_PRESSURE)
+        self._flush()
+        return True
+
+    def resume_after_pressure(self, job_id: str) -> bool:
+        """Let a suspended tree go on; its state is ``running`` again."""
+        job = self._live(job_id)
+        if job is None or job.state is not JobState.SUSPENDED:
+            return False
+        resume = getattr(job.handle, "resume", None)
+        if resume is None:
+            return False
+        try:
+            resume()
+        except SuspendError as err:
+            log.warning("job %s could not be resumed: %s", job_id, err)
+            return False
+        with self._lock:
+            if job.state is JobState.SUSPENDED:
+                self._book.record(job, JobState.RUNNING, None)
+        self._flush()
+        return True
+
+    def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
+        """Stop the job's tree (output kept); ``stopped`` with reason ``memory_pressure``."""
+        with self._lock:
+            job = self._runner.running.get(job_id)
+            if job is None or job.stop_cause is not None:
+                return False
+            job.stop_reason = Reason.MEMORY_PRESSURE
+            if never_fits:
+                job.error = f"it alone outgrows the container, so it can never fit here: {why}"
+            self._runner.stop(job, JobState.STOPPED)
+        self._wake()  # the round reaps it as soon as it is gone
+        return True
+
+    def _live(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            job = self._runner.running.get(job_id)
+            return job if job is not None and job.handle is not None else None

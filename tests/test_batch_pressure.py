@@ -1,0 +1,61 @@
+"""`roomkeeper batch` under memory pressure: suspensions and stops printed as they come, counted."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cgroups import child_memory_cgroup
+from tests.test_ladder_real import machine_oom_kills, oom_kills
+
+pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
+
+GROW = Path(__file__).resolve().parents[1] / "benchmarks" / "grow.py"
+
+
+def test_batch_prints_each_suspension_and_stop_and_counts_them(tmp_path: Path) -> None:
+    """Three 750 MB lines in 2 GB: a line each for suspend and stop, counts in the summary."""
+    commands = tmp_path / "commands.txt"
+    commands.write_text(f"{sys.executable} {GROW} 750000000 8 2\n" * 3)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    env.update(
+        ROOMKEEPER_HOME=str(tmp_path / "home"),
+        ROOMKEEPER_CPU_PRESSURE_PERCENT="100",
+        ROOMKEEPER_JOB_DISK_MB="0",
+        ROOMKEEPER_DISK_HEADROOM_PERCENT="0",
+        ROOMKEEPER_PRESSURE_COOLDOWN="2",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"),
+    )
+    with child_memory_cgroup(2_000_000_000) as (version, group):
+        joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
+        argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--max-running", "3"]
+        before = machine_oom_kills()
+        done = subprocess.run(
+            [*joiner, *argv, "--job-memory", "100M", "--quiet"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            check=False,
+        )
+        kills = (oom_kills(group, version), machine_oom_kills() - before)
+    err = done.stderr
+    assert (done.returncode, *kills) == (0, 0, 0), err[-3000:]
+    assert re.search(r"^roomkeeper batch: line 3 suspended for memory pressure", err, re.M), err
+    stopped = re.findall(r"^roomkeeper batch: line (\d) stopped for memory pressure", err, re.M)
+    assert stopped == ["3"], err
+    counts = re.search(
+        r"^memory pressure: holds (\d+), suspensions (\d+), stops (\d+), "
+        r"re-runs (\d+), reaction p50 [\d.]+ ms, max [\d.]+ ms$",
+        err,
+        re.M,
+    )
+    assert counts is not None, err
+    holds, suspensions, stops, reruns = map(int, counts.groups())
+    assert holds >= 1 and suspensions >= 1 and (stops, reruns) == (1, 1)
+    assert "3 commands, 0 failed" in err

@@ -1,0 +1,353 @@
+"""The relief ladder on a fake clock: each step, its thresholds, the cooldown, progress, retries."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from roomkeeper.config import PressureSettings
+from roomkeeper.guard.cooldown import Cooldown, CooldownCause
+from roomkeeper.guard.ladder import LadderState, Live, Plan, Reading, Step, decide
+from roomkeeper.guard.rule import Reason
+from roomkeeper.jobs.launch import LaunchSpec
+from roomkeeper.jobs.monitor import PressureMonitor
+from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.spec import JobSpec, JobState, MemoryPeak, PeakMethod
+from roomkeeper.testing import FakeClock
+
+GB = 10**9
+MB = 10**6
+SETTINGS = PressureSettings(full_percent=20.0, full_seconds=5.0, cooldown_s=60.0, retries=3)
+# A 2 GB container at 10 % headroom: line 1.8, suspend past 1.9, stop past 1.95 GB.
+LINE, SUSPEND, STOP = 1800 * MB, 1900 * MB, 1950 * MB
+
+
+def reading(used: int, at: float = 0.0, full: float | None = None) -> Reading:
+    return Reading(
+        used=used, limit=2 * GB, headroom_percent=10.0, reserve=0, full_avg10=full, at=at
+    )
+
+
+def job(name: str, started: float, **over: object) -> Live:
+    fields: dict[str, object] = {"footprint": 300 * MB, "estimate": 100 * MB, **over}
+    return Live(job_id=name, started=started, **fields)  # type: ignore[arg-type]
+
+
+THREE = [job("oldest", 1), job("middle", 2), job("newest", 3)]
+
+
+def run(
+    readings: Sequence[Reading], live: Sequence[Live] = THREE, *, cooling: bool = False
+) -> list[Plan]:
+    """Feed readings through the ladder from a fresh state; every plan."""
+    state, plans = LadderState(), []
+    for r in readings:
+        plan, state = decide(state, r, live, SETTINGS, cooling=cooling)
+        plans.append(plan)
+    return plans
+
+
+def steps(plan: Plan) -> list[tuple[Step, str | None]]:
+    return [(a.step, a.job_id) for a in plan.actions]
+
+
+def test_thresholds_follow_the_guards_line_and_headroom() -> None:
+    """Hold at the guard's line, suspend at half the headroom past it, stop a quarter short."""
+    r = reading(0)
+    assert (r.hold_line, r.suspend_line, r.stop_line) == (LINE, SUSPEND, STOP)
+    with_reserve = Reading(2 * GB, 2 * GB, 10.0, 100 * MB, None, 0.0)
+    assert with_reserve.hold_line == LINE - 100 * MB  # the gateway's reserve: held sooner
+
+
+def test_below_the_line_nothing_is_held_or_touched() -> None:
+    """Used at the line exactly is room: no hold, no step."""
+    plans = run([reading(1000 * MB), reading(LINE)])
+    assert [(p.hold, p.actions) for p in plans] == [(False, ()), (False, ())]
+
+
+def test_crossing_the_line_holds_launches_once() -> None:
+    """Past the line launches are held; the hold is one step, not one per reading."""
+    plans = run([reading(1000 * MB), reading(LINE + 1), reading(LINE + 2 * MB)])
+    assert [p.hold for p in plans] == [False, True, True]
+    assert steps(plans[1]) == [(Step.HOLD, None)]
+    assert plans[1].crossed is Step.HOLD
+    assert steps(plans[2]) == []
+
+
+def test_suspends_the_newest_only_while_still_rising() -> None:
+    """Past half the headroom: the newest is suspended if used rises, left alone if it does not."""
+    rising = run([reading(SUSPEND - 10 * MB), reading(SUSPEND + 10 * MB)])
+    assert steps(rising[1]) == [(Step.SUSPEND, "newest")]  # held since the first reading
+    steady = run([reading(SUSPEND + 10 * MB), reading(SUSPEND + 10 * MB)])
+    assert all(a.step is not Step.SUSPEND for p in steady for a in p.actions)
+
+
+def test_suspension_skips_what_cannot_be_frozen_and_never_the_oldest() -> None:
+    """Newest suspendable first; an unfreezable tree is passed over, the oldest never taken."""
+    live = [job("oldest", 1), job("middle", 2), job("newest", 3, suspendable=False)]
+    plans = run([reading(SUSPEND - 10 * MB), reading(SUSPEND + 10 * MB)], live)
+    assert (Step.SUSPEND, "middle") in steps(plans[1])
+    alone = [job("oldest", 1), job("newest", 3, suspended=True)]
+    plans = run([reading(SUSPEND - 10 * MB), reading(SUSPEND + 10 * MB)], alone)
+    assert all(a.step is not Step.SUSPEND for p in plans for a in p.actions)
+
+
+def test_stop_takes_the_newest_restartable_first() -> None:
+    """Within a quarter of the headroom of the limit: the newest restartable tree is stopped."""
+    live = [job("oldest", 1), job("middle", 2, restartable=True), job("newest", 3)]
+    plans = run([reading(STOP + 1)], live)
+    assert steps(plans[0]) == [(Step.HOLD, None), (Step.STOP, "middle")]
+    plans = run([reading(STOP + 1)])  # none restartable: the newest
+    assert (Step.STOP, "newest") in steps(plans[0])
+    assert plans[0].crossed is Step.STOP
+
+
+def test_one_victim_at_a_time() -> None:
+    """While a stopped tree is still going, no other is chosen."""
+    live = [job("oldest", 1), job("middle", 2), job("newest", 3, stopping=True)]
+    plans = run([reading(STOP + 1), reading(STOP + 2 * MB)], live)
+    assert all(a.step is not Step.STOP for p in plans for a in p.actions)
+    assert all(p.hold for p in plans)
+
+
+def test_sustained_full_pressure_stops_after_its_seconds() -> None:
+    """PSI full avg10 above 20 % stops a tree only once it has lasted 5 s; a dip starts over."""
+    below_lines = 1000 * MB
+    plans = run(
+        [
+            reading(below_lines, at=0.0, full=25.0),
+            reading(below_lines, at=4.9, full=25.0),
+            reading(below_lines, at=5.0, full=25.0),
+        ]
+    )
+    assert [any(a.step is Step.STOP for a in p.actions) for p in plans] == [False, False, True]
+    assert "PSI full" in plans[2].actions[-1].why
+    dipped = run(
+        [
+            reading(below_lines, at=0.0, full=25.0),
+            reading(below_lines, at=3.0, full=19.0),
+            reading(below_lines, at=6.0, full=25.0),
+            reading(below_lines, at=10.9, full=25.0),
+        ]
+    )
+    assert not any(a.step is Step.STOP for p in dipped for a in p.actions)
+    at_threshold = run([reading(below_lines, at=0.0, full=20.0), reading(0, at=9.0, full=20.0)])
+    assert not any(a.step is Step.STOP for p in at_threshold for a in p.actions)
+
+
+def test_the_oldest_alone_is_stopped_as_one_that_can_never_fit() -> None:
+    """Progress: the oldest is never stopped for newer ones; alone past the limit, it never fits."""
+    plans = run([reading(STOP + 1)], [job("oldest", 1)])
+    (stop,) = [a for a in plans[0].actions if a.step is Step.STOP]
+    assert (stop.job_id, stop.never_fits) == ("oldest", True)
+    plans = run([reading(STOP + 1)], [job("oldest", 1), job("newest", 2)])
+    (stop,) = [a for a in plans[0].actions if a.step is Step.STOP]
+    assert (stop.job_id, stop.never_fits) == ("newest", False)
+
+
+def test_resumes_oldest_first_once_it_fits_and_holds_until_then() -> None:
+    """Suspended trees go on oldest first, when used plus their rest fits under the line."""
+    live = [
+        job("oldest", 1),
+        job("middle", 2, suspended=True, estimate=500 * MB, footprint=300 * MB),
+        job("newest", 3, suspended=True, estimate=100 * MB),
+    ]
+    # 1.7 GB + the middle's 0.2 GB still to come is past the line: nobody goes, not even
+    # the newest (whose rest is 0): a younger one never goes before an older one.
+    plans = run([reading(1700 * MB), reading(1700 * MB)], live)
+    assert all(p.hold and not p.actions[1:] for p in plans)
+    assert not any(a.step is Step.RESUME for p in plans for a in p.actions)
+    plans = run([reading(1600 * MB), reading(1600 * MB)], live)
+    assert (Step.RESUME, "middle") in steps(plans[0])
+    assert plans[0].hold  # still held while anything is suspended
+    rising = run([reading(1000 * MB), reading(1600 * MB)], live)
+    assert (Step.RESUME, "middle") not in steps(rising[1])
+
+
+def test_cooling_holds_launches_without_any_pressure() -> None:
+    """The cooldown alone holds launches."""
+    plans = run([reading(100 * MB)], cooling=True)
+    assert plans[0].hold and steps(plans[0]) == [(Step.HOLD, None)]
+
+
+class FakeTarget:
+    """The scheduler's side, recorded."""
+
+    def __init__(self, live: list[Live]) -> None:
+        self.live = live
+        self.held: list[bool] = []
+        self.done: list[tuple[str, str]] = []
+
+    def live_jobs(self) -> list[Live]:
+        return list(self.live)
+
+    def hold_for_pressure(self, hold: bool) -> None:
+        self.held.append(hold)
+
+    def suspend_for_pressure(self, job_id: str) -> bool:
+        self.done.append(("suspend", job_id))
+        return True
+
+    def resume_after_pressure(self, job_id: str) -> bool:
+        self.done.append(("resume", job_id))
+        return True
+
+    def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
+        self.done.append(("stop", job_id))
+        return True
+
+
+def monitor(
+    clock: FakeClock, readings: list[Reading], target: FakeTarget, cooldown: Cooldown
+) -> PressureMonitor:
+    feed = iter(readings)
+    return PressureMonitor(
+        target=target,
+        read=lambda: next(feed),
+        cooldown=cooldown,
+        settings=lambda: SETTINGS,
+        clock=clock,
+    )
+
+
+def test_a_stop_starts_the_shared_cooldown_and_it_ends_on_time() -> None:
+    """A stop holds admission ROOMKEEPER_PRESSURE_COOLDOWN on the one clock; then it lifts."""
+    clock = FakeClock(0.0)
+    cooldown = Cooldown(clock)
+    target = FakeTarget(list(THREE))
+    m = monitor(clock, [reading(STOP + 1), reading(100 * MB), reading(100 * MB)], target, cooldown)
+    m.check()
+    assert target.done == [("stop", "newest")]
+    assert cooldown.cause() is CooldownCause.PRESSURE
+    assert 59.9 < cooldown.remaining() <= 60.0
+    clock.advance(59.0)
+    assert m.check() is not None and target.held[-1] is True  # calm, yet still cooling
+    clock.advance(1.0)
+    m.check()
+    assert target.held[-1] is False
+    assert m.statistics().stops == 1
+
+
+def test_reaction_time_runs_from_the_crossing_to_the_step() -> None:
+    """The reaction is measured from the notification's time when one woke the monitor."""
+    clock = FakeClock(10.0)
+    target = FakeTarget(list(THREE))
+    readings = [reading(SUSPEND - 10 * MB, at=10.0), reading(SUSPEND + 10 * MB, at=10.25)]
+    m = monitor(clock, readings, target, Cooldown(clock))
+    m.check()
+    clock.advance(0.25)
+    m.check(woken_at=10.2)
+    stats = m.statistics()
+    assert ("suspend", "newest") in target.done
+    assert (stats.holds, stats.suspensions) == (1, 1)
+    assert stats.reaction_max_s is not None and abs(stats.reaction_max_s - 0.05) < 1e-9
+
+
+def test_cooldown_never_shortens_and_a_repair_clears_it() -> None:
+    """A later start never cuts a running cooldown short; clear ends it."""
+    clock = FakeClock(0.0)
+    cooldown = Cooldown(clock)
+    cooldown.start(60, CooldownCause.PRESSURE)
+    cooldown.start(10, CooldownCause.RELIEF)
+    assert cooldown.remaining() == 60 and cooldown.cause() is CooldownCause.PRESSURE
+    cooldown.clear()
+    assert not cooldown.active() and cooldown.cause() is None
+
+
+class Handle:
+    """A tree that grows to ``peak`` and ends when stopped."""
+
+    def __init__(self, peak: int) -> None:
+        self.pid = os.getpid()
+        self.code: int | None = None
+        self.peak_value = peak
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def footprint_bytes(self) -> int:
+        return self.peak_value
+
+    def peak(self) -> MemoryPeak:
+        return MemoryPeak(self.peak_value, PeakMethod.SAMPLED)
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        self.code = -15
+        return self.code
+
+    def close(self) -> None:
+        pass
+
+
+def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_path: Path) -> None:
+    """Stopped for pressure, restartable work is queued again with its peak, three times at most."""
+    launched: list[int] = []
+
+    def launcher(job_id: str, spec: LaunchSpec) -> Handle:
+        launched.append(1)
+        return Handle(700 * MB)
+
+    scheduler = Scheduler(
+        logs_dir=tmp_path,
+        launcher=launcher,
+        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+        pressure=False,
+        pressure_settings=lambda: SETTINGS,
+    )
+    view = scheduler.submit(JobSpec(argv=["x"], memory_bytes=100 * MB, restartable=True))
+    plain = scheduler.submit(JobSpec(argv=["y"], owner="b", memory_bytes=100 * MB))
+    for _ in range(5):
+        scheduler.tick()
+        scheduler.relief.stop_for_pressure(view.id, "test", never_fits=False)
+        scheduler.relief.stop_for_pressure(plain.id, "test", never_fits=False)
+        scheduler.tick()
+    final, other = scheduler.get(view.id), scheduler.get(plain.id)
+    scheduler.close()
+    assert (final.state, final.reason) == (JobState.STOPPED, Reason.MEMORY_PRESSURE)
+    requeued = [t for t in final.history if t.state is JobState.WAITING][1:]
+    assert [t.reason for t in requeued] == [Reason.MEMORY_PRESSURE] * 3
+    assert final.spec.memory_bytes == 700 * MB  # its observed peak is its estimate now
+    assert (other.state, other.reason) == (JobState.STOPPED, Reason.MEMORY_PRESSURE)
+    assert [t.state for t in other.history].count(JobState.RUNNING) == 1  # never re-run
+    assert len(launched) == 4 + 1
+    assert scheduler.pressure_statistics().reruns == 3
+
+
+def test_a_job_that_never_fits_is_not_run_again(tmp_path: Path) -> None:
+    """A restartable job that alone outgrows the container ends stopped, saying it never fits."""
+    scheduler = Scheduler(
+        logs_dir=tmp_path,
+        launcher=lambda job_id, spec: Handle(3 * GB),
+        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+        pressure=False,
+    )
+    view = scheduler.submit(JobSpec(argv=["x"], restartable=True))
+    scheduler.tick()
+    scheduler.relief.stop_for_pressure(view.id, "used 1.96 > stop line 1.95", never_fits=True)
+    scheduler.tick()
+    final = scheduler.get(view.id)
+    scheduler.close()
+    assert (final.state, final.reason) == (JobState.STOPPED, Reason.MEMORY_PRESSURE)
+    assert final.error is not None and "can never fit here" in final.error
+
+
+def test_pressure_hold_makes_waiting_jobs_say_pressure(tmp_path: Path) -> None:
+    """While the ladder holds, nothing launches and waiting jobs give the reason ``pressure``."""
+    scheduler = Scheduler(
+        logs_dir=tmp_path,
+        launcher=lambda job_id, spec: Handle(0),
+        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+        pressure=False,
+    )
+    scheduler.relief.hold_for_pressure(True)
+    view = scheduler.submit(JobSpec(argv=["x"]))
+    scheduler.tick()
+    held = scheduler.get(view.id)
+    scheduler.relief.hold_for_pressure(False)
+    scheduler.tick()
+    running = scheduler.get(view.id)
+    scheduler.close()
+    assert (held.state, held.reason) == (JobState.WAITING, Reason.PRESSURE)
+    assert running.state is JobState.RUNNING

@@ -1,0 +1,132 @@
+"""The relief ladder in a real gateway in a 1 GB group: strict work stopped, restartable re-run."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.cgroups import child_memory_cgroup
+from tests.gateways import free_port, gateway_env, stop_process, wait_answering, wait_until
+from tests.test_ladder_real import machine_oom_kills
+
+pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
+
+GROW = Path(__file__).resolve().parents[1] / "benchmarks" / "grow.py"
+LIMIT = 1_000_000_000  # line 0.90, suspend past 0.95, stop past 0.975 GB
+MB = 10**6
+
+
+def oom_kills(group: Path, version: int) -> int:
+    name = "memory.events" if version == 2 else "memory.oom_control"
+    for line in (group / name).read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    raise AssertionError(f"{name} has no oom_kill line")
+
+
+@contextlib.contextmanager
+def gateway_in(group: Path, tmp: Path) -> Iterator[tuple[httpx.Client, Path]]:
+    """A real gateway inside ``group``; its client and its log file; stopped whatever happens."""
+    port = free_port()
+    env = gateway_env(
+        tmp,
+        ROOMKEEPER_GATEWAY_RESERVE_MB="0",
+        ROOMKEEPER_PRESSURE_COOLDOWN="1",
+        ROOMKEEPER_MAX_RUNNING_PER_OWNER="4",
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = src
+    joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
+    log_path = tmp / "gateway.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*joiner, sys.executable, "-m", "roomkeeper", "gateway", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            # The emulated kernel of CI's cgroup v2 VM takes minutes to start a gateway.
+            wait_answering(url, proc, log_path, timeout=300)
+            token = (Path(env["ROOMKEEPER_HOME"]) / "token").read_text().strip()
+            headers = {"Authorization": f"Bearer {token}"}
+            with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+                yield client, log_path
+        finally:
+            stop_process(proc)
+
+
+def grower(size: int, grow_s: float, hold_s: float) -> list[str]:
+    """A job that says it started, then grows to ``size`` bytes and holds them."""
+    return ["/bin/sh", "-c", f"echo started; exec {sys.executable} {GROW} {size} {grow_s} {hold_s}"]
+
+
+def submit(client: httpx.Client, argv: list[str], memory: int, **extra: Any) -> str:
+    answer = client.post("/v1/jobs", json={"argv": argv, "memory_bytes": memory, **extra})
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+def job(client: httpx.Client, job_id: str) -> dict[str, Any]:
+    return dict(client.get(f"/v1/jobs/{job_id}").json())
+
+
+def final(client: httpx.Client, job_id: str, timeout: float = 300) -> dict[str, Any]:
+    final_states = {"exited", "stopped", "failed", "cancelled", "timed_out"}
+    wait_until(lambda: job(client, job_id)["state"] in final_states, f"{job_id}'s end", timeout)
+    return job(client, job_id)
+
+
+def pair(client: httpx.Client, **newer: Any) -> tuple[str, str]:
+    """An older job growing to 0.5 GB and a newer one to 0.6 GB: together past the limit."""
+    older = submit(client, grower(500 * MB, 4, 4), 450 * MB, owner="a")
+    wait_until(lambda: job(client, older)["state"] == "running", "the older job's start", 120)
+    time.sleep(0.5)
+    return older, submit(client, grower(600 * MB, 4, 1), 50 * MB, owner="b", **newer)
+
+
+def test_strict_job_is_stopped_and_kept_a_restartable_one_runs_again(tmp_path: Path) -> None:
+    """Outgrowing its estimate: strict work stops for good (output kept); restartable runs again."""
+    before = machine_oom_kills()
+    with child_memory_cgroup(LIMIT) as (version, group):
+        with gateway_in(group, tmp_path) as (client, log_path):
+            older, strict = pair(client)
+            stopped = final(client, strict)
+            assert final(client, older)["state"] == "exited"
+            strict_output = client.get(f"/v1/jobs/{strict}/output").text
+            older2, restartable = pair(client, restartable=True)
+            again = final(client, restartable, timeout=400)
+            assert final(client, older2)["exit_code"] == 0
+            again_output = client.get(f"/v1/jobs/{restartable}/output").text
+            assert job(client, strict) == stopped  # still stopped: nothing re-ran it
+            history = client.get("/v1/history").json()
+            pressure = client.get("/v1/status").json()["pressure"]
+            metrics = client.get("/metrics").text
+        kills = (oom_kills(group, version), machine_oom_kills() - before)
+        log = log_path.read_text()
+    assert kills == (0, 0), log[-3000:]
+    assert (stopped["state"], stopped["reason"]) == ("stopped", "memory_pressure"), log[-3000:]
+    assert strict_output == "started\n"  # its output kept, and one run only
+    assert f"job {strict} queued again" not in log
+    assert (again["state"], again["exit_code"]) == ("exited", 0), log[-3000:]
+    assert again_output == "started\nstarted\n"  # the first run's output kept, then the second
+    (requeued,) = [line for line in log.splitlines() if f"job {restartable} queued again" in line]
+    estimate = float(requeued.rsplit("estimate ", 1)[1].split()[0])
+    assert 0.3 <= estimate <= 0.6, requeued  # its first run's observed peak, not 0.05
+    assert pressure["stops"] == 2 and pressure["reruns"] == 1, pressure
+    assert pressure["reaction_max_s"] is not None
+    expected_wake = "usage >= " if version == 1 else "PSI full trigger"
+    assert pressure["wakes_on"].startswith(expected_wake), pressure["wakes_on"]
+    assert f'roomkeeper_pressure_steps_total{{step="stop"}} {2.0}' in metrics
+    codes = [e["code"] for e in history]
+    assert "pressure_stopped" in codes and "pressure_hold" in codes, codes
