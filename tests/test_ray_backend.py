@@ -131,7 +131,7 @@ def test_a_job_larger_than_any_node_waits_with_a_clear_reason(gateway: RunningGa
         refusals,
         gateway.client.get("/v1/status").json(),
     )
-    assert gateway.client.delete(f"/v1/jobs/{huge}").status_code == 200
+    assert gateway.client.post(f"/v1/jobs/{huge}/cancel").status_code == 200
     assert wait_state(gateway, huge, "cancelled")["state"] == "cancelled"
 
 
@@ -141,7 +141,7 @@ def test_cancel_stops_the_remote_tree(gateway: RunningGateway, tmp_path: Path) -
     wait_state(gateway, running, "running")
     leader, child = pid_in(tmp_path / "leader"), pid_in(tmp_path / "child")
     assert not gone(leader) and not gone(child)
-    assert gateway.client.delete(f"/v1/jobs/{running}").status_code == 200
+    assert gateway.client.post(f"/v1/jobs/{running}/cancel").status_code == 200
     stopped = wait_state(gateway, running, "stopped")
     assert "cancelled" in (stopped["error"] or "")
     wait_until(lambda: gone(leader) and gone(child), "the remote tree to be gone", 30)
