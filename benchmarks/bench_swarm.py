@@ -1,30 +1,31 @@
-"""Memory swarm: roomkeeper batch against GNU parallel in a real 4 GiB memory cgroup.
+"""Memory swarm: roomkeeper batch against GNU parallel in a real memory cgroup (issue 12).
 
-24 jobs each grow to a different size between 300 MB and 1.2 GB over a few
-seconds and hold it briefly.  Every contender runs in a fresh child memory
-cgroup (v1 or v2, created under this process's own group, removed after),
-and is judged by completed jobs, kernel OOM kills and wall time:
+The held-out swarm: 20 jobs each grow to a different size between 300 MB and
+1.15 GB over a few seconds and hold it briefly, in a 3.5 GiB group.  Every
+contender runs in a fresh child memory cgroup (v1 or v2, created under this
+process's own group, removed after) and is judged by completed jobs, kernel
+OOM kills (the group's counter and, on v1 where a kill counts only in the
+victim's own group, the kernel's /proc/vmstat) and wall time:
 
-- ``roomkeeper batch --max-running 8 --job-memory 1200M --strict`` (the old rule)
-- ``roomkeeper batch --max-running 8 --job-memory 1200M`` (memory policy ``pack``)
-- ``roomkeeper batch --max-running 8`` twice, each line with its own ``#kind=``:
-  the first run has only the default estimate, the second learns from it
-- ``parallel --memfree 1200M -j 8`` (reads the host's /proc/meminfo)
-- ``parallel -j K`` for K = 2 .. 6
-
-K0 = floor(usable memory / estimate) is the static choice a careful user
-would make from the same estimate: usable = limit - min(10 %, 8 GB).
+- (a) ``roomkeeper batch --max-running 8``: no ``--job-memory``, memory policy
+  ``pack``, nothing learned yet (each line names its kind, ``#kind=``);
+- (b) the same batch again, learning from (a) (same ROOMKEEPER_HOME);
+- (c) ``roomkeeper batch --strict --job-memory 75M``: every estimate at least 4x
+  too small (the smallest job is 300 MB), under the old rule;
+- (d) for each roomkeeper run, the relief ladder's counts (holds, suspensions,
+  stops, re-runs) and reaction time p50 and max, from the batch's summary;
+- ``parallel --memfree 1150M -j 8`` (reads the host's /proc/meminfo);
+- ``parallel -j K`` for K in ``--k``: the best K that loses no job is the bar.
 
 Needs root and a cgroup memory controller.  Usage:
-    python benchmarks/bench_swarm.py [--limit 4G] [--jobs 24] [--grow 3] [--hold 1]
-        [--k 2,3,4,5,6] [--only-roomkeeper]
+    python benchmarks/bench_swarm.py [--limit 3.5G] [--jobs 20] [--max-size 1150M]
+        [--grow 3] [--hold 1] [--k 2,3,4,5,6] [--only-roomkeeper]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import random
 import re
@@ -42,7 +43,7 @@ from roomkeeper.units import parse_size
 
 HERE = Path(__file__).resolve().parent
 GROW = HERE / "grow.py"
-ESTIMATE = "1200M"
+SMALLEST = 300_000_000
 
 
 def oom_kills(group: Path, version: int) -> int:
@@ -132,13 +133,17 @@ def run_in_group(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", default="4G", help="the group's limit (binary suffixes)")
-    parser.add_argument("--jobs", type=int, default=24)
+    parser.add_argument("--limit", default="3.5G", help="the group's limit (binary suffixes)")
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--max-size", default="1150M", help="the largest job's peak")
     parser.add_argument("--grow", type=float, default=3.0, help="seconds each job takes to grow")
     parser.add_argument("--hold", type=float, default=1.0, help="seconds each job holds its peak")
     parser.add_argument("--k", default="2,3,4,5,6", help="parallel -j values to try")
     parser.add_argument(
         "--only-roomkeeper", action="store_true", help="run the roomkeeper contenders only"
+    )
+    parser.add_argument(
+        "--skip", default="", help="roomkeeper contenders to leave out, by letter (say: c)"
     )
     args = parser.parse_args()
     if shutil.which("parallel") is None:
@@ -148,13 +153,13 @@ def main() -> None:
         sys.exit("needs root and a cgroup memory controller")
     parent, version = Path(own.directory), own.version
     limit = parse_size(args.limit)
-    estimate = parse_size(ESTIMATE)
-    k0 = math.floor(memory_line(limit, 10) / estimate)
-    sizes = [int(300e6 + i * (1200e6 - 300e6) / (args.jobs - 1)) for i in range(args.jobs)]
+    largest = parse_size(args.max_size)
+    sizes = [int(SMALLEST + i * (largest - SMALLEST) / (args.jobs - 1)) for i in range(args.jobs)]
     random.Random(7).shuffle(sizes)
+    too_small = f"{SMALLEST // 4 // 1_000_000}M"
     print(
-        f"cgroup v{version}, limit {limit} bytes, {args.jobs} jobs of 300 MB..1.2 GB, "
-        f"estimate {ESTIMATE}, K0 = {k0}",
+        f"cgroup v{version}, limit {limit} bytes, {args.jobs} jobs of {SMALLEST / 1e9:.2f}.."
+        f"{largest / 1e9:.2f} GB, line {memory_line(limit, 10)} bytes",
         flush=True,
     )
 
@@ -162,16 +167,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
         rk = [sys.executable, "-m", "roomkeeper", "batch", "--max-running", "8", "--quiet"]
-        stated = ["--job-memory", ESTIMATE]
         contenders: list[tuple[str, list[str]]] = [
-            ("roomkeeper batch --strict", [*rk, *stated, "--strict"]),
-            ("roomkeeper batch (pack)", [*rk, *stated]),
-            ("roomkeeper batch, learning", rk),
-            ("roomkeeper batch, learned", rk),
+            ("(a) roomkeeper batch, learning", rk),
+            ("(b) roomkeeper batch, learned", rk),
+            (
+                f"(c) roomkeeper batch --strict --job-memory {too_small}",
+                [*rk, "--strict", "--job-memory", too_small],
+            ),
         ]
+        skipped = {f"({x.strip()})" for x in args.skip.split(",") if x.strip()}
+        contenders = [c for c in contenders if c[0].split()[0] not in skipped]
         if not args.only_roomkeeper:
             contenders += [
-                ("parallel --memfree 1200M -j 8", ["parallel", "--memfree", ESTIMATE, "-j", "8"])
+                (
+                    f"parallel --memfree {args.max_size} -j 8",
+                    ["parallel", "--memfree", args.max_size, "-j", "8"],
+                )
             ] + [
                 (f"parallel -j {k}", ["parallel", "-j", str(k)])
                 for k in map(int, args.k.split(","))
@@ -194,9 +205,7 @@ def main() -> None:
                     for i, size in enumerate(sizes)
                 )
             )
-            err = (
-                tmpdir / f"{name.replace(' ', '_')}.err" if name.startswith("roomkeeper") else None
-            )
+            err = tmpdir / f"{slug}.err" if "roomkeeper" in name else None
             wall, kills = run_in_group(parent, version, limit, argv, commands, err)
             completed = len(list(done.iterdir()))
             rows.append((name, completed, kills, wall))
@@ -216,7 +225,7 @@ def main() -> None:
     best = max(safe) if safe else None
     print(f"best K with every job done and no OOM kill: {best if best else 'none'}")
     for name, _, _, wall in rows:
-        if name.startswith("roomkeeper") and best is not None:
+        if "roomkeeper" in name and best is not None:
             print(f"{name} wall / parallel -j {best} wall = {wall / safe[best]:.2f}x")
 
 

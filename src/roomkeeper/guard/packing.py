@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 from roomkeeper.units import MIB
 
-HORIZON_SECONDS = 5.0  # how far ahead a pack reservation looks
+HORIZON_SECONDS = 3.0  # how far ahead a pack reservation looks
 SLOPE_WINDOW_SECONDS = 3.0  # the reports a slope is taken over: the recent ones
 FLOOR_BYTES = 64 * MIB  # held on top of the forecast: a job that has not grown yet still costs
-OBSERVE_SECONDS = 1.0  # a pack job holds its strict reservation until observed this long
+OBSERVE_SECONDS = 0.5  # a pack job holds its strict reservation until observed this long
 REPORTS_KEPT = 16  # per young job; more than the window ever needs at the scheduler's rate
 
 
