@@ -217,10 +217,15 @@ def main() -> None:
             if err is not None:
                 print(f"  (d) {pressure_figures(err.read_text())}", flush=True)
 
+    report(rows, args.jobs)
+
+
+def report(rows: list[tuple[str, int, int, float]], jobs: int) -> None:
+    """The best static K that loses no job, and each roomkeeper run's wall against it."""
     safe = {
         int(n.split()[-1]): w
         for n, c, k, w in rows
-        if n.startswith("parallel -j") and k == 0 and c == args.jobs
+        if n.startswith("parallel -j") and k == 0 and c == jobs
     }
     best = max(safe) if safe else None
     print(f"best K with every job done and no OOM kill: {best if best else 'none'}")
