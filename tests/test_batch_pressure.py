@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cgroups import child_memory_cgroup
-from tests.test_ladder_real import machine_oom_kills, oom_kills
+from tests.cgroups import child_memory_cgroup, machine_oom_kills, oom_kills
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 

@@ -13,24 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.cgroups import child_memory_cgroup
+from tests.cgroups import child_memory_cgroup, machine_oom_kills, oom_kills
 from tests.gateways import free_port, gateway_env, stop_process, wait_answering, wait_until
-from tests.test_ladder_real import machine_oom_kills
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
 GROW = Path(__file__).resolve().parents[1] / "benchmarks" / "grow.py"
 LIMIT = 1_000_000_000  # line 0.90, suspend past 0.95, stop past 0.975 GB
 MB = 10**6
-
-
-def oom_kills(group: Path, version: int) -> int:
-    name = "memory.events" if version == 2 else "memory.oom_control"
-    for line in (group / name).read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    raise AssertionError(f"{name} has no oom_kill line")
 
 
 @contextlib.contextmanager

@@ -12,38 +12,13 @@ from typing import Any
 
 import pytest
 
-from tests.cgroups import child_memory_cgroup
+from tests.cgroups import child_memory_cgroup, machine_oom_kills, oom_kills
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
 SCENARIO = Path(__file__).resolve().parents[1] / "benchmarks" / "ladder_scenario.py"
 LIMIT = 2_000_000_000
 COOLDOWN_S = 3.0  # short, by the variable: the scenario passes it as ROOMKEEPER_PRESSURE_COOLDOWN
-
-
-def oom_kills(group: Path, version: int) -> int:
-    """The kernel's own OOM kill counter of the group (Linux >= 4.13)."""
-    name = "memory.events" if version == 2 else "memory.oom_control"
-    for line in (group / name).read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    raise AssertionError(f"{name} has no oom_kill line")
-
-
-def machine_oom_kills() -> int:
-    """The kernel's OOM kills anywhere since boot (``/proc/vmstat``).
-
-    cgroup v1 counts a kill only in the victim's own group: one inside a job's
-    group (roomkeeper makes one per job) never shows in its parent's
-    ``memory.oom_control``.  The machine-wide delta catches it, and any other
-    kill on the machine meanwhile: an upper bound, strict in the safe direction.
-    """
-    for line in Path("/proc/vmstat").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    raise AssertionError("/proc/vmstat has no oom_kill line")
 
 
 def run_scenario(group: Path, logs: Path) -> dict[str, Any]:
