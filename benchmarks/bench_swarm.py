@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_ladder import machine_oom_kills, oom_kills  # one reader of the counters
+
 from roomkeeper.guard.rule import memory_line
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 from roomkeeper.units import parse_size
@@ -44,15 +46,6 @@ from roomkeeper.units import parse_size
 HERE = Path(__file__).resolve().parent
 GROW = HERE / "grow.py"
 SMALLEST = 300_000_000
-
-
-def oom_kills(group: Path, version: int) -> int:
-    name = "memory.events" if version == 2 else "memory.oom_control"
-    for line in (group / name).read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    raise RuntimeError(f"{name} has no oom_kill counter (Linux >= 4.13 needed)")
 
 
 def pressure_figures(stderr_text: str) -> str:
@@ -65,21 +58,6 @@ def pressure_figures(stderr_text: str) -> str:
         if line.startswith("memory pressure: holds"):
             return line.removeprefix("memory pressure: ")
     return "no pressure line in roomkeeper batch's summary"
-
-
-def kernel_oom_kills() -> int:
-    """The kernel's count of OOM kills anywhere since boot (``/proc/vmstat``, Linux >= 4.13).
-
-    cgroup v1 counts a kill in the victim's own group only: one inside a job's
-    group (roomkeeper makes one per job) never shows in the contender's
-    ``memory.oom_control``.  The machine-wide delta catches it (and any other
-    kill on the machine meanwhile, so it is an upper bound).
-    """
-    for line in Path("/proc/vmstat").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    raise RuntimeError("/proc/vmstat has no oom_kill counter (Linux >= 4.13 needed)")
 
 
 def run_in_group(
@@ -103,7 +81,7 @@ def run_in_group(
             with contextlib.suppress(OSError):  # no swap here; keep it that way if swap exists
                 (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
         joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
-        before = kernel_oom_kills()
+        before = machine_oom_kills()
         start = time.monotonic()
         with stdin.open() as f, contextlib.ExitStack() as stack:
             err = stack.enter_context(stderr.open("w")) if stderr else subprocess.DEVNULL
@@ -115,7 +93,7 @@ def run_in_group(
                 check=False,
             )
         wall = time.monotonic() - start
-        return wall, max(oom_kills(group, version), kernel_oom_kills() - before)
+        return wall, max(oom_kills(group, version), machine_oom_kills() - before)
     finally:
         deadline = time.monotonic() + 30
         while True:
