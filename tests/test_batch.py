@@ -63,6 +63,28 @@ def test_each_jobs_output_is_printed_whole_and_unaltered(tmp_path: Path) -> None
     ]
 
 
+def test_cpu_settings_are_the_gateways_only_when_the_environment_sets_them() -> None:
+    """No gateway to keep answering: nice 0 and no CPU gate unless the environment asks."""
+    from roomkeeper.jobs.batch import batch_cpu_settings
+
+    assert batch_cpu_settings({}) == (0, None)
+    assert batch_cpu_settings({"ROOMKEEPER_WORKER_NICE": "10"}) == (10, None)
+    assert batch_cpu_settings({"ROOMKEEPER_CPU_PRESSURE_PERCENT": "80"}) == (0, 80.0)
+    assert batch_cpu_settings({"ROOMKEEPER_WORKER_NICE": " "}) == (0, None)  # empty: unset
+
+
+def test_jobs_run_at_the_batchs_own_priority_unless_a_nice_is_set(tmp_path: Path) -> None:
+    """A real line's nice: the batch's own by default, ROOMKEEPER_WORKER_NICE when set."""
+    line = f"{sys.executable} -c 'import os; print(\"nice\", os.nice(0))'\n"
+    own = os.nice(0)
+    plain = batch(tmp_path, stdin=line)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split() == ["nice", str(own)]
+    lowered = batch(tmp_path, stdin=line, ROOMKEEPER_WORKER_NICE="13")
+    assert lowered.returncode == 0, lowered.stderr
+    assert lowered.stdout.split() == ["nice", str(max(13, own))]
+
+
 def test_exit_code_is_zero_only_when_every_command_succeeded(tmp_path: Path) -> None:
     """One failing line makes the batch exit 1; the summary names each exit code."""
     result = batch(tmp_path, stdin="true\nexit 7\n\necho fine\n")

@@ -33,7 +33,7 @@ import queue
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -285,8 +285,32 @@ def run_batch(
 
 
 def _limits(max_running: int) -> Limits:
-    settings = read_queue_settings()  # nice and CPU pressure still follow the variables
-    return batch_limits(max_running, settings.worker_nice, settings.cpu_pressure_percent)
+    nice, cpu_percent = batch_cpu_settings(os.environ)
+    return batch_limits(max_running, nice, cpu_percent)
+
+
+def batch_cpu_settings(env: Mapping[str, str]) -> tuple[int, float | None]:
+    """A batch's worker nice and CPU-pressure gate: only what the environment sets.
+
+    Seed 002 lowers workers' CPU priority and gates launches on CPU pressure to
+    keep the gateway answering while its callers' work runs.  A batch has no
+    gateway, and ``--max-running`` is the person's own CPU decision, as
+    ``parallel -j`` is: so its jobs run at nice 0 with no CPU gate unless
+    ROOMKEEPER_WORKER_NICE or ROOMKEEPER_CPU_PRESSURE_PERCENT is set.
+    Both at the gateway's defaults made real short work 1.11x ``parallel -j4``
+    (benchmarks/RESULTS.md).
+
+    Returns:
+        (nice, CPU pressure percent or None for no gate), checked as the gateway checks them.
+    """
+    settings = read_queue_settings(env)  # a bad value is warned of, as for the gateway
+
+    def given(name: str) -> bool:
+        return bool(env.get(name, "").strip())
+
+    nice = settings.worker_nice if given("ROOMKEEPER_WORKER_NICE") else 0
+    gate = settings.cpu_pressure_percent if given("ROOMKEEPER_CPU_PRESSURE_PERCENT") else None
+    return nice, gate
 
 
 class _BatchRun:

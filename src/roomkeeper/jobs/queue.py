@@ -27,13 +27,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The bounds of one round.  ``None`` per-owner caps mean one owner (a batch)."""
+    """The bounds of one round.  ``None`` per-owner caps mean one owner (a batch);
+    a ``None`` CPU pressure percentage means no CPU gate (a batch unless asked)."""
 
     max_waiting: int
     max_waiting_per_owner: int | None
     max_running: int
     max_running_per_owner: int | None
-    cpu_pressure_percent: float
+    cpu_pressure_percent: float | None
     worker_nice: int
     hold: bool = False  # launch nothing (relief, recovery mode); waiting jobs say "held"
 
@@ -50,7 +51,9 @@ class Limits:
         )
 
 
-def batch_limits(max_running: int, worker_nice: int, cpu_pressure_percent: float) -> Limits:
+def batch_limits(
+    max_running: int, worker_nice: int, cpu_pressure_percent: float | None
+) -> Limits:
     """A batch is one owner: no per-owner caps, and lines are fed as room frees."""
     return Limits(
         max_waiting=10**9,

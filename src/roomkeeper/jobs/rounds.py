@@ -367,7 +367,7 @@ class Runner:
             if limits.max_running_per_owner is not None and running >= limits.max_running_per_owner:
                 blocked = Reason.OWNER_SLOTS
                 continue
-            if self.running:
+            if self.running and limits.cpu_pressure_percent is not None:
                 cpu = self._cpu_now()
                 if cpu is not None and cpu > limits.cpu_pressure_percent:
                     self.refusals[Reason.CPU.value] += 1
