@@ -51,9 +51,7 @@ class Limits:
         )
 
 
-def batch_limits(
-    max_running: int, worker_nice: int, cpu_pressure_percent: float | None
-) -> Limits:
+def batch_limits(max_running: int, worker_nice: int, cpu_pressure_percent: float | None) -> Limits:
     """A batch is one owner: no per-owner caps, and lines are fed as room frees."""
     return Limits(
         max_waiting=10**9,
