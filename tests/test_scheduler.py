@@ -284,13 +284,15 @@ def test_cpu_pressure_holds_launches_but_never_below_one_running(rig: Rig) -> No
 def test_no_cpu_gate_launches_at_any_cpu_pressure(tmp_path: Path) -> None:
     """Limits without a CPU pressure percentage (a batch unless asked) never wait for CPU."""
     r = Rig(tmp_path, cpu_pressure_percent=None)
-    r.cpu = 100.0
-    for i in range(3):
-        r.submit(f"a{i}", owner="a")
-    r.scheduler.tick()
-    assert r.launcher.order == ["a0", "a1"]  # only the per-owner cap of 2 stops the third
-    assert r.scheduler.get("a2").reason is Reason.OWNER_SLOTS
-    r.scheduler.close(grace=0)
+    try:
+        r.cpu = 100.0
+        for i in range(3):
+            r.submit(f"a{i}", owner="a")
+        r.scheduler.tick()
+        assert r.launcher.order == ["a0", "a1"]  # only the per-owner cap of 2 stops the third
+        assert r.scheduler.get("a2").reason is Reason.OWNER_SLOTS
+    finally:
+        r.scheduler.close(grace=0)
 
 
 def test_waiting_past_the_deadline_expires_without_starting(rig: Rig) -> None:

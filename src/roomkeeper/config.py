@@ -249,6 +249,39 @@ def read_queue_settings(env: Mapping[str, str] | None = None) -> QueueSettings:
     )
 
 
+def read_batch_cpu_settings(env: Mapping[str, str] | None = None) -> tuple[int, float | None]:
+    """A batch's worker nice and CPU-pressure gate: only what the environment sets.
+
+    Seed 002 lowers workers' CPU priority and gates launches on CPU pressure to
+    keep the gateway answering while its callers' work runs.  A batch has no
+    gateway, and ``--max-running`` is the person's own CPU decision, as
+    ``parallel -j`` is: so its jobs run at nice 0 with no CPU gate unless
+    ROOMKEEPER_WORKER_NICE or ROOMKEEPER_CPU_PRESSURE_PERCENT is set.  With
+    the gateway's defaults, real short work took 1.11x ``parallel -j4``
+    (benchmarks/RESULTS.md).  A value that is not usable is warned of and the
+    batch's own default (nice 0, no gate) is used, as for an unset one.
+
+    Returns:
+        (nice, CPU pressure percent or None for no gate).
+    """
+    env = os.environ if env is None else env
+    nice = _variable(env, "ROOMKEEPER_WORKER_NICE", 0, _integer(0, 19), "an integer 0 to 19")
+    name = "ROOMKEEPER_CPU_PRESSURE_PERCENT"
+    raw = env.get(name, "").strip()
+    if not raw:
+        return nice, None
+    try:
+        return nice, _PERCENT(raw)
+    except ValueError:
+        warn_once(
+            name,
+            raw,
+            f"{name}={raw!r} is not usable: a percentage from 0 to 100; "
+            "this batch holds no launch for CPU pressure",
+        )
+        return nice, None
+
+
 @dataclass(frozen=True, slots=True)
 class PressureSettings:
     """The relief ladder's variables (seed 002's "sustained critical memory pressure").

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from roomkeeper.cli.options import parse_kind_option, parse_size_option
 from roomkeeper.cli.workspaces import batch_trees, reap
-from roomkeeper.config import read_queue_settings, read_settings
+from roomkeeper.config import read_batch_cpu_settings, read_queue_settings, read_settings
 from roomkeeper.errors import RoomkeeperError, UsageError
 from roomkeeper.gateway.home import open_journal
 from roomkeeper.guard.admission import Guard
@@ -252,6 +252,7 @@ def batch(
         click.echo("roomkeeper batch: no commands to run (every line was empty)", err=True)
         return
     kinds = line_kinds(commands, kind)  # a bad "#kind=" fails here, before anything runs
+    read_batch_cpu_settings()  # its words for a bad nice or CPU percentage, before the gateway's
     max_running = max_running or read_queue_settings().max_running
     logs_dir = writable_dir(
         logs if logs is not None else default_logs_dir(home_dir()),

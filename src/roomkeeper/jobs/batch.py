@@ -33,7 +33,7 @@ import queue
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from roomkeeper.config import read_queue_settings
+from roomkeeper.config import read_batch_cpu_settings
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import MemoryPolicy
@@ -238,6 +238,7 @@ def run_batch(
     With ``trees``, each line runs in its own git worktree.
     """
     guard = guard if guard is not None else Guard()
+    _clear_old_logs(logs_dir, len(commands))
     events: queue.Queue[JobView] = queue.Queue()
     hooks: dict[str, Any] = {"on_change": events.put}
     if trees is not None:
@@ -284,33 +285,22 @@ def run_batch(
     return run.results()
 
 
-def _limits(max_running: int) -> Limits:
-    nice, cpu_percent = batch_cpu_settings(os.environ)
-    return batch_limits(max_running, nice, cpu_percent)
+def _clear_old_logs(logs_dir: Path, lines: int) -> None:
+    """Remove an earlier batch's ``N.log`` for each of this batch's lines.
 
-
-def batch_cpu_settings(env: Mapping[str, str]) -> tuple[int, float | None]:
-    """A batch's worker nice and CPU-pressure gate: only what the environment sets.
-
-    Seed 002 lowers workers' CPU priority and gates launches on CPU pressure to
-    keep the gateway answering while its callers' work runs.  A batch has no
-    gateway, and ``--max-running`` is the person's own CPU decision, as
-    ``parallel -j`` is: so its jobs run at nice 0 with no CPU gate unless
-    ROOMKEEPER_WORKER_NICE or ROOMKEEPER_CPU_PRESSURE_PERCENT is set.
-    Both at the gateway's defaults made real short work 1.11x ``parallel -j4``
-    (benchmarks/RESULTS.md).
-
-    Returns:
-        (nice, CPU pressure percent or None for no gate), checked as the gateway checks them.
+    Logs are opened for appending (a line run again after a stop keeps its
+    first attempt's output), so a ``--logs DIR`` used before would otherwise
+    print the earlier batch's output as this one's.  Like ``parallel
+    --results``, a new run of line N replaces line N's log.
     """
-    settings = read_queue_settings(env)  # a bad value is warned of, as for the gateway
+    for line in range(1, lines + 1):
+        with contextlib.suppress(FileNotFoundError):
+            (logs_dir / f"{line}.log").unlink()
 
-    def given(name: str) -> bool:
-        return bool(env.get(name, "").strip())
 
-    nice = settings.worker_nice if given("ROOMKEEPER_WORKER_NICE") else 0
-    gate = settings.cpu_pressure_percent if given("ROOMKEEPER_CPU_PRESSURE_PERCENT") else None
-    return nice, gate
+def _limits(max_running: int) -> Limits:
+    nice, cpu_percent = read_batch_cpu_settings()  # the gateway's two defaults do not apply
+    return batch_limits(max_running, nice, cpu_percent)
 
 
 class _BatchRun:

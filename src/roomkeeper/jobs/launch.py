@@ -1,9 +1,9 @@
 """Launching a job: what to run (:class:`LaunchSpec`) and starting it as a managed tree.
 
 A job runs from argv (a shell only when asked), in its own session and
-process group, at a lowered CPU priority its descendants inherit, with
-stdin from ``/dev/null`` and stdout and stderr in a log file that outlives
-it.  Where the kernel allows, it gets its own memory cgroup under
+process group, at the CPU priority it is given (never above ours), which its
+descendants inherit, with stdin from ``/dev/null`` and stdout and stderr in
+a log file that outlives it.  Where the kernel allows, it gets its own memory cgroup under
 roomkeeper's own group (so the container is still charged for it), which
 measures its footprint and finds every member, however it tried to leave.
 
