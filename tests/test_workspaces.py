@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +26,8 @@ from roomkeeper.jobs.spec import JobState, Worktree, WorktreeRequest
 from roomkeeper.jobs.workspaces import Workspaces, check_worktree, tree_path
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import ALLOWED_FIELDS, RecoveryCode
+from roomkeeper.journal.workspaces import ABANDONED
+from roomkeeper.kernel.identity import process_identity
 from tests.workspace_repos import (
     MIB,
     fill,
@@ -138,6 +142,56 @@ def test_the_protect_set_comes_from_the_journal_and_follows_the_jobs_state(
     assert journal.protected_paths() == frozenset()
     (row,) = journal.registered_trees()
     assert (row.job_id, row.state, row.branch) == ("abc", "stopped", "roomkeeper/abc")
+
+
+def test_a_killed_batchs_tree_stops_being_protected_by_its_row(
+    small_fs: Path, repo: Path, journal: Journal
+) -> None:
+    """A batch keeps no job rows: its line's row names the batch process. SIGKILLed, that
+    process leaves the row "running" for ever; once it is gone the row protects nothing
+    (git's own checks still do), and the tree shows as abandoned and is reaped."""
+    ws = workspaces(small_fs, journal)
+    view = job_view("1", repo)
+    tree = ws.prepare(view)
+    assert tree is not None
+    line = replace(view, workspace=tree, state=JobState.RUNNING)
+    batch = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        journal.record_workspace(line, process_identity(batch.pid)).result(timeout=10)
+        assert journal.protected_paths() == {tree.path}  # its batch still runs
+        assert [t.state for t in journal.registered_trees()] == ["running"]
+    finally:
+        batch.kill()
+        batch.wait()
+    assert journal.protected_paths() == frozenset()
+    assert [t.state for t in journal.registered_trees()] == [ABANDONED]
+    report = reap(journal, volume=small_fs, target_free=None)  # no low mark: every tree it may
+    assert [v.tree.path for v in report.removed] == [tree.path]
+    assert not Path(tree.path).exists()
+
+
+def test_an_older_registry_gains_the_owner_column_and_its_rows_keep_their_protection(
+    tmp_path: Path,
+) -> None:
+    """A workspaces table from before owners is migrated on open; its rows (no owner) are
+    protected as before while unsettled."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE workspaces (path TEXT PRIMARY KEY, repo TEXT NOT NULL, "
+            "branch TEXT NOT NULL, job_id TEXT NOT NULL, state TEXT NOT NULL, "
+            "registered_at REAL NOT NULL)"
+        )
+        conn.execute(
+            "INSERT INTO workspaces VALUES ('/w/t', '/r', 'roomkeeper/batch-x-1', '1', "
+            "'running', 1.0)"
+        )
+    old = Journal(path, synchronous="OFF")
+    try:
+        assert old.protected_paths() == {"/w/t"}
+        assert [t.state for t in old.registered_trees()] == ["running"]
+    finally:
+        old.close()
 
 
 def test_the_registry_row_is_written_with_the_launch_in_one_transaction(

@@ -22,6 +22,7 @@ from roomkeeper.jobs.reaper import Protection, ReapReport, TreeVerdict
 from roomkeeper.jobs.spec import JobView, WorktreeRequest
 from roomkeeper.jobs.workspaces import Workspaces, check_worktree
 from roomkeeper.journal.database import Journal
+from roomkeeper.kernel.identity import process_identity
 from roomkeeper.paths import home_dir, workspace_dir
 from roomkeeper.units import format_bytes
 
@@ -63,8 +64,10 @@ def batch_trees(repo: str, journal: Journal) -> BatchTrees:
     request = WorktreeRequest(os.path.abspath(repo))
     check_worktree(request, workspace_dir())
 
+    owner = process_identity()  # a killed batch's rows stop protecting its trees
+
     def register(view: JobView) -> None:
-        journal.record_workspace(view).result(timeout=REGISTER_TIMEOUT_S)
+        journal.record_workspace(view, owner).result(timeout=REGISTER_TIMEOUT_S)
 
     def follow(view: JobView) -> None:
         if view.workspace is not None:

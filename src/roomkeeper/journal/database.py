@@ -44,7 +44,7 @@ _GROUP_MAX = 512  # writes per transaction at most
 SCHEMA = "".join(m.SCHEMA for m in (jobs, leases, markers, calls, history, workspaces, sizes))
 # Columns added to a table after it first shipped: (table, column, its declaration).
 # CREATE TABLE IF NOT EXISTS leaves an older file's table as it was; these bring it up.
-MIGRATIONS: tuple[tuple[str, str, str], ...] = jobs.ADDED_COLUMNS
+MIGRATIONS: tuple[tuple[str, str, str], ...] = jobs.ADDED_COLUMNS + workspaces.ADDED_COLUMNS
 
 
 def migrate(conn: sqlite3.Connection) -> list[str]:

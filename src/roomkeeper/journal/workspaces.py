@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from roomkeeper.jobs.reaper import RegisteredTree
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.store import Store
+from roomkeeper.kernel.identity import identity_lives
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS workspaces (
@@ -29,9 +30,12 @@ CREATE TABLE IF NOT EXISTS workspaces (
     branch TEXT NOT NULL,
     job_id TEXT NOT NULL,
     state TEXT NOT NULL,
-    registered_at REAL NOT NULL
+    registered_at REAL NOT NULL,
+    owner TEXT
 );
 """
+# Added after the table first shipped (journal.database.migrate brings older files up).
+ADDED_COLUMNS = (("workspaces", "owner", "TEXT"),)
 
 SETTLED = (
     JobState.EXITED,
@@ -46,22 +50,27 @@ _SETTLED_SQL = ", ".join(f"'{s.value}'" for s in SETTLED)  # constants, not inpu
 
 _TREES = f"""
 SELECT w.path, w.repo, w.branch, w.job_id, coalesce(j.state, w.state) AS state,
-       w.registered_at,
+       w.registered_at, w.owner, j.id IS NULL AS rowless,
        coalesce(j.state, w.state) NOT IN ({_SETTLED_SQL}) AS active
 FROM workspaces w LEFT JOIN jobs j ON j.id = w.job_id
 """
+ABANDONED = "abandoned"  # shown for a batch tree whose batch process is gone
 
 
-def register(conn: sqlite3.Connection, view: JobView, at: float) -> None:
-    """The job's tree is its own from now (inside the launch's transaction)."""
+def register(conn: sqlite3.Connection, view: JobView, at: float, owner: str | None = None) -> None:
+    """The job's tree is its own from now (inside the launch's transaction).
+
+    ``owner`` names the process that keeps the row's state when no job row
+    does (a batch: :func:`roomkeeper.kernel.identity.process_identity`).
+    """
     tree = view.workspace
     if tree is None:
         return
     conn.execute(
-        "INSERT INTO workspaces (path, repo, branch, job_id, state, registered_at) "
-        "VALUES (:path, :repo, :branch, :job_id, :state, :at) "
+        "INSERT INTO workspaces (path, repo, branch, job_id, state, registered_at, owner) "
+        "VALUES (:path, :repo, :branch, :job_id, :state, :at, :owner) "
         "ON CONFLICT (path) DO UPDATE SET job_id = excluded.job_id, state = excluded.state, "
-        "registered_at = excluded.registered_at",
+        "registered_at = excluded.registered_at, owner = excluded.owner",
         {
             "path": tree.path,
             "repo": tree.repo,
@@ -69,6 +78,7 @@ def register(conn: sqlite3.Connection, view: JobView, at: float) -> None:
             "job_id": view.id,
             "state": JobState.RUNNING.value,
             "at": at,
+            "owner": owner,
         },
     )
 
@@ -86,9 +96,14 @@ def follow(conn: sqlite3.Connection, view: JobView) -> None:
 class WorkspacesTable(Store):
     """The registry's named operations (``Journal`` has them)."""
 
-    def record_workspace(self, view: JobView) -> Future[None]:
-        """Register a tree whose job keeps no row here (a batch line), before it starts."""
-        return self.submit(lambda conn: register(conn, view, time.time()))
+    def record_workspace(self, view: JobView, owner: str) -> Future[None]:
+        """Register a tree whose job keeps no row here (a batch line), before it starts.
+
+        ``owner`` is the batch process's identity: once that process is gone,
+        a row it left unsettled (the batch was killed) no longer protects the
+        tree, which git's own checks (changes, stashes, unpushed commits) still do.
+        """
+        return self.submit(lambda conn: register(conn, view, time.time(), owner))
 
     def record_workspace_state(self, view: JobView) -> Future[None]:
         """A batch line's tree follows its job's state."""
@@ -108,17 +123,28 @@ class WorkspacesTable(Store):
         return self._read(lambda conn: [_tree(r) for r in conn.execute(sql)])
 
     def protected_paths(self) -> frozenset[str]:
-        """The trees whose jobs are not settled (running, suspended, waiting, in doubt)."""
-        sql = f"SELECT path FROM ({_TREES}) WHERE active"
-        return self._read(lambda conn: frozenset(r[0] for r in conn.execute(sql)))
+        """The trees whose jobs are not settled (running, suspended, waiting, in doubt).
+
+        A batch line's row (no job row) whose batch process is gone is not:
+        nothing will ever settle it.
+        """
+        sql = f"SELECT path, owner, rowless FROM ({_TREES}) WHERE active"
+        rows = self._read(lambda conn: list(conn.execute(sql)))
+        return frozenset(r["path"] for r in rows if not _abandoned(r))
+
+
+def _abandoned(r: sqlite3.Row) -> bool:
+    """A batch row whose batch process no longer runs (a gateway row is the journal's)."""
+    return bool(r["rowless"]) and r["owner"] is not None and not identity_lives(r["owner"])
 
 
 def _tree(r: sqlite3.Row) -> RegisteredTree:
+    abandoned = bool(r["active"]) and _abandoned(r)
     return RegisteredTree(
         path=r["path"],
         repo=r["repo"],
         branch=r["branch"],
         job_id=r["job_id"],
-        state=r["state"],
+        state=ABANDONED if abandoned else r["state"],
         registered_at=r["registered_at"],
     )
