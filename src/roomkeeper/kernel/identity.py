@@ -22,10 +22,14 @@ def process_identity(pid: int | None = None) -> str:
 
 
 def identity_lives(identity: str) -> bool:
-    """Whether the process ``identity`` names still runs (a malformed one: it does not)."""
+    """Whether the process ``identity`` names still runs (a malformed one: it does not).
+
+    A zombie does not: it has exited, and only its parent's reaping is left.
+    """
     pid_text, _, started_text = identity.partition(":")
     try:
         process = psutil.Process(int(pid_text))
-        return abs(process.create_time() - float(started_text)) < START_TOLERANCE_S + 0.005
+        same = abs(process.create_time() - float(started_text)) < START_TOLERANCE_S + 0.005
+        return same and process.status() != psutil.STATUS_ZOMBIE
     except (ValueError, psutil.Error):
         return False
