@@ -36,11 +36,6 @@ from roomkeeper.kernel.notify import Notifier
 log = logging.getLogger("roomkeeper")
 
 INTERVAL_S = 0.1  # DESIGN.md: the pressure monitor reads at least this often
-# After a suspension or a stop, the next reading comes this soon: a kernel
-# threshold notifies once per crossing, and a swarm growing at a GB/s covers
-# the 94 MB between a 3.5 GiB group's suspend and stop lines in under 100 ms,
-# so whether one step was enough is read at once, not a whole interval later.
-FOLLOW_UP_S = 0.01
 REACTIONS_KEPT = 1000  # reaction times kept for the percentiles (the latest)
 
 
@@ -289,21 +284,17 @@ class PressureMonitor:
     def _loop(self) -> None:
         woken_at: float | None = None
         while not self._closing.is_set():
-            plan = None
             try:
-                plan = self.check(woken_at=woken_at)
+                self.check(woken_at=woken_at)
             except Exception:  # the monitor must outlive any one bad reading
                 log.exception("a pressure reading failed; trying again shortly")
-            acted = plan is not None and any(
-                a.step in (Step.SUSPEND, Step.STOP) for a in plan.actions
-            )
-            woken_at = self._wait(min(FOLLOW_UP_S, self._interval) if acted else self._interval)
+            woken_at = self._wait()
 
-    def _wait(self, timeout_s: float) -> float | None:
-        """Sleep ``timeout_s``, or less when a notification comes; when it came, if it did."""
+    def _wait(self) -> float | None:
+        """Sleep one interval, or less when a notification comes; when it came, if it did."""
         poller = select.poll()
         self._notifier.register(poller)
-        events = poller.poll(max(1, int(timeout_s * 1000)))
+        events = poller.poll(max(1, int(self._interval * 1000)))
         if not events:
             return None
         at = self._clock()
