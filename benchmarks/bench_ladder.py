@@ -24,34 +24,11 @@ import time
 from pathlib import Path
 
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
-from roomkeeper.kernel.parsers import parse_flat_keyed
+from roomkeeper.kernel.oom_kills import group_oom_kills as oom_kills
+from roomkeeper.kernel.oom_kills import machine_oom_kills
 
 HERE = Path(__file__).resolve().parent
 LIMIT = 2_000_000_000
-
-
-def oom_kills(group: Path, version: int) -> int:
-    """The group's kernel OOM kill counter (Linux >= 4.13)."""
-    name = "memory.events" if version == 2 else "memory.oom_control"
-    return _oom_kill((group / name).read_bytes(), name)
-
-
-def machine_oom_kills() -> int:
-    """The kernel's OOM kills anywhere since boot (``/proc/vmstat``, Linux >= 4.13).
-
-    cgroup v1 counts a kill only in the victim's own group: one inside a job's
-    group (roomkeeper makes one per job) never shows in its parent's
-    ``memory.oom_control``.  The machine-wide delta catches it, and any other
-    kill on the machine meanwhile: an upper bound, strict in the safe direction.
-    """
-    return _oom_kill(Path("/proc/vmstat").read_bytes(), "/proc/vmstat")
-
-
-def _oom_kill(raw: bytes, what: str) -> int:
-    counts = parse_flat_keyed(raw, what, frozenset({"oom_kill"}))
-    if "oom_kill" not in counts:
-        raise RuntimeError(f"{what} has no oom_kill counter (Linux >= 4.13 needed)")
-    return counts["oom_kill"]
 
 
 def remove(group: Path) -> None:

@@ -21,7 +21,6 @@ import pytest
 from roomkeeper.kernel.cgroup_hierarchy import controllers, locate_v2, v1_memory_group
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
-from roomkeeper.kernel.parsers import parse_flat_keyed
 
 
 def own_memory_group() -> tuple[int, Path]:
@@ -193,27 +192,3 @@ def ext4_scratch(tmp_path: Path, size_mb: int = 400) -> Iterator[Path]:
             subprocess.run(["umount", str(mount_point)], check=True)  # frees the loop device
     finally:
         image.unlink(missing_ok=True)
-
-
-def oom_kills(group: Path, version: int) -> int:
-    """The group's kernel OOM kill counter (Linux >= 4.13)."""
-    name = "memory.events" if version == 2 else "memory.oom_control"
-    return _oom_kill((group / name).read_bytes(), name)
-
-
-def machine_oom_kills() -> int:
-    """The kernel's OOM kills anywhere since boot (``/proc/vmstat``, Linux >= 4.13).
-
-    cgroup v1 counts a kill only in the victim's own group: one inside a job's
-    group (roomkeeper makes one per job) never shows in its parent's
-    ``memory.oom_control``.  The machine-wide delta catches it, and any other
-    kill on the machine meanwhile: an upper bound, strict in the safe direction.
-    """
-    return _oom_kill(Path("/proc/vmstat").read_bytes(), "/proc/vmstat")
-
-
-def _oom_kill(raw: bytes, what: str) -> int:
-    counts = parse_flat_keyed(raw, what, frozenset({"oom_kill"}))
-    if "oom_kill" not in counts:
-        raise RuntimeError(f"{what} has no oom_kill counter (Linux >= 4.13 needed)")
-    return counts["oom_kill"]

@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.cgroups import child_memory_cgroup, machine_oom_kills, oom_kills
+from roomkeeper.kernel.oom_kills import group_oom_kills as oom_kills
+from roomkeeper.kernel.oom_kills import machine_oom_kills
+from tests.cgroups import child_memory_cgroup
 from tests.gateways import free_port, gateway_env, stop_process, wait_answering, wait_until
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.cgroups import child_memory_cgroup, machine_oom_kills, oom_kills
+from roomkeeper.kernel.oom_kills import group_oom_kills as oom_kills
+from roomkeeper.kernel.oom_kills import machine_oom_kills
+from tests.cgroups import child_memory_cgroup
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
