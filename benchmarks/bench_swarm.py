@@ -19,7 +19,11 @@ victim's own group, the kernel's /proc/vmstat) and wall time:
 
 Needs root and a cgroup memory controller.  Usage:
     python benchmarks/bench_swarm.py [--limit 3.5G] [--jobs 20] [--max-size 1150M]
-        [--grow 3] [--hold 1] [--k 2,3,4,5,6] [--only-roomkeeper]
+        [--grow 3] [--hold 1] [--start-delay 0] [--k 2,3,4,5,6] [--only-roomkeeper]
+
+``--start-delay S`` makes every job idle S seconds before it grows (a slow
+start, as imports give): what the packing forecast must not mistake for a
+small job.
 """
 
 from __future__ import annotations
@@ -116,6 +120,9 @@ def main() -> None:
     parser.add_argument("--max-size", default="1150M", help="the largest job's peak")
     parser.add_argument("--grow", type=float, default=3.0, help="seconds each job takes to grow")
     parser.add_argument("--hold", type=float, default=1.0, help="seconds each job holds its peak")
+    parser.add_argument(
+        "--start-delay", type=float, default=0.0, help="seconds each job idles before growing"
+    )
     parser.add_argument("--k", default="2,3,4,5,6", help="parallel -j values to try")
     parser.add_argument(
         "--only-roomkeeper", action="store_true", help="run the roomkeeper contenders only"
@@ -178,6 +185,7 @@ def main() -> None:
             commands.write_text(
                 "".join(
                     f"{sys.executable} {GROW} {size} {args.grow} {args.hold} {done / str(i)}"
+                    + (f" {args.start_delay}" if args.start_delay else "")
                     + (f" #kind=swarm-{i}" if kinds else "")
                     + "\n"
                     for i, size in enumerate(sizes)

@@ -1,7 +1,8 @@
 """A job for the swarm benchmark: grow to SIZE bytes over GROW seconds, hold HOLD seconds.
 
-Usage: python grow.py SIZE_BYTES [GROW_SECONDS] [HOLD_SECONDS] [DONE_FILE]
+Usage: python grow.py SIZE_BYTES [GROW_SECONDS] [HOLD_SECONDS] [DONE_FILE] [START_DELAY]
 Memory is written, not only reserved, so every page is really charged.
+START_DELAY seconds pass idle first, as a job importing its libraries does.
 """
 
 import sys
@@ -10,6 +11,8 @@ import time
 size = int(sys.argv[1])
 grow = float(sys.argv[2]) if len(sys.argv) > 2 else 3.0
 hold = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+if len(sys.argv) > 5:
+    time.sleep(float(sys.argv[5]))
 steps = 20
 chunk = size // steps
 held = []

@@ -19,13 +19,17 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
     HORIZON_SECONDS,
+    IDLE_OBSERVE_SECONDS,
     OBSERVE_SECONDS,
+    REPORTS_KEPT,
+    STARTED_BYTES,
     MemoryPolicy,
     Report,
     forecast_bytes,
     growth_slope,
     held_bytes,
     observed,
+    trimmed,
 )
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.batch import BatchOptions, BatchProgress, BatchResult, run_batch
@@ -109,13 +113,46 @@ def test_a_pack_job_holds_strict_until_it_has_been_observed(tmp_path: Path) -> N
     assert held_bytes(MemoryPolicy.PACK, GB, reports((0.0, 0))) == GB
     early = reports((0.0, 0), (OBSERVE_SECONDS - 0.01, 0))
     assert not observed(early) and held_bytes(MemoryPolicy.PACK, GB, early) == GB
-    late = reports((0.0, 0), (OBSERVE_SECONDS, 0))
-    assert observed(late) and held_bytes(MemoryPolicy.PACK, GB, late) == FLOOR_BYTES
     guard, clock = _guard(tmp_path, used=GB)
     assert guard.admit("a", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
     clock.advance(0.2)
     guard.report_measured("a", 0)  # a burst: the next launch of the same round
     assert guard.statistics().reserved_bytes == 3 * GB
+
+
+def test_growth_is_observed_from_when_it_began() -> None:
+    """OBSERVE_SECONDS count from the first report at STARTED_BYTES, not from admission."""
+    began = 0.4  # an idle start: a shell, an interpreter importing its libraries
+    grown = reports((0.0, 0), (began, STARTED_BYTES), (began + OBSERVE_SECONDS - 0.01, 50 * MB))
+    assert not observed(grown) and held_bytes(MemoryPolicy.PACK, GB, grown) == GB - 50 * MB
+    later = [*grown, Report(began + OBSERVE_SECONDS, 60 * MB)]
+    assert observed(later) and held_bytes(MemoryPolicy.PACK, GB, later) < GB - 60 * MB
+
+
+def test_a_job_that_never_grows_is_observed_after_the_idle_wait() -> None:
+    """Below STARTED_BYTES, a job is taken as small only IDLE_OBSERVE_SECONDS after admission."""
+    idle = reports((0.0, 0), (OBSERVE_SECONDS, 2 * MB), (IDLE_OBSERVE_SECONDS - 0.01, 2 * MB))
+    assert not observed(idle) and held_bytes(MemoryPolicy.PACK, GB, idle) == GB - 2 * MB
+    waited = [*idle, Report(IDLE_OBSERVE_SECONDS, 2 * MB)]
+    assert observed(waited) and held_bytes(MemoryPolicy.PACK, GB, waited) < 2 * FLOOR_BYTES
+
+
+def test_the_forecast_takes_the_recent_slope_when_it_is_steeper() -> None:
+    """A slow start then fast growth: the window's average would forecast too little."""
+    slow_then_fast = reports((0.0, 0), (2.0, 20 * MB), (2.5, 220 * MB))
+    assert growth_slope(slow_then_fast) == pytest.approx(88 * MB)  # the 3 s window's average
+    recent = (220 - 20) * MB / 0.5
+    assert forecast_bytes(slow_then_fast) == int(recent * HORIZON_SECONDS) + FLOOR_BYTES
+
+
+def test_trimming_keeps_the_reports_observation_dates_from() -> None:
+    """The admission and the first started report outlive REPORTS_KEPT newer ones."""
+    many = reports((0.0, 0), *((0.1 * i, STARTED_BYTES + i) for i in range(1, 40)))
+    kept = trimmed(many)
+    assert len(kept) == REPORTS_KEPT + 2
+    assert kept[:2] == many[:2] and kept[2:] == many[-REPORTS_KEPT:]
+    assert observed(kept) == observed(many)
+    assert trimmed(many[:5]) == many[:5]
 
 
 def test_the_guard_holds_a_pack_jobs_forecast_and_a_strict_jobs_estimate(
@@ -126,9 +163,10 @@ def test_the_guard_holds_a_pack_jobs_forecast_and_a_strict_jobs_estimate(
     assert guard.admit("strict", memory_bytes=3 * GB).admit
     assert guard.admit("pack", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
     assert guard.statistics().reserved_bytes == 6 * GB
-    clock.advance(1.0)
-    guard.report_measured("strict", 100 * MB)
-    guard.report_measured("pack", 100 * MB)  # 100 MB in its first second
+    for measured in (50 * MB, 100 * MB):  # 100 MB in its first second, steadily
+        clock.advance(0.5)
+        guard.report_measured("strict", measured)
+        guard.report_measured("pack", measured)
     forecast = int(100 * MB * HORIZON_SECONDS) + FLOOR_BYTES
     assert guard.statistics().reserved_bytes == (3 * GB - 100 * MB) + forecast
 
@@ -143,7 +181,7 @@ def test_packing_admits_what_strict_would_refuse(tmp_path: Path) -> None:
     for job in ("a", "b"):
         assert pack.admit(job, memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
     assert not pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
-    clock.advance(OBSERVE_SECONDS)
+    clock.advance(IDLE_OBSERVE_SECONDS)
     for job in ("a", "b"):
         pack.report_measured(job, 0)  # observed, and not growing
     third = pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK)

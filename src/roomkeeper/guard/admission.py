@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from roomkeeper.config import Settings, read_settings
 from roomkeeper.guard.ladder import Reading
-from roomkeeper.guard.packing import REPORTS_KEPT, MemoryPolicy, Report, held_bytes
+from roomkeeper.guard.packing import MemoryPolicy, Report, held_bytes, trimmed
 from roomkeeper.guard.rule import (
     Ask,
     Decision,
@@ -104,7 +104,7 @@ class _Reservation:
 
     def report(self, at: float, measured: int) -> None:
         self.reports.append(Report(at, measured))
-        del self.reports[:-REPORTS_KEPT]
+        self.reports = trimmed(self.reports)
 
 
 def _prepared_job_groups() -> str | None:

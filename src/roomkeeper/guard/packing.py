@@ -10,14 +10,22 @@ forecasts for the next :data:`HORIZON_SECONDS`::
     forecast = max(0, slope) x HORIZON_SECONDS + FLOOR_BYTES
     held     = min(forecast, max(0, estimate - measured))
 
-where ``slope`` is the growth of its measured footprint over the reports of
-the last :data:`SLOPE_WINDOW_SECONDS` (the admission itself counts as a
-report of 0 bytes, so a job's first report already gives a slope).  The
-forecast is never more than ``strict`` would hold: packing only ever
-reserves less.  Before its first report :data:`OBSERVE_SECONDS` after its
-admission a job has no observed growth, only a start-up: it holds what
-``strict`` holds, so a burst of launches in one round cannot each count as
-a floor's worth.  What a forecast misses, the pressure monitor's relief
+where ``slope`` is the larger of its measured growth over the reports of the
+last :data:`SLOPE_WINDOW_SECONDS` and over the last :data:`RECENT_SECONDS`
+(the admission itself counts as a report of 0 bytes, so a job's first report
+already gives a slope; the recent one catches a job that has just begun to
+grow fast, whose long average still carries its idle start).  The forecast
+is never more than ``strict`` would hold: packing only ever reserves less.
+
+A job is judged by its growth only once that growth has been seen: from
+the first report at :data:`STARTED_BYTES` or more (an interpreter or a shell
+alone is less) for :data:`OBSERVE_SECONDS`, or, for one that stays below
+that, :data:`IDLE_OBSERVE_SECONDS` after its admission.  Until then it
+holds what ``strict`` holds: a burst of launches in one round cannot each
+count as a floor's worth, and a job still importing its libraries half a
+second after its start does not look small (a swarm whose jobs slept 0.4 s
+before growing was stopped once, with its 60 s cooldown, when half a second
+from admission was enough).  What a forecast misses, the pressure monitor's relief
 ladder answers (issue 12); that is why ``pack`` is only for work roomkeeper
 itself runs and can suspend, never for leases.
 
@@ -36,7 +44,10 @@ from roomkeeper.units import MIB
 HORIZON_SECONDS = 3.0  # how far ahead a pack reservation looks
 SLOPE_WINDOW_SECONDS = 3.0  # the reports a slope is taken over: the recent ones
 FLOOR_BYTES = 64 * MIB  # held on top of the forecast: a job that has not grown yet still costs
-OBSERVE_SECONDS = 0.5  # a pack job holds its strict reservation until observed this long
+OBSERVE_SECONDS = 0.5  # a pack job holds its strict reservation until seen growing this long
+STARTED_BYTES = 16 * MIB  # a footprint this large: the job's own work has begun
+IDLE_OBSERVE_SECONDS = 2.0  # a job still below STARTED_BYTES this long after admission is small
+RECENT_SECONDS = 0.5  # the short window of the slope: growth that has just begun
 REPORTS_KEPT = 16  # per young job; more than the window ever needs at the scheduler's rate
 
 
@@ -83,8 +94,12 @@ def forecast_bytes(
     floor: int = FLOOR_BYTES,
     window_s: float = SLOPE_WINDOW_SECONDS,
 ) -> int:
-    """What a job growing as measured will add over ``horizon_s``, plus ``floor``."""
-    return int(max(0.0, growth_slope(reports, window_s)) * horizon_s) + floor
+    """What a job growing as measured will add over ``horizon_s``, plus ``floor``.
+
+    The slope is the steeper of the window's and the last :data:`RECENT_SECONDS`'.
+    """
+    slope = max(growth_slope(reports, window_s), growth_slope(reports, RECENT_SECONDS))
+    return int(max(0.0, slope) * horizon_s) + floor
 
 
 def held_bytes(policy: MemoryPolicy, estimate: int, reports: Sequence[Report]) -> int:
@@ -102,6 +117,25 @@ def held_bytes(policy: MemoryPolicy, estimate: int, reports: Sequence[Report]) -
     return min(strict, forecast_bytes(reports))
 
 
+def trimmed(reports: list[Report], kept: int = REPORTS_KEPT) -> list[Report]:
+    """The newest ``kept`` reports, and always the two that :func:`observed` dates from:
+    the admission (the first) and the first at :data:`STARTED_BYTES` or more."""
+    if len(reports) <= kept:
+        return reports
+    began = next((r for r in reports if r.measured >= STARTED_BYTES), None)
+    pinned = [reports[0]] + ([began] if began is not None and began is not reports[0] else [])
+    newest = [r for r in reports[-kept:] if all(r is not p for p in pinned)]
+    return pinned + newest
+
+
 def observed(reports: Sequence[Report], observe_s: float = OBSERVE_SECONDS) -> bool:
-    """Whether the reports span ``observe_s`` since the first (the admission)."""
-    return len(reports) >= 2 and reports[-1].at - reports[0].at >= observe_s
+    """Whether the job's growth has been seen: ``observe_s`` since its first report at
+    :data:`STARTED_BYTES` or more, or :data:`IDLE_OBSERVE_SECONDS` since its admission
+    (the first report) for a job that never got there."""
+    if len(reports) < 2:
+        return False
+    newest = reports[-1].at
+    began = next((r.at for r in reports if r.measured >= STARTED_BYTES), None)
+    if began is not None and newest - began >= observe_s:
+        return True
+    return newest - reports[0].at >= IDLE_OBSERVE_SECONDS
