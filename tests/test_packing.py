@@ -46,7 +46,7 @@ def reports(*points: tuple[float, int]) -> list[Report]:
 
 
 def test_pack_forecasts_the_measured_slope_over_the_horizon() -> None:
-    """Growing 100 MB/s, a pack job holds 5 s of that growth plus the floor."""
+    """Growing 100 MB/s, a pack job holds HORIZON_SECONDS of that growth plus the floor."""
     grown = reports((0.0, 0), (1.0, 100 * MB), (2.0, 200 * MB))
     assert growth_slope(grown) == pytest.approx(100 * MB)
     expected = int(100 * MB * HORIZON_SECONDS) + FLOOR_BYTES
@@ -151,8 +151,40 @@ def test_trimming_keeps_the_reports_observation_dates_from() -> None:
     kept = trimmed(many)
     assert len(kept) == REPORTS_KEPT + 2
     assert kept[:2] == many[:2] and kept[2:] == many[-REPORTS_KEPT:]
-    assert observed(kept) == observed(many)
     assert trimmed(many[:5]) == many[:5]
+    # Reported every 20 ms since it began 0.8 s ago: without the pin the oldest kept
+    # report (0.3 s back) would be taken as its start, and pack would never judge it.
+    fast = reports((0.0, 0), *((10.0 + 0.02 * i, STARTED_BYTES + i * MB) for i in range(41)))
+    assert observed(fast) and observed(trimmed(fast))
+
+
+def test_trimming_keeps_time_order_when_growth_began_among_the_newest() -> None:
+    """Idle long enough to be trimmed, then a jump: the newest report stays the newest."""
+    idle = reports((0.0, 0), *((0.5 * i, 5 * MB) for i in range(1, 21)))
+    jumped = [*idle, Report(10.5, 400 * MB)]
+    kept = trimmed(jumped)
+    assert kept[-1] == jumped[-1]
+    assert held_bytes(MemoryPolicy.PACK, GB, kept) == held_bytes(MemoryPolicy.PACK, GB, jumped)
+
+
+@given(st.lists(st.tuples(st.floats(0, 100), st.integers(0, GB)), min_size=1, max_size=40))
+def test_trimming_is_an_ordered_subsequence_with_its_pins(points: list[tuple[float, int]]) -> None:
+    """Sorted in, sorted out: the admission, the first started report and the newest kept."""
+    ordered = reports(*sorted(points))
+    kept = trimmed(ordered)
+    assert kept == sorted(kept, key=lambda r: r.at)
+    assert kept[0] == ordered[0] and kept[-1] == ordered[-1]
+    assert all(r in ordered for r in kept) and len(kept) <= REPORTS_KEPT + 2
+    started = [r for r in ordered if r.measured >= STARTED_BYTES]
+    assert not started or started[0] in kept
+    assert observed(kept) == observed(ordered)
+
+
+def test_a_job_that_grows_late_is_observed_from_its_growth_not_the_idle_wait() -> None:
+    """Started at 1.9 s: judged by its growth at 2.4 s, not at the idle wait's 2 s."""
+    late = reports((0.0, 0), (1.9, STARTED_BYTES), (IDLE_OBSERVE_SECONDS + 0.1, 80 * MB))
+    assert not observed(late)
+    assert observed([*late, Report(1.9 + OBSERVE_SECONDS, 90 * MB)])
 
 
 def test_the_guard_holds_a_pack_jobs_forecast_and_a_strict_jobs_estimate(

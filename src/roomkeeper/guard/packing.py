@@ -3,8 +3,8 @@
 ``strict`` is seed 000's rule as the guard has always applied it: a young job
 reserves ``max(0, estimate - measured)`` until its warm-up window ends.
 
-``pack`` fills the container by measurement: once it has been observed for
-:data:`OBSERVE_SECONDS`, a young job reserves only what its observed growth
+``pack`` fills the container by measurement: once its growth has been seen
+(:func:`observed`, below), a young job reserves only what that growth
 forecasts for the next :data:`HORIZON_SECONDS`::
 
     forecast = max(0, slope) x HORIZON_SECONDS + FLOOR_BYTES
@@ -48,7 +48,7 @@ OBSERVE_SECONDS = 0.5  # a pack job holds its strict reservation until seen grow
 STARTED_BYTES = 16 * MIB  # a footprint this large: the job's own work has begun
 IDLE_OBSERVE_SECONDS = 2.0  # a job still below STARTED_BYTES this long after admission is small
 RECENT_SECONDS = 0.5  # the short window of the slope: growth that has just begun
-REPORTS_KEPT = 16  # per young job; more than the window ever needs at the scheduler's rate
+REPORTS_KEPT = 16  # newest per young job, besides the two observation dates from (see trimmed)
 
 
 class MemoryPolicy(enum.Enum):
@@ -119,23 +119,24 @@ def held_bytes(policy: MemoryPolicy, estimate: int, reports: Sequence[Report]) -
 
 def trimmed(reports: list[Report], kept: int = REPORTS_KEPT) -> list[Report]:
     """The newest ``kept`` reports, and always the two that :func:`observed` dates from:
-    the admission (the first) and the first at :data:`STARTED_BYTES` or more."""
+    the admission (the first) and the first at :data:`STARTED_BYTES` or more; in time order."""
     if len(reports) <= kept:
         return reports
-    began = next((r for r in reports if r.measured >= STARTED_BYTES), None)
-    pinned = [reports[0]] + ([began] if began is not None and began is not reports[0] else [])
-    newest = [r for r in reports[-kept:] if all(r is not p for p in pinned)]
-    return pinned + newest
+    keep = {0, *range(len(reports) - kept, len(reports))}
+    began = next((i for i, r in enumerate(reports) if r.measured >= STARTED_BYTES), None)
+    if began is not None:
+        keep.add(began)
+    return [reports[i] for i in sorted(keep)]
 
 
 def observed(reports: Sequence[Report], observe_s: float = OBSERVE_SECONDS) -> bool:
     """Whether the job's growth has been seen: ``observe_s`` since its first report at
-    :data:`STARTED_BYTES` or more, or :data:`IDLE_OBSERVE_SECONDS` since its admission
-    (the first report) for a job that never got there."""
+    :data:`STARTED_BYTES` or more or, for a job that has not got there,
+    :data:`IDLE_OBSERVE_SECONDS` since its admission (the first report)."""
     if len(reports) < 2:
         return False
     newest = reports[-1].at
     began = next((r.at for r in reports if r.measured >= STARTED_BYTES), None)
-    if began is not None and newest - began >= observe_s:
-        return True
+    if began is not None:
+        return newest - began >= observe_s
     return newest - reports[0].at >= IDLE_OBSERVE_SECONDS
