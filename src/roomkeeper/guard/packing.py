@@ -123,7 +123,7 @@ def trimmed(reports: list[Report], kept: int = REPORTS_KEPT) -> list[Report]:
     if len(reports) <= kept:
         return reports
     keep = {0, *range(len(reports) - kept, len(reports))}
-    began = next((i for i, r in enumerate(reports) if r.measured >= STARTED_BYTES), None)
+    began = _began(reports)
     if began is not None:
         keep.add(began)
     return [reports[i] for i in sorted(keep)]
@@ -136,7 +136,12 @@ def observed(reports: Sequence[Report], observe_s: float = OBSERVE_SECONDS) -> b
     if len(reports) < 2:
         return False
     newest = reports[-1].at
-    began = next((r.at for r in reports if r.measured >= STARTED_BYTES), None)
+    began = _began(reports)
     if began is not None:
-        return newest - began >= observe_s
+        return newest - reports[began].at >= observe_s
     return newest - reports[0].at >= IDLE_OBSERVE_SECONDS
+
+
+def _began(reports: Sequence[Report]) -> int | None:
+    """The index of the first report at :data:`STARTED_BYTES` or more: the job's work began."""
+    return next((i for i, r in enumerate(reports) if r.measured >= STARTED_BYTES), None)

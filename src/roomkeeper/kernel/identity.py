@@ -12,7 +12,8 @@ import os
 
 import psutil
 
-START_TOLERANCE_S = 0.01  # psutil's start times are rounded to the clock tick
+# psutil's start times come in clock ticks (0.01 s), and an identity keeps two decimals.
+START_TOLERANCE_S = 0.015
 
 
 def process_identity(pid: int | None = None) -> str:
@@ -29,7 +30,7 @@ def identity_lives(identity: str) -> bool:
     pid_text, _, started_text = identity.partition(":")
     try:
         process = psutil.Process(int(pid_text))
-        same = abs(process.create_time() - float(started_text)) < START_TOLERANCE_S + 0.005
+        same = abs(process.create_time() - float(started_text)) < START_TOLERANCE_S
         return same and process.status() != psutil.STATUS_ZOMBIE
     except (ValueError, psutil.Error):
         return False
