@@ -756,6 +756,22 @@ def submit_sleep(s: Served) -> psutil.Process:
     raise AssertionError("the job never ran")
 
 
+def healthy_gateway(s: Served) -> tuple[int, psutil.Process]:
+    """The newest generation that reported healthy, and its gateway process.
+
+    A CI machine running other test files beside this one once stalled the first gateway
+    past its heartbeat, so the supervisor had already replaced it when the test looked;
+    whichever generation is healthy now is the one to freeze."""
+    deadline = time.monotonic() + 20
+    while True:
+        events = s.wait_event("healthy")
+        gen = max(e["gen"] for e in events if e["event"] == "healthy")
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return gen, psutil.Process(first(events, "launched", gen=gen)["pid"])
+        assert time.monotonic() < deadline, "no healthy gateway stayed up"
+        time.sleep(0.1)
+
+
 @pytest.mark.kernel
 def test_sigstopped_gateway_is_replaced_with_a_new_boot_id(tmp_path: Path) -> None:
     """A real gateway frozen by SIGSTOP: relief, SIGTERM, SIGKILL in order with their times,
@@ -765,12 +781,13 @@ def test_sigstopped_gateway_is_replaced_with_a_new_boot_id(tmp_path: Path) -> No
     with serve(tmp_path, ROOMKEEPER_WATCHDOG_HEARTBEAT="2") as s:
         url = f"http://127.0.0.1:{s.port}"
         before = wait_healthy(url)
-        events = s.wait_event("healthy")
-        gateway = psutil.Process(first(events, "launched", gen=1)["pid"])
+        gen, gateway = healthy_gateway(s)
         gateway.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
-        events = s.wait_for(lambda ev: any(e["event"] == "healthy" and e["gen"] == 2 for e in ev))
-        t = {n: first(events, n, gen=1)["mono"] for n in ("relief", "sigterm", "sigkill")}
+        events = s.wait_for(
+            lambda ev: any(e["event"] == "healthy" and e["gen"] == gen + 1 for e in ev)
+        )
+        t = {n: first(events, n, gen=gen)["mono"] for n in ("relief", "sigterm", "sigkill")}
         # HEARTBEAT (2 s) after the last beat, which came at most a third of it before
         # the SIGSTOP; the supervisor checks at least every MAX_WAIT_S (1 s) on a busy
         # 2-core machine, so allow that much lateness, never earliness.
@@ -778,7 +795,7 @@ def test_sigstopped_gateway_is_replaced_with_a_new_boot_id(tmp_path: Path) -> No
         assert 0.95 <= t["sigterm"] - t["relief"] <= 1 + 1.5  # RELIEF
         assert 0.95 <= t["sigkill"] - t["sigterm"] <= 1 + 1.5  # SHUTDOWN
         after = wait_healthy(url)
-        assert after != before and first(events, "healthy", gen=2)["boot_id"] == after
+        assert after != before and first(events, "healthy", gen=gen + 1)["boot_id"] == after
         assert not gateway.is_running()
 
 
