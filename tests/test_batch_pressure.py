@@ -54,7 +54,7 @@ def test_batch_prints_each_suspension_and_stop_and_counts_them(tmp_path: Path) -
     assert stopped == ["3"], err
     counts = re.search(
         r"^memory pressure: holds (\d+), suspensions (\d+), stops (\d+), "
-        r"re-runs (\d+), reaction p50 [\d.]+ ms, max [\d.]+ ms$",
+        r"re-runs (\d+), reaction p50 [\d.]+ ms, max [\d.]+ ms; trial pauses \d+$",
         err,
         re.M,
     )

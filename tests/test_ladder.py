@@ -186,8 +186,8 @@ class FakeTarget:
     def hold_for_pressure(self, hold: bool) -> None:
         self.held.append(hold)
 
-    def suspend_for_pressure(self, job_id: str) -> bool:
-        self.done.append(("suspend", job_id))
+    def suspend_for_pressure(self, job_id: str, *, trial: bool = False) -> bool:
+        self.done.append(("pause" if trial else "suspend", job_id))
         return True
 
     def resume_after_pressure(self, job_id: str) -> bool:

@@ -212,16 +212,20 @@ def test_packing_admits_what_strict_would_refuse(tmp_path: Path) -> None:
     pack, clock = _guard(tmp_path / "p", used=GB)
     for job in ("a", "b"):
         assert pack.admit(job, memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
-    assert not pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
+    early = pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK)
+    assert early.admit and pack.trials() == ["c"]  # its estimate does not fit yet: on trial
+    pack.release("c")
     clock.advance(IDLE_OBSERVE_SECONDS)
     for job in ("a", "b"):
         pack.report_measured(job, 0)  # observed, and not growing
     third = pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK)
     assert third.admit and third.young_reserved_bytes == 2 * FLOOR_BYTES
+    assert pack.trials() == []
 
 
 def test_the_job_asked_about_still_needs_its_whole_estimate(tmp_path: Path) -> None:
-    """Pack changes what young jobs hold, not the question: the new job's estimate must fit."""
+    """Pack changes what young jobs hold, not the question: with no job of ours running (none
+    to start on trial beside), the new job's estimate must fit."""
     guard, _ = _guard(tmp_path, used=GB)
     assert not guard.admit("big", memory_bytes=8 * GB + 1, policy=MemoryPolicy.PACK).admit
     assert guard.admit("fits", memory_bytes=8 * GB, policy=MemoryPolicy.PACK).admit

@@ -22,8 +22,10 @@ never counted twice (once in the reading, once in its reservation).
 Each reservation has a memory policy (:mod:`roomkeeper.guard.packing`):
 ``strict`` holds the above; ``pack`` holds only what the job's measured
 growth forecasts for the next few seconds, never more than ``strict``.
-Admission itself is unchanged: the job asked about still needs its whole
-estimate to fit beside what the others hold.
+The job asked about still needs its whole estimate to fit beside what the
+others hold, except that a ``pack`` job which does not may start *on trial*
+(:mod:`roomkeeper.guard.packing`): judged as if it asked only the floor, it
+holds nothing and the pressure monitor pauses it first.
 """
 
 from __future__ import annotations
@@ -35,11 +37,20 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from roomkeeper.config import Settings, read_settings
 from roomkeeper.guard.ladder import Reading
-from roomkeeper.guard.packing import MemoryPolicy, Report, held_bytes, trimmed
+from roomkeeper.guard.packing import (
+    FLOOR_BYTES,
+    MAX_TRIALS,
+    MemoryPolicy,
+    Report,
+    claim_bytes,
+    held_bytes,
+    leaves_trial,
+    trimmed,
+)
 from roomkeeper.guard.rule import (
     Ask,
     Decision,
@@ -49,6 +60,7 @@ from roomkeeper.guard.rule import (
     disk_needed,
     disk_rule,
     gb,
+    memory_line,
     memory_room,
 )
 from roomkeeper.kernel.delegation import prepared_place
@@ -91,6 +103,7 @@ class _Reservation:
     estimate: int
     started: float
     policy: MemoryPolicy = MemoryPolicy.STRICT
+    trial: bool = False  # on trial (packing): it holds nothing, and is paused first
     # The admission is the first report: nothing of the job is in the reading yet.
     reports: list[Report] = field(default_factory=list)
 
@@ -100,7 +113,22 @@ class _Reservation:
 
     @property
     def held(self) -> int:
-        return held_bytes(self.policy, self.estimate, self.reports)
+        return 0 if self.trial else held_bytes(self.policy, self.estimate, self.reports)
+
+    @property
+    def claim(self) -> int:
+        """What it claims against the jobs on trial (nothing while on trial itself)."""
+        return 0 if self.trial else claim_bytes(self.policy, self.estimate, self.reports)
+
+    @property
+    def measured(self) -> int:
+        return self.reports[-1].measured
+
+    def leave_trial(self, at: float) -> None:
+        """Reserve from now on as any pack job does; its growth is judged afresh from here
+        (a pause is no growth, and must not read as a small job)."""
+        self.trial = False
+        self.reports = [Report(at, self.measured)]
 
     def report(self, at: float, measured: int) -> None:
         self.reports.append(Report(at, measured))
@@ -189,9 +217,12 @@ class Guard:
         with self._lock:
             settings = read_settings(self._env)
             decision = self._judge(job_id, settings, memory_bytes, disk_bytes)
+            trial = False
+            if policy is MemoryPolicy.PACK:
+                decision, trial = self._on_trial(job_id, settings, disk_bytes, decision)
             if decision.admit:
                 self._young[job_id] = _Reservation(
-                    decision.estimate_bytes, self._clock(), policy=policy
+                    decision.estimate_bytes, self._clock(), policy=policy, trial=trial
                 )
                 self._refusals_logged.pop(job_id, None)
             self._counts[decision.reason.value] += 1
@@ -199,6 +230,45 @@ class Guard:
         if not decision.admit:
             self._log_refusal(job_id, decision)
         return decision
+
+    def _on_trial(
+        self, job_id: str, settings: Settings, disk_bytes: int | None, judged: Decision
+    ) -> tuple[Decision, bool]:
+        """A pack job's decision with trials (:mod:`roomkeeper.guard.packing`): whether it starts
+        on trial instead, or waits for the jobs on trial before it; with the lock held."""
+        on_trial = sum(1 for j, r in self._young.items() if r.trial and j != job_id)
+        refused_for_memory = judged.reason is Reason.MEMORY and not judged.never_fits
+        if not on_trial and not refused_for_memory:
+            return judged, False
+        if not any(j != job_id for j in self._young):
+            # Nothing of ours to yield to: it would be the oldest live job, never paused.
+            return judged, False
+        if not (judged.admit or refused_for_memory):
+            return judged, False  # a refusal for disk or an unknown reading stands
+        floor = self._judge(job_id, settings, FLOOR_BYTES, disk_bytes)
+        if floor.admit and on_trial < MAX_TRIALS:
+            summary = f"on trial, in room nobody reserved, paused first: {floor.summary}"
+            return replace(floor, summary=summary, estimate_bytes=judged.estimate_bytes), True
+        if judged.admit:  # it fits, but the jobs on trial before it go first
+            summary = f"waits for the {on_trial} jobs on trial before it: {judged.summary}"
+            return replace(judged, admit=False, reason=Reason.MEMORY, summary=summary), False
+        return judged, False
+
+    def trials(self) -> list[str]:
+        """The jobs on trial now, oldest first."""
+        with self._lock:
+            trials = [(r.started, j) for j, r in self._young.items() if r.trial]
+        return [j for _, j in sorted(trials)]
+
+    def _claims_after_trials(self, used: int, line: int) -> int:
+        """Let each job on trial whose rest now fits leave its trial, oldest first; what the
+        jobs not on trial then claim (:func:`~roomkeeper.guard.packing.claim_bytes`)."""
+        claimed = sum(r.claim for r in self._young.values() if not r.trial)
+        for r in sorted((r for r in self._young.values() if r.trial), key=lambda r: r.started):
+            if leaves_trial(used, claimed, line, r.estimate, r.measured):
+                r.leave_trial(self._clock())
+                claimed += r.claim
+        return claimed
 
     def _log_refusal(self, job_id: str, decision: Decision) -> None:
         """Log a refusal once per job and change of reason, not once per retried round."""
@@ -268,7 +338,10 @@ class Guard:
         """What the pressure monitor judges: the guard's own reading, line and reserve, and PSI.
 
         None where the guard has nothing to protect (off, not Linux) or memory
-        is unknown: the relief ladder never acts on a guess.
+        is unknown: the relief ladder never acts on a guess.  Each reading also
+        lets a job on trial whose rest now fits leave its trial (oldest first),
+        and carries what the jobs not on trial claim, against which the ladder
+        pauses and resumes the jobs on trial.
         """
         settings = read_settings(self._env)
         if not settings.guard_on or not self._platform.linux:
@@ -282,11 +355,16 @@ class Guard:
         memory = inputs.memory
         if memory.used_bytes is None or memory.limit_bytes is None:
             return None
+        reserve = max(0, self._reserve()) if self._reserve is not None else 0
+        line = memory_line(memory.limit_bytes, settings.memory_headroom_percent) - reserve
+        with self._lock:
+            claimed = self._claims_after_trials(memory.used_bytes, line)
         return Reading(
             used=memory.used_bytes,
             limit=memory.limit_bytes,
             headroom_percent=settings.memory_headroom_percent,
-            reserve=max(0, self._reserve()) if self._reserve is not None else 0,
+            reserve=reserve,
+            claimed=claimed,
             full_avg10=inputs.full_avg10,
             at=self._clock(),
             directory=inputs.directory,

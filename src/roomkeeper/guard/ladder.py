@@ -11,10 +11,14 @@ the ladder watches what admitted work does afterwards (issue 12, seed 002's
              the newest tree, restartable work first; then a cooldown holds admission
     resume   suspended trees, oldest first, once one fits under the line again and
              used is not rising (before anything new is admitted)
+    pause    a job on trial (packing), newest first, when used + what the jobs not on
+             trial claim > the suspend line; go on, oldest first, once it is
+             TRIAL_RESUME_MARGIN below (launches wait meanwhile; not counted as a hold)
 
 The progress guarantee: the oldest live job is never suspended or stopped for
-newer ones; when it is the only one left and the stop rule still holds, it
-alone outgrows the container and is stopped as one that can never fit here.
+newer ones, and one that became the oldest while suspended goes on at once;
+when it is the only one left and the stop rule still holds, it alone
+outgrows the container and is stopped as one that can never fit here.
 One victim at a time: while a stopped tree is still going, no other is chosen.
 
 Nothing here reads the kernel, a clock or a thread: :func:`decide` takes a
@@ -30,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from roomkeeper.config import PressureSettings
+from roomkeeper.guard.packing import TRIAL_RESUME_MARGIN
 from roomkeeper.guard.rule import gb, memory_line
 
 RISE_BYTES = 1 << 20  # less than this between two readings is noise, not growth
@@ -58,6 +63,8 @@ class Reading:
         at: monotonic seconds.
         directory: the container's cgroup directory, where notifications are armed.
         version: its cgroup version (None without a cgroup).
+        claimed: what the young jobs not on trial claim against those on trial
+            (:func:`roomkeeper.guard.packing.claim_bytes`).
     """
 
     used: int
@@ -68,6 +75,7 @@ class Reading:
     at: float
     directory: str | None = None
     version: int | None = None
+    claimed: int = 0
 
     @property
     def headroom(self) -> int:
@@ -103,6 +111,7 @@ class Live:
         suspendable: its tree can be frozen.
         restartable: it may be stopped and queued again.
         stopping: a stop was asked and its tree is not gone yet.
+        trial: started on trial (packing): paused and resumed by the trial's own rule.
     """
 
     job_id: str
@@ -113,6 +122,7 @@ class Live:
     suspendable: bool = True
     restartable: bool = False
     stopping: bool = False
+    trial: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +133,7 @@ class Action:
     job_id: str | None
     why: str
     never_fits: bool = False  # a stop of a job that alone outgrows the container
+    trial: bool = False  # a pause or a resume of a job on trial, not a rung of the ladder
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +141,8 @@ class Plan:
     """What one reading calls for.
 
     Attributes:
-        hold: whether new launches wait now (past the line, a suspended job, the cooldown).
+        hold: whether new launches wait now (past the line, a suspended or paused job,
+            the cooldown).
         actions: the steps to take, in order (at most one suspend, resume or stop).
         crossed: the step whose threshold this reading crossed, for the reaction time.
     """
@@ -147,7 +159,8 @@ class LadderState:
     Attributes:
         last_used: the previous reading's used bytes (None before the first).
         full_since: when PSI full first stayed above the threshold (None while below).
-        holding: whether the previous plan held launches.
+        holding: whether the previous plan held launches for pressure (a paused trial
+            alone does not count).
         above: the highest threshold the previous reading was past.
     """
 
@@ -187,15 +200,24 @@ def decide(
         actions += _stop(reading, by_age, critical)
     elif above is Step.SUSPEND and rising:
         actions += _suspend(reading, by_age)
+    elif by_age and by_age[0].suspended and not by_age[0].stopping:
+        actions += [_go_on_oldest(by_age[0])]
+    elif reading.used + reading.claimed > reading.suspend_line:
+        actions += _pause_trial(reading, by_age)
     elif not rising and above in (None, Step.HOLD):
-        actions += _resume(reading, by_age)
-    hold = above is not None or cooling or any(j.suspended for j in live)
-    hold = hold or any(a.step in (Step.SUSPEND, Step.STOP) for a in actions)
-    if hold and not state.holding:
+        actions += _resume(reading, by_age) or _resume_trial(reading, by_age)
+    pressure = above is not None or cooling or any(j.suspended and not j.trial for j in live)
+    pressure = pressure or any(a.step in (Step.SUSPEND, Step.STOP) and not a.trial for a in actions)
+    if pressure and not state.holding:
         actions.insert(0, Action(Step.HOLD, None, _figures(reading, "line", reading.hold_line)))
+    # A paused trial holds launches too (nothing starts past it), but it is packing at
+    # work, not a rung of the ladder: it is not counted as a hold.
+    paused = any(j.suspended and j.trial for j in live)
+    paused = paused or any(a.step is Step.SUSPEND and a.trial for a in actions)
+    hold = pressure or paused
     crossed = above if _ORDER[above] > _ORDER[state.above] else None
     next_state = replace(
-        state, last_used=reading.used, full_since=full_since, holding=hold, above=above
+        state, last_used=reading.used, full_since=full_since, holding=pressure, above=above
     )
     return Plan(hold=hold, actions=tuple(actions), crossed=crossed), next_state
 
@@ -253,10 +275,47 @@ def _suspend(reading: Reading, by_age: list[Live]) -> list[Action]:
     return [Action(Step.SUSPEND, victim.job_id, _figures(reading, "line", reading.suspend_line))]
 
 
+def _go_on_oldest(job: Live) -> Action:
+    """The progress guarantee: the oldest live job never waits suspended (the older ones it
+    waited for have ended), whatever it still expects to grow."""
+    return Action(Step.RESUME, job.job_id, "it is the oldest live job now", trial=job.trial)
+
+
+def _pause_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
+    """Pause the newest running job on trial (never the oldest live job): the others'
+    claims need the room it runs in."""
+    running = [j for j in by_age[1:] if j.trial and j.suspendable and not j.suspended]
+    running = [j for j in running if not j.stopping]
+    if not running:
+        return []
+    why = (
+        f"used {gb(reading.used)} + claimed {gb(reading.claimed)} > suspend line "
+        f"{gb(reading.suspend_line)} (GB)"
+    )
+    return [Action(Step.SUSPEND, running[-1].job_id, why, trial=True)]
+
+
+def _resume_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
+    """Let the oldest paused job on trial go on once used and the others' claims are
+    :data:`TRIAL_RESUME_MARGIN` below the suspend line, and no job off trial is suspended."""
+    if any(j.suspended and not j.trial for j in by_age):
+        return []
+    if reading.used + reading.claimed + TRIAL_RESUME_MARGIN > reading.suspend_line:
+        return []
+    for job in by_age:
+        if job.trial and job.suspended and not job.stopping:
+            why = (
+                f"used {gb(reading.used)} + claimed {gb(reading.claimed)} <= suspend line "
+                f"{gb(reading.suspend_line)} less {gb(TRIAL_RESUME_MARGIN)} (GB)"
+            )
+            return [Action(Step.RESUME, job.job_id, why, trial=True)]
+    return []
+
+
 def _resume(reading: Reading, by_age: list[Live]) -> list[Action]:
     """Resume the oldest suspended tree once what it still expects to grow fits under the line."""
     for job in by_age:
-        if not job.suspended or job.stopping:
+        if not job.suspended or job.stopping or job.trial:
             continue
         still = max(0, job.estimate - job.footprint)
         if reading.used + still <= reading.hold_line:

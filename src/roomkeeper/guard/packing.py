@@ -29,6 +29,26 @@ from admission was enough).  What a forecast misses, the pressure monitor's reli
 ladder answers (issue 12); that is why ``pack`` is only for work roomkeeper
 itself runs and can suspend, never for leases.
 
+**Trials.**  With nothing learned, a new job must be assumed as large as its
+estimate, and a container whose running jobs are near their peak rarely has
+that much room: admission alone would run no more jobs at once than a static
+``-j`` does.  A pack job that does not fit with its estimate may instead
+start *on trial* when it fits as if it asked only :data:`FLOOR_BYTES`, at
+most :data:`MAX_TRIALS` at a time; while any job is on trial, no pack job
+starts otherwise (the queue's order holds).  A job on trial reserves
+nothing: it runs only in room that no other job's reservation claims, and
+the pressure monitor pauses it, newest first, as soon as used memory plus
+the others' claims (:func:`claim_bytes`) pass the ladder's suspend line,
+and lets it go on, oldest first, once they are :data:`TRIAL_RESUME_MARGIN`
+below it.  A claim is a job's reservation or, while it is still growing
+(more than :data:`GROWING_BYTES` over the last :data:`GROWING_WINDOW_SECONDS`),
+the whole rest of its estimate: a forecast misses growth that lasts longer
+than its horizon, and a trial must never take the room such growth needs.
+A job leaves its trial once the rest of its estimate fits under the line
+beside the others' claims (:func:`leaves_trial`); from then on it reserves
+as any pack job does.  A paused job has lost nothing: when a wave of jobs
+ends, those on trial go on from where they stood instead of starting.
+
 Nothing here reads the kernel or holds state; :class:`roomkeeper.guard.admission.Guard`
 keeps each young job's reports and asks :func:`held_bytes`.
 """
@@ -49,6 +69,10 @@ STARTED_BYTES = 16 * MIB  # a footprint this large: the job's own work has begun
 IDLE_OBSERVE_SECONDS = 2.0  # a job still below STARTED_BYTES this long after admission is small
 RECENT_SECONDS = 0.5  # the short window of the slope: growth that has just begun
 REPORTS_KEPT = 16  # newest per young job, besides the two observation dates from (see trimmed)
+MAX_TRIALS = 3  # jobs on trial at once: more paused at once only waits longer, and grows together
+GROWING_WINDOW_SECONDS = 1.0  # a job that grew more than GROWING_BYTES over this still grows
+GROWING_BYTES = 32 * MIB
+TRIAL_RESUME_MARGIN = 32 * MIB  # a paused trial goes on this far below the suspend line
 
 
 class MemoryPolicy(enum.Enum):
@@ -145,3 +169,27 @@ def observed(reports: Sequence[Report], observe_s: float = OBSERVE_SECONDS) -> b
 def _began(reports: Sequence[Report]) -> int | None:
     """The index of the first report at :data:`STARTED_BYTES` or more: the job's work began."""
     return next((i for i, r in enumerate(reports) if r.measured >= STARTED_BYTES), None)
+
+
+def growing(reports: Sequence[Report]) -> bool:
+    """Whether the job grew more than :data:`GROWING_BYTES` over the last
+    :data:`GROWING_WINDOW_SECONDS` (judged from its reports)."""
+    slope = growth_slope(reports, GROWING_WINDOW_SECONDS)
+    return slope * GROWING_WINDOW_SECONDS > GROWING_BYTES
+
+
+def claim_bytes(policy: MemoryPolicy, estimate: int, reports: Sequence[Report]) -> int:
+    """What a job not on trial claims against the jobs on trial: its reservation, or the
+    whole rest of its estimate while it is still growing."""
+    held = held_bytes(policy, estimate, reports)
+    if not growing(reports):
+        recent = forecast_bytes(reports, window_s=GROWING_WINDOW_SECONDS)
+        return held if policy is MemoryPolicy.STRICT or not observed(reports) else min(held, recent)
+    measured = reports[-1].measured if reports else 0
+    return max(held, estimate - measured)
+
+
+def leaves_trial(used: int, claimed: int, line: int, estimate: int, measured: int) -> bool:
+    """Whether a job on trial may leave it: the rest of its estimate fits under ``line``
+    beside ``used`` and the claims of the jobs not on trial."""
+    return used + claimed + max(0, estimate - measured) <= line

@@ -45,6 +45,7 @@ class Reason(enum.Enum):
     # Words the relief ladder adds (issue 12): memory pressure after admission.
     PRESSURE = "pressure"  # launches held: used is past the line, or a stop's cooldown runs
     MEMORY_PRESSURE = "memory_pressure"  # stopped (or queued again) to relieve memory pressure
+    ON_TRIAL = "on_trial"  # paused: started on trial, its room is claimed by older jobs
 
 
 @dataclass(frozen=True, slots=True)

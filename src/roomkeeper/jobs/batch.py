@@ -442,10 +442,12 @@ class _BatchRun:
         """One line for each suspension, resume and stop of the relief ladder, as it happens."""
         previous = view.history[-2].state if len(view.history) > 1 else None
         resumed = view.state is JobState.RUNNING and previous is JobState.SUSPENDED
-        if view.reason is not Reason.MEMORY_PRESSURE and not resumed:
+        if view.reason not in (Reason.MEMORY_PRESSURE, Reason.ON_TRIAL) and not resumed:
             return
         line = f"roomkeeper batch: line {view.id}"
-        if view.state is JobState.SUSPENDED:
+        if view.state is JobState.SUSPENDED and view.reason is Reason.ON_TRIAL:
+            self._progress.note(f"{line} paused on trial: older lines' growth needs the room")
+        elif view.state is JobState.SUSPENDED:
             self._progress.note(f"{line} suspended for memory pressure (nothing lost)")
         elif resumed:
             self._progress.note(f"{line} resumed")
@@ -475,7 +477,8 @@ def pressure_line(stats: MonitorStatistics) -> str:
     return (
         f"memory pressure: holds {stats.holds}, suspensions {stats.suspensions}, "
         f"stops {stats.stops}, re-runs {stats.reruns}, reaction p50 "
-        f"{ms(stats.reaction_p50_s)}, max {ms(stats.reaction_max_s)}"
+        f"{ms(stats.reaction_p50_s)}, max {ms(stats.reaction_max_s)}; "
+        f"trial pauses {stats.trial_pauses}"
     )
 
 

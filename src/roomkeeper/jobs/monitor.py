@@ -50,8 +50,9 @@ class Target(Protocol):
         """Hold new launches (reason ``pressure``), or let them go."""
         ...
 
-    def suspend_for_pressure(self, job_id: str) -> bool:
-        """Suspend the job's tree; whether it is suspended now."""
+    def suspend_for_pressure(self, job_id: str, *, trial: bool = False) -> bool:
+        """Suspend the job's tree (a pause of a job on trial when ``trial``); whether it is
+        suspended now."""
         ...
 
     def resume_after_pressure(self, job_id: str) -> bool:
@@ -100,6 +101,7 @@ class MonitorStatistics:
         reruns: restartable jobs queued again after a stop (the scheduler's count).
         reaction_p50_s: the median reaction time (None before the first step).
         reaction_max_s: the longest reaction time (None before the first step).
+        trial_pauses: pauses of jobs on trial (packing at work, not rungs of the ladder).
         readings: readings taken.
         woken: readings a kernel notification woke the monitor for.
         wakes_on: what wakes it, in words ("polling only (...)" without notifications).
@@ -117,6 +119,7 @@ class MonitorStatistics:
     woken: int
     wakes_on: str
     holding: bool
+    trial_pauses: int = 0
 
 
 class PressureMonitor:
@@ -164,6 +167,7 @@ class PressureMonitor:
         self._reactions: deque[float] = deque(maxlen=REACTIONS_KEPT)
         self._readings = 0
         self._woken = 0
+        self._trial_pauses = 0
         self._notifier = Notifier()
         self._armed_for: tuple[int, int] | None = None
         self._wakes_on = "not armed yet" if arm is not None else "polling only (not armed)"
@@ -198,7 +202,10 @@ class PressureMonitor:
         self._target.hold_for_pressure(plan.hold)
         footprints = {j.job_id: j.footprint for j in live}
         for action in plan.actions:
-            self._act(action, reading, footprints.get(action.job_id or "", 0))
+            if action.trial:
+                self._act_on_trial(action)
+            else:
+                self._act(action, reading, footprints.get(action.job_id or "", 0))
         if not plan.hold:
             self._crossed.clear()
         return plan
@@ -244,6 +251,19 @@ class PressureMonitor:
                 self._on_step(event)
             except Exception:  # a failing history write must not stop the relief
                 log.exception("recording a pressure step failed")
+
+    def _act_on_trial(self, action: Action) -> None:
+        """Pause or resume a job on trial: counted apart from the ladder's steps, logged at
+        info, kept out of the recovery history (packing at work, not relief)."""
+        assert action.job_id is not None
+        if action.step is Step.SUSPEND:
+            if not self._target.suspend_for_pressure(action.job_id, trial=True):
+                return
+            with self._lock:
+                self._trial_pauses += 1
+            log.info("job %s on trial paused: %s", action.job_id, action.why)
+        elif self._target.resume_after_pressure(action.job_id):
+            log.info("job %s on trial goes on: %s", action.job_id, action.why)
 
     def _log(self, action: Action, reaction: float | None) -> None:
         """One log line per step, with its numbers."""
@@ -348,6 +368,7 @@ class PressureMonitor:
                 woken=self._woken,
                 wakes_on=self._wakes_on,
                 holding=self._state.holding,
+                trial_pauses=self._trial_pauses,
             )
 
 

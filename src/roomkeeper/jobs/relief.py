@@ -70,6 +70,7 @@ class SchedulerRelief:
                 for j in self._runner.running.values()
                 if j.handle is not None and not isinstance(j.handle, RemoteHandle)
             ]
+        on_trial = set(self._guard.trials())
         live = []
         for job in jobs:  # footprints are read outside the lock: they read kernel files
             handle = job.handle
@@ -77,6 +78,9 @@ class SchedulerRelief:
             footprint = 0
             with contextlib.suppress(Exception):
                 footprint = handle.footprint_bytes()
+                # Every reading tells the guard: the claims a job on trial is paused and
+                # resumed against must move while launches are held (no round reports then).
+                self._guard.report_measured(job.id, footprint)
             live.append(
                 Live(
                     job_id=job.id,
@@ -87,6 +91,7 @@ class SchedulerRelief:
                     suspendable=callable(getattr(handle, "suspend", None)),
                     restartable=job.spec.restartable,
                     stopping=job.stop_cause is not None,
+                    trial=job.id in on_trial,
                 )
             )
         return live
@@ -98,8 +103,9 @@ class SchedulerRelief:
         if was and not hold:
             self._wake()
 
-    def suspend_for_pressure(self, job_id: str) -> bool:
-        """Suspend the job's whole tree; its state becomes ``suspended`` (memory pressure)."""
+    def suspend_for_pressure(self, job_id: str, *, trial: bool = False) -> bool:
+        """Suspend the job's whole tree; its state becomes ``suspended``, with reason
+        ``memory_pressure``, or ``on_trial`` for the pause of a job on trial."""
         job = self._live(job_id)
         if job is None or job.state is JobState.SUSPENDED:
             return False
@@ -114,7 +120,8 @@ class SchedulerRelief:
         with self._lock:
             if job.state is not JobState.RUNNING or job.stop_cause is not None:
                 return True  # it ended or is being stopped meanwhile: the stop resumes it
-            self._book.record(job, JobState.SUSPENDED, Reason.MEMORY_PRESSURE)
+            reason = Reason.ON_TRIAL if trial else Reason.MEMORY_PRESSURE
+            self._book.record(job, JobState.SUSPENDED, reason)
         self._flush()
         return True
 

@@ -1,0 +1,216 @@
+"""Packing's trials: a pack job that does not fit starts on trial, holds nothing, paused first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from roomkeeper.config import PressureSettings
+from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.cooldown import Cooldown
+from roomkeeper.guard.ladder import LadderState, Live, Reading, Step, decide
+from roomkeeper.guard.packing import (
+    FLOOR_BYTES,
+    GROWING_BYTES,
+    HORIZON_SECONDS,
+    IDLE_OBSERVE_SECONDS,
+    MAX_TRIALS,
+    TRIAL_RESUME_MARGIN,
+    MemoryPolicy,
+    Report,
+    claim_bytes,
+    held_bytes,
+    leaves_trial,
+)
+from roomkeeper.jobs.monitor import PressureMonitor
+from roomkeeper.testing import FakeClock
+from tests.test_ladder import FakeTarget
+from tests.trees import Level, v2_tree
+
+MB = 10**6
+GB = 10**9
+NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
+PACK = MemoryPolicy.PACK
+SETTINGS = PressureSettings()
+# A 2 GB container at 10 % headroom: line 1.8, suspend past 1.9, stop past 1.95 GB.
+SUSPEND = 1900 * MB
+
+
+def reports(*points: tuple[float, int]) -> list[Report]:
+    return [Report(at, measured) for at, measured in points]
+
+
+def test_a_growing_job_claims_the_rest_of_its_estimate() -> None:
+    """Growing more than GROWING_BYTES in the last second: its forecast may miss long growth,
+    so against the jobs on trial it claims all it may still grow."""
+    grew = reports((0.0, 0), (1.0, 100 * MB), (2.0, 300 * MB))
+    assert held_bytes(PACK, 2 * GB, grew) < 2 * GB - 300 * MB
+    assert claim_bytes(PACK, 2 * GB, grew) == 2 * GB - 300 * MB
+
+
+def test_a_settled_job_claims_only_its_recent_growth() -> None:
+    """Grown, then still for a second: its claim is the last second's slope over the horizon."""
+    settled = reports((0.0, 0), (1.0, 500 * MB), (2.0, 900 * MB), (3.0, 900 * MB + GROWING_BYTES))
+    assert held_bytes(PACK, 2 * GB, settled) > GB  # the 3 s window still sees the growth
+    assert claim_bytes(PACK, 2 * GB, settled) == int(GROWING_BYTES * HORIZON_SECONDS) + FLOOR_BYTES
+
+
+def test_an_unobserved_or_strict_job_claims_what_it_holds() -> None:
+    """Not yet seen growing, or strict: nothing is known to shrink its claim."""
+    young = reports((0.0, 0))
+    assert claim_bytes(PACK, GB, young) == GB
+    settled = reports((0.0, 0), (1.0, 500 * MB), (2.5, 500 * MB))
+    assert claim_bytes(MemoryPolicy.STRICT, GB, settled) == 500 * MB
+
+
+def test_a_trial_ends_when_the_rest_of_its_estimate_fits() -> None:
+    """used + claims + (estimate - measured) at the line is room; a byte more is not."""
+    assert leaves_trial(1 * GB, 500 * MB, 2 * GB, 700 * MB, 200 * MB)
+    assert not leaves_trial(1 * GB, 500 * MB + 1, 2 * GB, 700 * MB, 200 * MB)
+
+
+def _guard(tmp_path: Path, used: int, limit: int = 10 * GB) -> tuple[Guard, FakeClock]:
+    roots = v2_tree(tmp_path / "tree", "/job", {"/job": Level(limit, used + 12345, 12345)})
+    clock = FakeClock()
+    guard = Guard(
+        env=NO_DISK,
+        proc_root=roots.proc,
+        cgroup_root=roots.cgroup,
+        workspace=tmp_path,
+        clock=clock,
+    )
+    return guard, clock
+
+
+def test_a_pack_job_that_does_not_fit_starts_on_trial_and_holds_nothing(tmp_path: Path) -> None:
+    """Line 9 GB, used 1 GB, 7 GB held: a 3 GB pack job starts on trial (its floor fits);
+    a strict one, or one whose floor does not fit, is refused."""
+    guard, _ = _guard(tmp_path, used=GB)
+    assert guard.admit("big", memory_bytes=7 * GB, policy=PACK).admit
+    assert not guard.admit("strict", memory_bytes=3 * GB).admit
+    trial = guard.admit("trial", memory_bytes=3 * GB, policy=PACK)
+    assert trial.admit and trial.summary.startswith("on trial")
+    assert trial.estimate_bytes == 3 * GB  # its estimate, not the floor it was judged on
+    assert guard.trials() == ["trial"]
+    assert guard.statistics().reserved_bytes == 7 * GB
+    full, _ = _guard(tmp_path / "full", used=2 * GB)
+    assert full.admit("big", memory_bytes=7 * GB, policy=PACK).admit
+    assert not full.admit("trial", memory_bytes=3 * GB, policy=PACK).admit  # 9 GB + floor
+
+
+def test_while_jobs_are_on_trial_pack_jobs_start_only_on_trial(tmp_path: Path) -> None:
+    """The queue's order holds: a later pack job that would fit waits its turn as a trial, and
+    past MAX_TRIALS it waits; a strict job is judged as ever."""
+    guard, _ = _guard(tmp_path, used=GB)
+    assert guard.admit("big", memory_bytes=7 * GB, policy=PACK).admit
+    assert guard.admit("t0", memory_bytes=3 * GB, policy=PACK).admit
+    for n in range(1, MAX_TRIALS):
+        assert guard.admit(f"t{n}", memory_bytes=100 * MB, policy=PACK).admit
+    assert guard.trials() == [f"t{n}" for n in range(MAX_TRIALS)]
+    late = guard.admit("late", memory_bytes=100 * MB, policy=PACK)
+    assert not late.admit and f"waits for the {MAX_TRIALS} jobs on trial" in late.summary
+    assert guard.admit("strict", memory_bytes=100 * MB).admit
+
+
+def test_a_reading_lets_a_trial_go_once_its_rest_fits(tmp_path: Path) -> None:
+    """Each pressure reading ends the trials whose rest fits, oldest first, and carries what
+    the jobs off trial claim (a growing job: the whole rest of its estimate)."""
+    guard, clock = _guard(tmp_path, used=GB)
+    assert guard.admit("big", memory_bytes=7 * GB, policy=PACK).admit
+    assert guard.admit("trial", memory_bytes=3500 * MB, policy=PACK).admit
+    first = guard.pressure_reading()
+    assert first is not None and first.claimed == 7 * GB and guard.trials() == ["trial"]
+    clock.advance(IDLE_OBSERVE_SECONDS)
+    guard.report_measured("big", 2 * GB)  # growing: claims its rest, 5 GB
+    grown = guard.pressure_reading()
+    assert grown is not None and grown.claimed == 5 * GB and guard.trials() == ["trial"]
+    clock.advance(1.0)
+    guard.report_measured("big", 2 * GB)
+    guard.report_measured("trial", 0)
+    # Settled, big claims its floor: 1 GB used + 64 MB + the trial's 3.5 GB fit under 9 GB.
+    settled = guard.pressure_reading()
+    assert guard.trials() == []
+    # ... and, off trial, the former trial claims its whole rest too.
+    assert settled is not None and settled.claimed == FLOOR_BYTES + 3500 * MB
+
+
+def test_nothing_starts_on_trial_with_no_job_of_ours_to_yield_to(tmp_path: Path) -> None:
+    """A trial is paused for older jobs; with none, it would be the oldest live job, which is
+    never paused: a job that does not fit beside others' memory alone waits."""
+    guard, _ = _guard(tmp_path, used=GB)
+    assert not guard.admit("alone", memory_bytes=8 * GB + 1, policy=PACK).admit
+    assert guard.trials() == []
+
+
+def reading(used: int, claimed: int = 0) -> Reading:
+    return Reading(
+        used=used,
+        limit=2 * GB,
+        headroom_percent=10.0,
+        reserve=0,
+        full_avg10=None,
+        at=0.0,
+        claimed=claimed,
+    )
+
+
+def live(name: str, started: float, **over: object) -> Live:
+    fields: dict[str, object] = {"footprint": 300 * MB, "estimate": 500 * MB, **over}
+    return Live(job_id=name, started=started, **fields)  # type: ignore[arg-type]
+
+
+def test_the_newest_trial_is_paused_when_claims_pass_the_suspend_line() -> None:
+    """used + claimed past the suspend line: the newest running trial is paused, launches wait,
+    and it is not a hold of the ladder."""
+    jobs = [live("old", 1), live("t1", 2, trial=True), live("t2", 3, trial=True)]
+    plan, state = decide(
+        LadderState(), reading(1 * GB, SUSPEND - GB + 1), jobs, SETTINGS, cooling=False
+    )
+    assert [(a.step, a.job_id, a.trial) for a in plan.actions] == [(Step.SUSPEND, "t2", True)]
+    assert plan.hold and not state.holding
+    calm, _ = decide(LadderState(), reading(1 * GB, SUSPEND - GB), jobs, SETTINGS, cooling=False)
+    assert calm.actions == () and not calm.hold
+
+
+def test_the_oldest_live_job_is_never_paused_and_goes_on_when_left_suspended() -> None:
+    """A trial that is the oldest live job is never paused; a suspended oldest job goes on."""
+    lone = [live("t1", 1, trial=True)]
+    plan, _ = decide(LadderState(), reading(GB, 2 * GB), lone, SETTINGS, cooling=False)
+    assert plan.actions == ()
+    left = [live("t1", 1, trial=True, suspended=True), live("t2", 2, trial=True)]
+    plan, _ = decide(LadderState(), reading(GB, 2 * GB), left, SETTINGS, cooling=False)
+    assert [(a.step, a.job_id) for a in plan.actions] == [(Step.RESUME, "t1")]
+
+
+def test_a_paused_trial_goes_on_oldest_first_once_claims_are_a_margin_below() -> None:
+    """Resume at used + claimed + margin <= the suspend line, the oldest paused trial first,
+    and not while a job off trial waits suspended."""
+    jobs = [live("old", 1), live("t1", 2, trial=True, suspended=True)]
+    jobs.append(live("t2", 3, trial=True, suspended=True))
+    just = SUSPEND - GB - TRIAL_RESUME_MARGIN
+    plan, _ = decide(LadderState(), reading(GB, just + 1), jobs, SETTINGS, cooling=False)
+    assert plan.actions == () and plan.hold
+    plan, _ = decide(LadderState(), reading(GB, just), jobs, SETTINGS, cooling=False)
+    assert [(a.step, a.job_id, a.trial) for a in plan.actions] == [(Step.RESUME, "t1", True)]
+    waiting = [live("old", 1), live("mid", 2, suspended=True, footprint=0, estimate=2 * GB)]
+    waiting.append(live("t1", 3, trial=True, suspended=True))
+    plan, _ = decide(LadderState(), reading(GB, 0), waiting, SETTINGS, cooling=False)
+    assert [a.step for a in plan.actions] == [Step.HOLD]  # the suspended job's hold; no resume
+
+
+def test_the_monitor_counts_trial_pauses_apart_from_the_ladders_steps() -> None:
+    """A pause reaches the scheduler as a trial's pause and is counted as one, not as a
+    suspension or a hold."""
+    clock = FakeClock(0.0)
+    target = FakeTarget([live("old", 1), live("t1", 2, trial=True)])
+    feed = iter([reading(GB, GB)])
+    m = PressureMonitor(
+        target=target,
+        read=lambda: next(feed),
+        cooldown=Cooldown(clock),
+        settings=lambda: SETTINGS,
+        clock=clock,
+    )
+    m.check()
+    stats = m.statistics()
+    assert target.done == [("pause", "t1")] and target.held == [True]
+    assert (stats.trial_pauses, stats.suspensions, stats.holds) == (1, 0, 0)
