@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from roomkeeper.config import PressureSettings
@@ -22,6 +23,9 @@ from roomkeeper.guard.packing import (
     leaves_trial,
 )
 from roomkeeper.jobs.monitor import PressureMonitor
+from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.spec import JobSpec, MemoryPeak, PeakMethod
 from roomkeeper.testing import FakeClock
 from tests.test_ladder import FakeTarget
 from tests.trees import Level, v2_tree
@@ -214,3 +218,50 @@ def test_the_monitor_counts_trial_pauses_apart_from_the_ladders_steps() -> None:
     stats = m.statistics()
     assert target.done == [("pause", "t1")] and target.held == [True]
     assert (stats.trial_pauses, stats.suspensions, stats.holds) == (1, 0, 0)
+
+
+class _Grown:
+    """A launched tree whose footprint the test sets."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.footprint = 0
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def footprint_bytes(self) -> int:
+        return self.footprint
+
+    def peak(self) -> MemoryPeak:
+        return MemoryPeak(self.footprint, PeakMethod.SAMPLED)
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        self.code = -15
+        return self.code
+
+    def close(self) -> None:
+        pass
+
+
+def test_every_reading_of_live_jobs_tells_the_guard_their_footprints(tmp_path: Path) -> None:
+    """The claims a trial is paused against move between launch rounds (none run while
+    launches are held): each look at the live jobs reports their footprints to the guard."""
+    guard, _ = _guard(tmp_path, used=GB)
+    tree = _Grown()
+    scheduler = Scheduler(
+        logs_dir=tmp_path / "logs",
+        guard=guard,
+        launcher=lambda job_id, spec: tree,
+        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+        pressure=False,
+    )
+    scheduler.submit(JobSpec(argv=["x"], memory_bytes=GB))
+    scheduler.tick()
+    assert guard.statistics().reserved_bytes == GB
+    tree.footprint = 700 * MB
+    scheduler.relief.live_jobs()
+    reserved = guard.statistics().reserved_bytes
+    scheduler.close()
+    assert reserved == 300 * MB  # strict: its estimate less what it has measured
