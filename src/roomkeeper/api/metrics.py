@@ -131,6 +131,11 @@ def _pressure_metrics(
     ):
         steps.add_metric([step], count)
     yield steps
+    yield CounterMetricFamily(
+        "roomkeeper_trial_pauses",
+        "Pauses of pack jobs on trial (packing, not a relief step).",
+        value=pressure.trial_pauses,
+    )
     for suffix, doc, value in (
         ("p50", "Median reaction time, crossing to step.", pressure.reaction_p50_s),
         ("max", "Longest reaction time, crossing to step.", pressure.reaction_max_s),

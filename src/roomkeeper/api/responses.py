@@ -305,6 +305,7 @@ class PressureOut(BaseModel):
     resumes: int
     stops: int
     reruns: int
+    trial_pauses: int  # pauses of pack jobs on trial (packing at work, not a rung)
     reaction_p50_s: Number | None
     reaction_max_s: Number | None
     wakes_on: str  # the kernel notifications armed, or "polling only (...)"

@@ -305,6 +305,7 @@ def status_json(gateway: Gateway) -> dict[str, Any]:
             "resumes": pressure.resumes,
             "stops": pressure.stops,
             "reruns": pressure.reruns,
+            "trial_pauses": pressure.trial_pauses,
             "reaction_p50_s": pressure.reaction_p50_s,
             "reaction_max_s": pressure.reaction_max_s,
             "wakes_on": pressure.wakes_on,
