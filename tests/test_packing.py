@@ -147,14 +147,15 @@ def test_the_forecast_takes_the_recent_slope_when_it_is_steeper() -> None:
 
 def test_trimming_keeps_the_reports_observation_dates_from() -> None:
     """The admission and the first started report outlive REPORTS_KEPT newer ones."""
-    many = reports((0.0, 0), *((0.1 * i, STARTED_BYTES + i) for i in range(1, 40)))
+    many = reports((0.0, 0), *((0.1 * i, STARTED_BYTES + i) for i in range(1, REPORTS_KEPT + 24)))
     kept = trimmed(many)
     assert len(kept) == REPORTS_KEPT + 2
     assert kept[:2] == many[:2] and kept[2:] == many[-REPORTS_KEPT:]
     assert trimmed(many[:5]) == many[:5]
-    # Reported every 20 ms since it began 0.8 s ago: without the pin the oldest kept
-    # report (0.3 s back) would be taken as its start, and pack would never judge it.
-    fast = reports((0.0, 0), *((10.0 + 0.02 * i, STARTED_BYTES + i * MB) for i in range(41)))
+    # Reported every 10 ms since it began 0.8 s ago: without the pin the oldest kept
+    # report (0.4 s back) would be taken as its start, and pack would never judge it.
+    count = 2 * REPORTS_KEPT + 1
+    fast = reports((0.0, 0), *((10.0 + 0.01 * i, STARTED_BYTES + i * MB) for i in range(count)))
     assert observed(fast) and observed(trimmed(fast))
 
 

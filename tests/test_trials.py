@@ -265,3 +265,20 @@ def test_every_reading_of_live_jobs_tells_the_guard_their_footprints(tmp_path: P
     reserved = guard.statistics().reserved_bytes
     scheduler.close()
     assert reserved == 300 * MB  # strict: its estimate less what it has measured
+
+
+def test_with_no_trial_to_pause_a_suspended_job_is_resumed_as_before() -> None:
+    """Claims past the suspend line pause a trial only where one runs: otherwise the ladder's
+    own resume goes on as if packing had no trials."""
+    jobs = [live("old", 1), live("mid", 2, suspended=True, footprint=400 * MB)]
+    plan, _ = decide(LadderState(), reading(GB, 2 * GB), jobs, SETTINGS, cooling=False)
+    assert [(a.step, a.job_id, a.trial) for a in plan.actions][-1] == (Step.RESUME, "mid", False)
+
+
+def test_nothing_starts_on_trial_beside_strict_work_alone(tmp_path: Path) -> None:
+    """A lease or a strict job may be work the monitor cannot see or pause: a trial yields
+    only to pack jobs, so beside strict work alone a pack job waits for its whole estimate."""
+    guard, _ = _guard(tmp_path, used=GB)
+    assert guard.admit("lease", memory_bytes=7 * GB).admit
+    assert not guard.admit("pack", memory_bytes=3 * GB, policy=PACK).admit
+    assert guard.trials() == []

@@ -86,7 +86,7 @@ class GuardStatistics:
     """A snapshot of the guard's state.
 
     Attributes:
-        young: jobs holding a reservation now.
+        young: jobs holding a reservation now (jobs on trial among them, holding nothing).
         reserved_bytes: memory those reservations hold now.
         last_decision: the most recent decision of :meth:`Guard.admit`, if any.
         decisions: how many admit calls ended with each reason, by its value.
@@ -240,8 +240,9 @@ class Guard:
         refused_for_memory = judged.reason is Reason.MEMORY and not judged.never_fits
         if not on_trial and not refused_for_memory:
             return judged, False
-        if not any(j != job_id for j in self._young):
-            # Nothing of ours to yield to: it would be the oldest live job, never paused.
+        if not any(j != job_id and r.policy is MemoryPolicy.PACK for j, r in self._young.items()):
+            # No pack job of ours to yield to (a lease or a strict job may be work the
+            # monitor cannot see): it would be the oldest live job, never paused.
             return judged, False
         if not (judged.admit or refused_for_memory):
             return judged, False  # a refusal for disk or an unknown reading stands
@@ -254,9 +255,19 @@ class Guard:
             return replace(judged, admit=False, reason=Reason.MEMORY, summary=summary), False
         return judged, False
 
+    def end_trial(self, job_id: str) -> None:
+        """End ``job_id``'s trial (it became the oldest live job, which is never paused): it
+        reserves as any pack job from now on.  Unknown ids and jobs off trial are ignored."""
+        with self._lock:
+            reservation = self._young.get(job_id)
+            if reservation is not None and reservation.trial:
+                reservation.leave_trial(self._clock())
+
     def trials(self) -> list[str]:
         """The jobs on trial now, oldest first."""
+        warmup = read_settings(self._env).job_warmup_seconds
         with self._lock:
+            self._expire(warmup)
             trials = [(r.started, j) for j, r in self._young.items() if r.trial]
         return [j for _, j in sorted(trials)]
 
@@ -358,6 +369,7 @@ class Guard:
         reserve = max(0, self._reserve()) if self._reserve is not None else 0
         line = memory_line(memory.limit_bytes, settings.memory_headroom_percent) - reserve
         with self._lock:
+            self._expire(settings.job_warmup_seconds)
             claimed = self._claims_after_trials(memory.used_bytes, line)
         return Reading(
             used=memory.used_bytes,

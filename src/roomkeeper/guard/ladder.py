@@ -13,7 +13,8 @@ the ladder watches what admitted work does afterwards (issue 12, seed 002's
              used is not rising (before anything new is admitted)
     pause    a job on trial (packing), newest first, when used + what the jobs not on
              trial claim > the suspend line; go on, oldest first, once it is
-             TRIAL_RESUME_MARGIN below (launches wait meanwhile; not counted as a hold)
+             TRIAL_RESUME_MARGIN below and no job off trial waits suspended
+             (launches wait meanwhile; not counted as a hold)
 
 The progress guarantee: the oldest live job is never suspended or stopped for
 newer ones, and one that became the oldest while suspended goes on at once;
@@ -202,8 +203,8 @@ def decide(
         actions += _suspend(reading, by_age)
     elif by_age and by_age[0].suspended and not by_age[0].stopping:
         actions += [_go_on_oldest(by_age[0])]
-    elif reading.used + reading.claimed > reading.suspend_line:
-        actions += _pause_trial(reading, by_age)
+    elif pause := _pause_trial(reading, by_age):
+        actions += pause
     elif not rising and above in (None, Step.HOLD):
         actions += _resume(reading, by_age) or _resume_trial(reading, by_age)
     pressure = above is not None or cooling or any(j.suspended and not j.trial for j in live)
@@ -283,7 +284,9 @@ def _go_on_oldest(job: Live) -> Action:
 
 def _pause_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
     """Pause the newest running job on trial (never the oldest live job): the others'
-    claims need the room it runs in."""
+    claims need the room it runs in.  Nothing while they do not, or no trial runs."""
+    if reading.used + reading.claimed <= reading.suspend_line:
+        return []
     running = [j for j in by_age[1:] if j.trial and j.suspendable and not j.suspended]
     running = [j for j in running if not j.stopping]
     if not running:

@@ -40,10 +40,15 @@ nothing: it runs only in room that no other job's reservation claims, and
 the pressure monitor pauses it, newest first, as soon as used memory plus
 the others' claims (:func:`claim_bytes`) pass the ladder's suspend line,
 and lets it go on, oldest first, once they are :data:`TRIAL_RESUME_MARGIN`
-below it.  A claim is a job's reservation or, while it is still growing
-(more than :data:`GROWING_BYTES` over the last :data:`GROWING_WINDOW_SECONDS`),
-the whole rest of its estimate: a forecast misses growth that lasts longer
-than its horizon, and a trial must never take the room such growth needs.
+below it (and no job off trial waits suspended).  A claim is a job's
+reservation; while it is still growing (more than :data:`GROWING_BYTES` over
+the last :data:`GROWING_WINDOW_SECONDS`) the whole rest of its estimate, since
+a forecast misses growth that lasts longer than its horizon and a trial must
+never take the room such growth needs; once an observed job has settled, its
+last second's growth over the horizon, which may be less than its
+reservation (the 3 s window still remembers growth that has stopped).  Only
+a pack job off trial is yielded to: beside leases or strict jobs alone,
+which may be work the monitor cannot see, nothing starts on trial.
 A job leaves its trial once the rest of its estimate fits under the line
 beside the others' claims (:func:`leaves_trial`); from then on it reserves
 as any pack job does.  A paused job has lost nothing: when a wave of jobs
@@ -68,7 +73,8 @@ OBSERVE_SECONDS = 0.5  # a pack job holds its strict reservation until seen grow
 STARTED_BYTES = 16 * MIB  # a footprint this large: the job's own work has begun
 IDLE_OBSERVE_SECONDS = 2.0  # a job still below STARTED_BYTES this long after admission is small
 RECENT_SECONDS = 0.5  # the short window of the slope: growth that has just begun
-REPORTS_KEPT = 16  # newest per young job, besides the two observation dates from (see trimmed)
+REPORTS_KEPT = 40  # newest per young job (4 s at the monitor's 10 a second: the slope window),
+# besides the two observation dates from (see trimmed)
 MAX_TRIALS = 3  # jobs on trial at once: more paused at once only waits longer, and grows together
 GROWING_WINDOW_SECONDS = 1.0  # a job that grew more than GROWING_BYTES over this still grows
 GROWING_BYTES = 32 * MIB
@@ -179,8 +185,9 @@ def growing(reports: Sequence[Report]) -> bool:
 
 
 def claim_bytes(policy: MemoryPolicy, estimate: int, reports: Sequence[Report]) -> int:
-    """What a job not on trial claims against the jobs on trial: its reservation, or the
-    whole rest of its estimate while it is still growing."""
+    """What a job not on trial claims against the jobs on trial: the whole rest of its
+    estimate while it is still growing; once an observed pack job has settled, the last
+    second's growth over the horizon (at most its reservation); else its reservation."""
     held = held_bytes(policy, estimate, reports)
     if not growing(reports):
         recent = forecast_bytes(reports, window_s=GROWING_WINDOW_SECONDS)

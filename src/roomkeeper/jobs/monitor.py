@@ -206,7 +206,7 @@ class PressureMonitor:
                 self._act_on_trial(action)
             else:
                 self._act(action, reading, footprints.get(action.job_id or "", 0))
-        if not plan.hold:
+        if not self._state.holding:  # no pressure (a paused trial alone holds launches)
             self._crossed.clear()
         return plan
 

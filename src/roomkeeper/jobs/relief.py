@@ -71,16 +71,22 @@ class SchedulerRelief:
                 if j.handle is not None and not isinstance(j.handle, RemoteHandle)
             ]
         on_trial = set(self._guard.trials())
+        if jobs and jobs[0].id in on_trial:  # the oldest live job is never paused
+            self._guard.end_trial(jobs[0].id)
+            on_trial.discard(jobs[0].id)
         live = []
         for job in jobs:  # footprints are read outside the lock: they read kernel files
             handle = job.handle
             assert handle is not None
             footprint = 0
+            suspended = job.state is JobState.SUSPENDED
             with contextlib.suppress(Exception):
                 footprint = handle.footprint_bytes()
                 # Every reading tells the guard: the claims a job on trial is paused and
                 # resumed against must move while launches are held (no round reports then).
-                self._guard.report_measured(job.id, footprint)
+                # A suspended job's stillness is no settling: it is not reported.
+                if not suspended:
+                    self._guard.report_measured(job.id, footprint)
             live.append(
                 Live(
                     job_id=job.id,
@@ -91,7 +97,9 @@ class SchedulerRelief:
                     suspendable=callable(getattr(handle, "suspend", None)),
                     restartable=job.spec.restartable,
                     stopping=job.stop_cause is not None,
-                    trial=job.id in on_trial,
+                    # Paused on trial, it stays the trial rule's to resume even if its
+                    # trial ended meanwhile: a pause is not a ladder suspension.
+                    trial=job.id in on_trial or (suspended and job.reason is Reason.ON_TRIAL),
                 )
             )
         return live
