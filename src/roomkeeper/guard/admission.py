@@ -240,7 +240,10 @@ class Guard:
         refused_for_memory = judged.reason is Reason.MEMORY and not judged.never_fits
         if not on_trial and not refused_for_memory:
             return judged, False
-        if not any(j != job_id and r.policy is MemoryPolicy.PACK for j, r in self._young.items()):
+        pack_off_trial = (
+            r.policy is MemoryPolicy.PACK and not r.trial for r in self._others(job_id)
+        )
+        if not any(pack_off_trial):
             # No pack job of ours to yield to (a lease or a strict job may be work the
             # monitor cannot see): it would be the oldest live job, never paused.
             return judged, False
@@ -254,6 +257,9 @@ class Guard:
             summary = f"waits for the {on_trial} jobs on trial before it: {judged.summary}"
             return replace(judged, admit=False, reason=Reason.MEMORY, summary=summary), False
         return judged, False
+
+    def _others(self, job_id: str) -> list[_Reservation]:
+        return [r for j, r in self._young.items() if j != job_id]
 
     def end_trial(self, job_id: str) -> None:
         """End ``job_id``'s trial (it became the oldest live job, which is never paused): it

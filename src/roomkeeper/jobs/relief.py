@@ -71,9 +71,10 @@ class SchedulerRelief:
                 if j.handle is not None and not isinstance(j.handle, RemoteHandle)
             ]
         on_trial = set(self._guard.trials())
-        if jobs and jobs[0].id in on_trial:  # the oldest live job is never paused
-            self._guard.end_trial(jobs[0].id)
-            on_trial.discard(jobs[0].id)
+        oldest = min(jobs, key=lambda j: j.started or 0.0, default=None)  # as the ladder ranks
+        if oldest is not None and oldest.id in on_trial:  # the oldest live job is never paused
+            self._guard.end_trial(oldest.id)
+            on_trial.discard(oldest.id)
         live = []
         for job in jobs:  # footprints are read outside the lock: they read kernel files
             handle = job.handle
@@ -93,7 +94,7 @@ class SchedulerRelief:
                     started=job.started or 0.0,
                     footprint=footprint,
                     estimate=self._guard.estimate(job.spec.memory_estimate),
-                    suspended=job.state is JobState.SUSPENDED,
+                    suspended=suspended,
                     suspendable=callable(getattr(handle, "suspend", None)),
                     restartable=job.spec.restartable,
                     stopping=job.stop_cause is not None,

@@ -265,7 +265,11 @@ class Runner:
                 if job is None:
                     self._explain(blocked)
                     return
-                young = [j for j in self.running.values() if j.handle is not None]
+                young = [
+                    j
+                    for j in self.running.values()
+                    if j.handle is not None and j.state is not JobState.SUSPENDED
+                ]  # a suspended job's stillness is no settling
             for other in young:  # measured reservations: never count a job twice
                 with contextlib.suppress(Exception):
                     assert other.handle is not None
