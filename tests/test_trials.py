@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from roomkeeper.config import PressureSettings
-from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.cooldown import Cooldown
 from roomkeeper.guard.ladder import LadderState, Live, Reading, Step, decide
 from roomkeeper.guard.packing import (
@@ -25,10 +23,11 @@ from roomkeeper.guard.packing import (
 from roomkeeper.jobs.monitor import PressureMonitor
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, MemoryPeak, PeakMethod
+from roomkeeper.jobs.spec import JobSpec
 from roomkeeper.testing import FakeClock
 from tests.test_ladder import FakeTarget
-from tests.trees import Level, v2_tree
+from tests.test_packing import _guard
+from tests.test_scheduler import FakeHandle
 
 MB = 10**6
 GB = 10**9
@@ -70,19 +69,6 @@ def test_a_trial_ends_when_the_rest_of_its_estimate_fits() -> None:
     """used + claims + (estimate - measured) at the line is room; a byte more is not."""
     assert leaves_trial(1 * GB, 500 * MB, 2 * GB, 700 * MB, 200 * MB)
     assert not leaves_trial(1 * GB, 500 * MB + 1, 2 * GB, 700 * MB, 200 * MB)
-
-
-def _guard(tmp_path: Path, used: int, limit: int = 10 * GB) -> tuple[Guard, FakeClock]:
-    roots = v2_tree(tmp_path / "tree", "/job", {"/job": Level(limit, used + 12345, 12345)})
-    clock = FakeClock()
-    guard = Guard(
-        env=NO_DISK,
-        proc_root=roots.proc,
-        cgroup_root=roots.cgroup,
-        workspace=tmp_path,
-        clock=clock,
-    )
-    return guard, clock
 
 
 def test_a_pack_job_that_does_not_fit_starts_on_trial_and_holds_nothing(tmp_path: Path) -> None:
@@ -220,36 +206,11 @@ def test_the_monitor_counts_trial_pauses_apart_from_the_ladders_steps() -> None:
     assert (stats.trial_pauses, stats.suspensions, stats.holds) == (1, 0, 0)
 
 
-class _Grown:
-    """A launched tree whose footprint the test sets."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.footprint = 0
-        self.code: int | None = None
-
-    def poll(self) -> int | None:
-        return self.code
-
-    def footprint_bytes(self) -> int:
-        return self.footprint
-
-    def peak(self) -> MemoryPeak:
-        return MemoryPeak(self.footprint, PeakMethod.SAMPLED)
-
-    def stop(self, grace: float = 5.0) -> int | None:
-        self.code = -15
-        return self.code
-
-    def close(self) -> None:
-        pass
-
-
 def test_every_reading_of_live_jobs_tells_the_guard_their_footprints(tmp_path: Path) -> None:
     """The claims a trial is paused against move between launch rounds (none run while
     launches are held): each look at the live jobs reports their footprints to the guard."""
     guard, _ = _guard(tmp_path, used=GB)
-    tree = _Grown()
+    tree = FakeHandle("x")
     scheduler = Scheduler(
         logs_dir=tmp_path / "logs",
         guard=guard,
