@@ -192,3 +192,18 @@ def ext4_scratch(tmp_path: Path, size_mb: int = 400) -> Iterator[Path]:
             subprocess.run(["umount", str(mount_point)], check=True)  # frees the loop device
     finally:
         image.unlink(missing_ok=True)
+
+
+def batch_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The environment for a real ``roomkeeper batch`` in a test: none of the caller's
+    ROOMKEEPER_* variables, a fresh home, no CPU gate, no disk asks, this checkout's code."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    env.update(
+        ROOMKEEPER_HOME=str(tmp / "home"),
+        ROOMKEEPER_CPU_PRESSURE_PERCENT="100",
+        ROOMKEEPER_JOB_DISK_MB="0",
+        ROOMKEEPER_DISK_HEADROOM_PERCENT="0",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"),
+        **extra,
+    )
+    return env

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import pytest
 
 from roomkeeper.kernel.oom_kills import group_oom_kills as oom_kills
 from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import child_memory_cgroup
+from tests.cgroups import batch_env, child_memory_cgroup
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
@@ -25,15 +24,7 @@ def test_batch_prints_each_suspension_and_stop_and_counts_them(tmp_path: Path) -
     commands.write_text(
         f"{sys.executable} {GROW} 750000000 16 2\n" * 3
     )  # slow: a busy CI still sees the suspend line
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
-    env.update(
-        ROOMKEEPER_HOME=str(tmp_path / "home"),
-        ROOMKEEPER_CPU_PRESSURE_PERCENT="100",
-        ROOMKEEPER_JOB_DISK_MB="0",
-        ROOMKEEPER_DISK_HEADROOM_PERCENT="0",
-        ROOMKEEPER_PRESSURE_COOLDOWN="2",
-        PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"),
-    )
+    env = batch_env(tmp_path, ROOMKEEPER_PRESSURE_COOLDOWN="2")
     with child_memory_cgroup(2_000_000_000) as (version, group):
         joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
         argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--max-running", "3"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import pytest
 
 from roomkeeper.kernel.oom_kills import group_oom_kills as oom_kills
 from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import child_memory_cgroup
+from tests.cgroups import batch_env, child_memory_cgroup
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
@@ -27,15 +26,7 @@ def test_lines_that_do_not_fit_start_on_trial_are_paused_and_all_finish(tmp_path
     nothing (four at their peak hold 1.6 GB: no rung of the ladder is needed)."""
     commands = tmp_path / "commands.txt"
     commands.write_text(f"{sys.executable} {GROW} 400000000 4 1\n" * 4)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
-    env.update(
-        ROOMKEEPER_HOME=str(tmp_path / "home"),
-        ROOMKEEPER_JOB_MEMORY_MB="1600",
-        ROOMKEEPER_CPU_PRESSURE_PERCENT="100",
-        ROOMKEEPER_JOB_DISK_MB="0",
-        ROOMKEEPER_DISK_HEADROOM_PERCENT="0",
-        PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"),
-    )
+    env = batch_env(tmp_path, ROOMKEEPER_JOB_MEMORY_MB="1600")
     with child_memory_cgroup(2_000_000_000) as (version, group):
         joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
         argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--quiet"]

@@ -236,14 +236,12 @@ class Guard:
     ) -> tuple[Decision, bool]:
         """A pack job's decision with trials (:mod:`roomkeeper.guard.packing`): whether it starts
         on trial instead, or waits for the jobs on trial before it; with the lock held."""
-        on_trial = sum(1 for j, r in self._young.items() if r.trial and j != job_id)
+        others = self._others(job_id)
+        on_trial = sum(1 for r in others if r.trial)
         refused_for_memory = judged.reason is Reason.MEMORY and not judged.never_fits
         if not on_trial and not refused_for_memory:
             return judged, False
-        pack_off_trial = (
-            r.policy is MemoryPolicy.PACK and not r.trial for r in self._others(job_id)
-        )
-        if not any(pack_off_trial):
+        if not any(r.policy is MemoryPolicy.PACK and not r.trial for r in others):
             # No pack job of ours to yield to (a lease or a strict job may be work the
             # monitor cannot see): it would be the oldest live job, never paused.
             return judged, False

@@ -287,8 +287,9 @@ def _pause_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
     claims need the room it runs in.  Nothing while they do not, or no trial runs."""
     if reading.used + reading.claimed <= reading.suspend_line:
         return []
-    running = [j for j in by_age[1:] if j.trial and j.suspendable and not j.suspended]
-    running = [j for j in running if not j.stopping]
+    running = [
+        j for j in by_age[1:] if j.trial and j.suspendable and not (j.suspended or j.stopping)
+    ]
     if not running:
         return []
     why = (

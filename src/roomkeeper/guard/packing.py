@@ -189,11 +189,11 @@ def claim_bytes(policy: MemoryPolicy, estimate: int, reports: Sequence[Report]) 
     estimate while it is still growing; once an observed pack job has settled, the last
     second's growth over the horizon (at most its reservation); else its reservation."""
     held = held_bytes(policy, estimate, reports)
-    if not growing(reports):
-        recent = forecast_bytes(reports, window_s=GROWING_WINDOW_SECONDS)
-        return held if policy is MemoryPolicy.STRICT or not observed(reports) else min(held, recent)
-    measured = reports[-1].measured if reports else 0
-    return max(held, estimate - measured)
+    if growing(reports):
+        return max(held, estimate - (reports[-1].measured if reports else 0))
+    if policy is MemoryPolicy.STRICT or not observed(reports):
+        return held
+    return min(held, forecast_bytes(reports, window_s=GROWING_WINDOW_SECONDS))
 
 
 def leaves_trial(used: int, claimed: int, line: int, estimate: int, measured: int) -> bool:
