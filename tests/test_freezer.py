@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from roomkeeper.errors import SuspendError
-from roomkeeper.jobs.suspension import Suspension
 from roomkeeper.kernel import freezer
 from roomkeeper.kernel.freezer import FreezeMethod, FreezerGroup
 from roomkeeper.kernel.job_cgroups import JobCgroup
 from roomkeeper.testing import FakeClock
+from roomkeeper.trees.suspension import Suspension
 
 
 def v2_group(tmp_path: Path, frozen: int) -> Path:

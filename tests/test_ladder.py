@@ -10,12 +10,13 @@ from roomkeeper.config import PressureSettings
 from roomkeeper.guard.cooldown import Cooldown, CooldownCause
 from roomkeeper.guard.ladder import LadderState, Live, Plan, Reading, Step, decide
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.launch import LaunchSpec
 from roomkeeper.jobs.monitor import PressureMonitor
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState, MemoryPeak, PeakMethod
+from roomkeeper.jobs.spec import JobSpec, JobState
 from roomkeeper.testing import FakeClock
+from roomkeeper.trees.launch import LaunchSpec
+from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 
 GB = 10**9
 MB = 10**6

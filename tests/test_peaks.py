@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.jobs.launch import LaunchSpec
-from roomkeeper.jobs.peaks import PeakSampler
-from roomkeeper.jobs.spec import PeakMethod
+from roomkeeper.trees.launch import LaunchSpec
+from roomkeeper.trees.peaks import PeakMethod, PeakSampler
 from tests.cgroups import memory_cgroup_version
 from tests.test_process import Reaper, read_log
 

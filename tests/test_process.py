@@ -18,25 +18,24 @@ import psutil
 import pytest
 
 from roomkeeper.errors import LaunchError, UsageError
-from roomkeeper.jobs.launch import LaunchSpec, launch
-from roomkeeper.jobs.lifeline import (
-    Lifeline,
-    LifelineStatistics,
+from roomkeeper.kernel.cgroup_hierarchy import own_memory_level
+from roomkeeper.kernel.proc import (
     ProcStat,
     cgroup_members,
     read_stat,
     scan_proc,
     tree_members,
 )
-from roomkeeper.jobs.process import (
+from roomkeeper.testing import FakeClock
+from roomkeeper.trees.launch import LaunchSpec, launch
+from roomkeeper.trees.lifeline import Lifeline, LifelineStatistics
+from roomkeeper.trees.process import (
     JobCgroup,
     ManagedProcess,
     become_subreaper,
     create_job_cgroup,
     job_cgroup_parent,
 )
-from roomkeeper.kernel.cgroup_hierarchy import own_memory_level
-from roomkeeper.testing import FakeClock
 from tests.trees import FIXTURES
 
 MIB = 1 << 20
@@ -324,9 +323,9 @@ def test_stop_does_not_wait_for_a_tree_that_obeys_sigterm(tmp_path: Path, reaper
 SCHEDULER = textwrap.dedent(
     """
     import sys, time
-    from roomkeeper.jobs.lifeline import Lifeline
-    from roomkeeper.jobs.launch import LaunchSpec, launch
-    from roomkeeper.jobs.process import become_subreaper
+    from roomkeeper.trees.lifeline import Lifeline
+    from roomkeeper.trees.launch import LaunchSpec, launch
+    from roomkeeper.trees.process import become_subreaper
 
     tmp, tree, with_cgroup = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     become_subreaper()

@@ -14,11 +14,12 @@ from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
-from roomkeeper.jobs.launch import LaunchSpec
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState, MemoryPeak, PeakMethod
+from roomkeeper.jobs.spec import JobSpec, JobState
 from roomkeeper.testing import FakeClock
+from roomkeeper.trees.launch import LaunchSpec
+from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 
 
 class FakeHandle:

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from roomkeeper.errors import UsageError
-from roomkeeper.jobs.job_user import read_job_user
 from roomkeeper.paths import check_home, load_token
+from roomkeeper.trees.job_user import read_job_user
 from tests.gateways import RunningGateway, free_port, gateway_env, roomkeeper_cli, running_gateway
 
 pytestmark = pytest.mark.kernel

@@ -26,7 +26,7 @@ from typing import Any
 from roomkeeper.cluster.node import Begun, Finished, NodeJob
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.book import RemoteEnd, Settlement
-from roomkeeper.jobs.spec import MemoryPeak, PeakMethod
+from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 
 log = logging.getLogger("roomkeeper")
 

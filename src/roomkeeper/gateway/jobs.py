@@ -44,7 +44,6 @@ from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.ladder import Step
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
-from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.monitor import ReliefEvent
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.rounds import Launcher, Placement
@@ -54,6 +53,7 @@ from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, Wor
 from roomkeeper.jobs.workspaces import Workspaces
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+from roomkeeper.trees.job_user import JobUser
 
 log = logging.getLogger("roomkeeper")
 

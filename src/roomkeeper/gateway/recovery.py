@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import psutil
 
-from roomkeeper.jobs.lifeline import cgroup_members, kill_cgroup
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
@@ -35,6 +34,7 @@ from roomkeeper.journal.jobs import STOP_REQUESTED
 from roomkeeper.kernel.cgroup_hierarchy import remove_group
 from roomkeeper.kernel.freezer import FreezerGroup
 from roomkeeper.kernel.job_cgroups import stale_job_cgroups
+from roomkeeper.kernel.proc import cgroup_members, kill_cgroup
 
 log = logging.getLogger("roomkeeper")
 

@@ -63,8 +63,8 @@ from roomkeeper.guard.hooks import HookRunner
 from roomkeeper.guard.leases import Leases
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.ipc import Channel
-from roomkeeper.jobs.job_user import JobUser, read_job_user
 from roomkeeper.jobs.queue import Limits
+from roomkeeper.trees.job_user import JobUser, read_job_user
 
 if TYPE_CHECKING:
     from roomkeeper.cluster.backend import NodeView, RayBackend

@@ -55,11 +55,11 @@ from roomkeeper.jobs.spec import (
     JobSpec,
     JobState,
     JobView,
-    PeakMethod,
     WorktreeRequest,
     check_kind,
 )
 from roomkeeper.jobs.workspaces import BRANCH_PREFIX, Workspaces
+from roomkeeper.trees.peaks import PeakMethod
 from roomkeeper.units import format_bytes
 
 STOP_GRACE_ON_INTERRUPT = 2.0

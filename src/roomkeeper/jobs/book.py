@@ -20,21 +20,14 @@ from typing import Protocol, runtime_checkable
 
 from roomkeeper.errors import UnknownJobError
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.spec import (
-    JobSpec,
-    JobState,
-    JobView,
-    MemoryPeak,
-    PeakMethod,
-    Transition,
-    Worktree,
-)
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition, Worktree
+from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 
 KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one
 
 
 class Handle(Protocol):
-    """What the scheduler needs of a launched process tree (see :mod:`roomkeeper.jobs.process`).
+    """What the scheduler needs of a launched process tree (see :mod:`roomkeeper.trees.process`).
 
     ``pid`` is the leader's pid on this machine, or None for a tree that runs
     elsewhere (the Ray backend): the scheduler then polls instead of waiting on a pidfd.

@@ -36,7 +36,6 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.cooldown import Cooldown
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
-from roomkeeper.jobs.job_user import JobUser
 from roomkeeper.jobs.monitor import (
     INTERVAL_S,
     MonitorStatistics,
@@ -57,6 +56,7 @@ from roomkeeper.jobs.rounds import (
 )
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.kernel.resources import cpu_pressure_percent
+from roomkeeper.trees.job_user import JobUser
 
 log = logging.getLogger("roomkeeper")
 
@@ -84,7 +84,7 @@ class Scheduler:
         guard: the admission guard; a new :class:`Guard` when omitted.
         limits: returns the bounds for a round; read from ``ROOMKEEPER_*`` on
             every round when omitted (no restart to reconfigure).
-        launcher: starts a tree; :func:`roomkeeper.jobs.launch.launch` with a
+        launcher: starts a tree; :func:`roomkeeper.trees.launch.launch` with a
             lifeline when omitted.
         cpu_percent: CPU pressure in percent, or None when unknown.
         clock: monotonic seconds (deadlines).

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from roomkeeper.errors import UnrunnableError, UsageError
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Reason
+from roomkeeper.trees.peaks import PeakMethod
 
 KIND_PATTERN = r"[A-Za-z0-9._:@-]{1,200}"
 """What a job's ``kind`` may be: a name (letters, digits, ``. _ : @ -``), at most 200 long."""
@@ -44,37 +45,12 @@ class JobState(enum.Enum):
         return self in (JobState.RUNNING, JobState.SUSPENDED)
 
 
-class PeakMethod(enum.Enum):
-    """How a job's peak memory was taken: every peak says so."""
-
-    # The kernel's high-water mark of the job's v2 group (Linux 5.19): it
-    # misses no spike, and counts the file cache the job wrote.
-    KERNEL = "memory.peak"
-    # The job's v1 group, sampled: usage less file cache (v1's own mark,
-    # memory.max_usage_in_bytes, counts the cache).
-    SAMPLED_CGROUP = "sampled cgroup"
-    # No job group: the tree's processes, sampled and summed (psutil).
-    SAMPLED = "sampled"
-
-
 class EstimateSource(enum.Enum):
     """Where a job's memory estimate came from: every estimate shown says so."""
 
     STATED = "stated"  # the submitter gave it (memory_bytes, --memory, --job-memory)
     LEARNED = "learned"  # the highest peak of the last runs of the same kind
     DEFAULT = "default"  # ROOMKEEPER_JOB_MEMORY_MB: nothing stated, nothing learned yet
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryPeak:
-    """The highest memory a job's tree held, and how that was taken."""
-
-    bytes: int
-    method: PeakMethod
-
-    def describe(self) -> str:
-        """The method in words, as the batch summary shows it."""
-        return self.method.value
 
 
 @dataclass(frozen=True, slots=True)

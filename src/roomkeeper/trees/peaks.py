@@ -17,19 +17,46 @@ counted once per process that maps them.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 import psutil
 
-from roomkeeper.jobs.lifeline import ProcStat, scan_proc
+from roomkeeper.kernel.proc import ProcStat, scan_proc
 
 log = logging.getLogger("roomkeeper")
 
 SAMPLE_SECONDS = 0.1  # the pressure monitor's rate (DESIGN.md: at most 100 ms)
+
+
+class PeakMethod(enum.Enum):
+    """How a job's peak memory was taken: every peak says so."""
+
+    # The kernel's high-water mark of the job's v2 group (Linux 5.19): it
+    # misses no spike, and counts the file cache the job wrote.
+    KERNEL = "memory.peak"
+    # The job's v1 group, sampled: usage less file cache (v1's own mark,
+    # memory.max_usage_in_bytes, counts the cache).
+    SAMPLED_CGROUP = "sampled cgroup"
+    # No job group: the tree's processes, sampled and summed (psutil).
+    SAMPLED = "sampled"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPeak:
+    """The highest memory a job's tree held, and how that was taken."""
+
+    bytes: int
+    method: PeakMethod
+
+    def describe(self) -> str:
+        """The method in words, as the batch summary shows it."""
+        return self.method.value
 
 
 class Sampled(Protocol):

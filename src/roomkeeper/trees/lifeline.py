@@ -2,7 +2,7 @@
 
 Seed 002: "Worker stdin loss cleans up descendants even if the gateway is
 killed abruptly."  One small helper per scheduler, ``python -m
-roomkeeper.jobs.lifeline``, reads registrations from a pipe on its stdin::
+roomkeeper.trees.lifeline``, reads registrations from a pipe on its stdin::
 
     add <pid> <session id = process group id> <cgroup dir or ->
     frz <pid> <v1 freezer group dir>
@@ -27,15 +27,14 @@ between (microseconds) leaves that one job behind; and without a cgroup, a
 descendant that left the job's session and then lost its parent is out of
 the helper's reach (the scheduler's own stop still finds it if it was seen).
 
-This module also holds the ``/proc`` and cgroup primitives that find a
-tree's members, shared with :mod:`roomkeeper.jobs.process`; they read ``/proc``
-directly, without psutil, so the helper's kill path needs nothing else.
+The ``/proc`` and cgroup primitives that find a tree's members live in
+:mod:`roomkeeper.kernel.proc`; they read ``/proc`` directly, without psutil,
+so the helper's kill path needs nothing else.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import os
 import signal
@@ -48,22 +47,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roomkeeper.errors import RoomkeeperError
-from roomkeeper.kernel.host import PROC_ROOT
+from roomkeeper.kernel.proc import (
+    PR_SET_PDEATHSIG,
+    kill_cgroup,
+    prctl,
+    scan_proc,
+    tree_members,
+)
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 _READY = b"ready\n"
 _KILL_DEADLINE_S = 1.5  # the whole kill must fit well inside the 2 s the issue allows
-
-
-@dataclass(frozen=True, slots=True)
-class ProcStat:
-    """The fields of ``/proc/<pid>/stat`` that place a process in a tree."""
-
-    state: str  # "Z" for a zombie: dead, only its exit status is left
-    ppid: int
-    pgid: int
-    sid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,94 +72,6 @@ class LifelineStatistics:
     pid: int | None
     registered: int
     starts: int
-
-
-def prctl(option: int, arg: int) -> None:
-    """Call Linux's prctl(2) through libc; raises OSError where it fails or does not exist."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl({option}): {os.strerror(errno)}")
-
-
-def read_stat(pid: int, proc_root: str = PROC_ROOT) -> ProcStat | None:
-    """One process's place in the tree, None when it no longer exists."""
-    try:  # os.open/os.read: a /proc scan reads ~100 of these; buffered io doubles its cost
-        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            raw = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
-    # comm (field 2) may hold spaces and parentheses: split after the last ")".
-    fields = raw.rpartition(b")")[2].split()
-    return ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]))
-
-
-def scan_proc(proc_root: str = PROC_ROOT) -> dict[int, ProcStat]:
-    """Every process on the machine (about 1 ms for 70 processes)."""
-    table: dict[int, ProcStat] = {}
-    for name in os.listdir(proc_root):
-        if name.isdigit() and (stat := read_stat(int(name), proc_root)) is not None:
-            table[int(name)] = stat
-    return table
-
-
-def cgroup_members(directory: str) -> set[int]:
-    """Every pid in a cgroup and its child groups; empty when the group is gone."""
-    pids: set[int] = set()
-    try:
-        with open(f"{directory}/cgroup.procs", "rb") as file:
-            pids.update(int(token) for token in file.read().split())
-        children = [entry.path for entry in os.scandir(directory) if entry.is_dir()]
-    except OSError:
-        return pids
-    for child in children:
-        pids |= cgroup_members(child)
-    return pids
-
-
-def tree_members(
-    table: dict[int, ProcStat], sid: int, cgroup_dir: str | None, seeds: Iterable[int] = ()
-) -> set[int]:
-    """The pids of one job's tree, zombies included.
-
-    A member is in the job's session or process group, in its cgroup, one of
-    the ``seeds`` (members seen earlier), or a descendant of any of those:
-    a grandchild that called setsid() is found through its living parent.
-    """
-    members = {pid for pid, stat in table.items() if sid in (stat.sid, stat.pgid)}
-    if cgroup_dir is not None:
-        members |= cgroup_members(cgroup_dir)
-    members.update(seeds)
-    members = {pid for pid in members if pid > 1}  # never init, nor everything below it
-    children: dict[int, list[int]] = {}
-    for pid, stat in table.items():
-        children.setdefault(stat.ppid, []).append(pid)
-    stack = list(members)
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in members:
-                members.add(child)
-                stack.append(child)
-    members.discard(os.getpid())  # never ourselves, whatever a stale pid says
-    return members
-
-
-def kill_cgroup(directory: str) -> bool:
-    """SIGKILL a whole v2 cgroup at once through ``cgroup.kill`` (Linux 5.14); False without it."""
-    try:
-        fd = os.open(f"{directory}/cgroup.kill", os.O_WRONLY)
-    except OSError:
-        return False
-    try:
-        os.write(fd, b"1")
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 def _signal_quietly(sig: int, pid: int, *, group: bool = False) -> None:
@@ -327,7 +232,7 @@ class Lifeline:
         python: the interpreter that runs the helper.
         stall_s: how long a starting helper may make no progress at all before it
             is given up on (a slow start that makes progress is waited out);
-            :data:`roomkeeper.jobs.readiness.STALL_S` when None.
+            :data:`roomkeeper.trees.readiness.STALL_S` when None.
     """
 
     def __init__(self, *, python: str = sys.executable, stall_s: float | None = None) -> None:
@@ -413,13 +318,13 @@ class Lifeline:
             assert self._proc.stdin is not None
             self._proc.stdin.close()  # a dead helper: let it go, start another
             self._proc = None
-        # src/roomkeeper/jobs/lifeline.py -> src: the lifeline imports the package from there
+        # src/roomkeeper/trees/lifeline.py -> src: the lifeline imports the package from there
         package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
         try:
             proc = subprocess.Popen(
-                [self._python, "-m", "roomkeeper.jobs.lifeline", str(os.getpid())],
+                [self._python, "-m", "roomkeeper.trees.lifeline", str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 start_new_session=True,  # out of reach of the terminal's Ctrl-C
@@ -430,14 +335,14 @@ class Lifeline:
             raise RoomkeeperError(f"the lifeline helper could not start: {err}") from err
         assert proc.stdout is not None
         # Imported here: the helper imports this module too, and must start light.
-        from roomkeeper.jobs.readiness import STALL_S, await_ready
+        from roomkeeper.trees.readiness import STALL_S, await_ready
 
         try:
             await_ready(
                 proc,
                 proc.stdout.fileno(),
                 _READY,
-                what=f"the lifeline helper ({self._python} -m roomkeeper.jobs.lifeline)",
+                what=f"the lifeline helper ({self._python} -m roomkeeper.trees.lifeline)",
                 stall_s=STALL_S if self._stall_s is None else self._stall_s,
             )
         finally:

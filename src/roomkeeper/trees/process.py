@@ -1,13 +1,13 @@
 """Managed processes: one job, one process tree, stopped whole (seed 002).
 
 A :class:`ManagedProcess` is a running job's tree, started by
-:func:`roomkeeper.jobs.launch.launch`.  Where the job has its own memory cgroup,
+:func:`roomkeeper.trees.launch.launch`.  Where the job has its own memory cgroup,
 the group measures its footprint and finds every member, however it tried
 to leave; without one, the tree is found through ``/proc`` and psutil
-measures it.  Its peak says how it was taken (:mod:`roomkeeper.jobs.peaks`
+measures it.  Its peak says how it was taken (:mod:`roomkeeper.trees.peaks`
 samples what the kernel does not keep).  The whole tree can be suspended
 and resumed (:mod:`roomkeeper.kernel.freezer`'s three ways).
-:func:`~roomkeeper.jobs.orphans.become_subreaper` makes a job's orphans
+:func:`~roomkeeper.trees.orphans.become_subreaper` makes a job's orphans
 ours, so that closing the job can reap them.
 
 The leader is never reaped before :meth:`ManagedProcess.close`: its exit
@@ -30,20 +30,19 @@ from dataclasses import dataclass
 import psutil
 
 from roomkeeper.errors import KernelFileError, LaunchError, SuspendError
-from roomkeeper.jobs.lifeline import (
-    Lifeline,
+from roomkeeper.kernel.freezer import FREEZE_TIMEOUT_S, FreezeMethod, FreezerGroup
+from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, job_cgroup_parent
+from roomkeeper.kernel.proc import (
     ProcStat,
     cgroup_members,
     kill_cgroup,
     scan_proc,
     tree_members,
 )
-from roomkeeper.jobs.orphans import become_subreaper, reap_orphans
-from roomkeeper.jobs.peaks import sampler, tree_footprint
-from roomkeeper.jobs.spec import MemoryPeak, PeakMethod
-from roomkeeper.jobs.suspension import Suspension
-from roomkeeper.kernel.freezer import FREEZE_TIMEOUT_S, FreezeMethod, FreezerGroup
-from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, job_cgroup_parent
+from roomkeeper.trees.lifeline import Lifeline
+from roomkeeper.trees.orphans import become_subreaper, reap_orphans
+from roomkeeper.trees.peaks import MemoryPeak, PeakMethod, sampler, tree_footprint
+from roomkeeper.trees.suspension import Suspension
 
 __all__ = [
     "FreezeMethod",
@@ -79,7 +78,7 @@ class ProcessStatistics:
 
 
 class ManagedProcess:
-    """A running job's tree; made by :func:`roomkeeper.jobs.launch.launch`.
+    """A running job's tree; made by :func:`roomkeeper.trees.launch.launch`.
 
     Attributes:
         job_id: the scheduler's name for the job.
@@ -165,7 +164,7 @@ class ManagedProcess:
 
         A descendant that leaves the session and loses its parent can be found
         later only if it was seen here (or is in the job's cgroup), so a
-        tree without a cgroup is sampled now and then (:mod:`roomkeeper.jobs.peaks`).
+        tree without a cgroup is sampled now and then (:mod:`roomkeeper.trees.peaks`).
 
         Args:
             table: the machine's processes (:func:`scan_proc`), when just read.
@@ -250,7 +249,7 @@ class ManagedProcess:
 
         A v2 job group's ``memory.peak`` where the kernel keeps one (file
         cache included); else the highest of the samples, taken every
-        :data:`~roomkeeper.jobs.peaks.SAMPLE_SECONDS` from the v1 group
+        :data:`~roomkeeper.trees.peaks.SAMPLE_SECONDS` from the v1 group
         (less file cache) or from the tree's processes.
         """
         if self._kernel_keeps_peak and self._cgroup is not None:

@@ -3,7 +3,7 @@
 A job's descendant whose parent exits is reparented to the nearest
 subreaper, so with :func:`become_subreaper` its tree can still be walked,
 and its zombie is ours to reap once the job is closed
-(:func:`reap_orphans`).  Moved out of :mod:`roomkeeper.jobs.process`,
+(:func:`reap_orphans`).  Moved out of :mod:`roomkeeper.trees.process`,
 unchanged, before that module grew suspension and sampled peaks.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import psutil
 
-from roomkeeper.jobs.lifeline import PR_SET_CHILD_SUBREAPER, prctl, scan_proc
+from roomkeeper.kernel.proc import PR_SET_CHILD_SUBREAPER, prctl, scan_proc
 
 _subreaper = False  # whether become_subreaper() made orphans ours to reap
 # Sessions of closed jobs: an adopted zombie in one of them is ours to reap.
