@@ -24,16 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from roomkeeper.jobs.reaper import reap, survey
-from roomkeeper.jobs.spec import (
-    JobSpec,
-    JobState,
-    JobView,
-    Transition,
-    WorktreeRequest,
-)
-from roomkeeper.jobs.workspaces import Workspaces
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition
 from roomkeeper.journal.database import Journal
+from roomkeeper.worktrees.reaper import reap, survey
+from roomkeeper.worktrees.request import WorktreeRequest
+from roomkeeper.worktrees.service import Workspaces
 
 
 def git(cwd: Path, *args: str) -> None:

@@ -13,7 +13,12 @@ import pytest
 
 from roomkeeper.errors import WorkspaceError
 from roomkeeper.gateway.workspaces import reap_event
-from roomkeeper.jobs.reaper import (
+from roomkeeper.jobs.spec import JobState
+from roomkeeper.journal.database import Journal
+from roomkeeper.journal.history import ALLOWED_FIELDS, RecoveryCode
+from roomkeeper.journal.workspaces import ABANDONED
+from roomkeeper.kernel.identity import process_identity
+from roomkeeper.worktrees.reaper import (
     Protection,
     ReapReport,
     RegisteredTree,
@@ -22,12 +27,8 @@ from roomkeeper.jobs.reaper import (
     reap,
     registry_protection,
 )
-from roomkeeper.jobs.spec import JobState, Worktree, WorktreeRequest
-from roomkeeper.jobs.workspaces import Workspaces, check_worktree, tree_path
-from roomkeeper.journal.database import Journal
-from roomkeeper.journal.history import ALLOWED_FIELDS, RecoveryCode
-from roomkeeper.journal.workspaces import ABANDONED
-from roomkeeper.kernel.identity import process_identity
+from roomkeeper.worktrees.request import Worktree, WorktreeRequest
+from roomkeeper.worktrees.service import Workspaces, check_worktree, tree_path
 from tests.workspace_repos import (
     MIB,
     fill,
@@ -399,7 +400,7 @@ def test_the_checks_in_order() -> None:
 def test_a_reap_event_holds_counts_and_bytes_only() -> None:
     """The recovery history gets numbers: no path, branch or job id."""
     tree = RegisteredTree("/secret/path", "/r", "b", "j", "exited", 1.0)
-    from roomkeeper.jobs.reaper import TreeVerdict
+    from roomkeeper.worktrees.reaper import TreeVerdict
 
     report = ReapReport((TreeVerdict(tree, 4096, None),), (), 4096)
     event = reap_event(report)

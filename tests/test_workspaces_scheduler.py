@@ -10,12 +10,13 @@ import pytest
 
 from roomkeeper.guard.admission import Guard
 from roomkeeper.jobs.queue import Limits
-from roomkeeper.jobs.reaper import ReapReport
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, WorktreeRequest
-from roomkeeper.jobs.workspaces import Workspaces
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.trees.launch import LaunchSpec
+from roomkeeper.worktrees.reaper import ReapReport
+from roomkeeper.worktrees.request import WorktreeRequest
+from roomkeeper.worktrees.service import Workspaces
 from tests.test_scheduler import FakeHandle
 from tests.workspace_repos import (
     MIB,

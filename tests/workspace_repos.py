@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition, Worktree, WorktreeRequest
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition
 from roomkeeper.journal.database import Journal
+from roomkeeper.worktrees.request import Worktree, WorktreeRequest
 
 MIB = 1024 * 1024
 

@@ -17,25 +17,28 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
   leases, release hooks.  May import: ``kernel``.
 - ``trees``: managed process trees: launching, sampled peaks, suspension,
   orphans, readiness, the job user, the lifeline.  May import: ``kernel``.
+- ``worktrees``: a git worktree per job, and the reaper of finished ones.
+  May import: ``guard``, ``kernel``.
 - ``jobs``: specs and states, the fair queue, the scheduler and its launch
-  rounds, learned-size keys, batch.  May import: ``trees``, ``guard``, ``kernel``.
+  rounds, learned-size keys, batch.  May import: ``worktrees``, ``trees``,
+  ``guard``, ``kernel``.
 - ``journal``: the SQLite journal, one module per table; every SQL string of
-  the project.  May import: ``jobs``, ``trees``, ``guard``, ``kernel``.
+  the project.  May import: ``jobs``, ``worktrees``, ``trees``, ``guard``, ``kernel``.
 - ``cluster``: the Ray backend: placement on the cluster, the runner actor
   that asks a node's own guard and runs the job there, the gateway's handle
   of it.  Ray itself is imported only when chosen.  May import: ``jobs``,
-  ``trees``, ``guard``, ``kernel``.
+  ``worktrees``, ``trees``, ``guard``, ``kernel``.
 - ``gateway``: the service that owns scheduler, guard and journal; durable
   jobs and leases, recovery, registered calls, samples, the supervisor link.
-  May import: ``cluster``, ``journal``, ``jobs``, ``trees``, ``guard``, ``kernel``,
+  May import: ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``, ``guard``, ``kernel``,
   ``ipc``.
 - ``api``: the HTTP app, one module per resource's routes, models, views,
   metrics, serving.  May import: ``gateway``, ``cluster``, ``journal``, ``jobs``,
-  ``trees``, ``guard``, ``kernel``, ``ipc``.
+  ``worktrees``, ``trees``, ``guard``, ``kernel``, ``ipc``.
 - ``supervisor``: runs the gateway as its child and watches it from outside;
   talks to it through ``ipc`` only.  May import: ``ipc``.
 - ``cli``: the ``roomkeeper`` command.  May import: ``api``, ``gateway``,
-  ``cluster``, ``journal``, ``jobs``, ``trees``, ``guard``, ``kernel``, ``ipc``,
+  ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``, ``guard``, ``kernel``, ``ipc``,
   ``supervisor``.
 
 ``ipc`` (the supervisor's socketpair protocol) imports nothing of ours.

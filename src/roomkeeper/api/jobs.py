@@ -21,8 +21,9 @@ from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.gateway.calls import CallState
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.guard.packing import MemoryPolicy
-from roomkeeper.jobs.spec import JobSpec, JobState, WorktreeRequest, check_runnable
-from roomkeeper.jobs.workspaces import check_worktree
+from roomkeeper.jobs.spec import JobSpec, JobState, check_runnable
+from roomkeeper.worktrees.request import WorktreeRequest
+from roomkeeper.worktrees.service import check_worktree
 
 
 def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:

@@ -18,13 +18,14 @@ from roomkeeper.errors import UsageError
 from roomkeeper.gateway.home import open_journal
 from roomkeeper.gateway.workspaces import history_writer, reap_now
 from roomkeeper.jobs.batch import BatchTrees
-from roomkeeper.jobs.reaper import Protection, ReapReport, TreeVerdict
-from roomkeeper.jobs.spec import JobView, WorktreeRequest
-from roomkeeper.jobs.workspaces import Workspaces, check_worktree
+from roomkeeper.jobs.spec import JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.identity import process_identity
 from roomkeeper.paths import home_dir, workspace_dir
 from roomkeeper.units import format_bytes
+from roomkeeper.worktrees.reaper import Protection, ReapReport, TreeVerdict
+from roomkeeper.worktrees.request import WorktreeRequest
+from roomkeeper.worktrees.service import Workspaces, check_worktree
 
 REGISTER_TIMEOUT_S = 30.0
 

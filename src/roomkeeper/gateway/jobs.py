@@ -49,11 +49,12 @@ from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.rounds import Launcher, Placement
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.sizes import size_key
-from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, WorktreeRequest
-from roomkeeper.jobs.workspaces import Workspaces
+from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 from roomkeeper.trees.job_user import JobUser
+from roomkeeper.worktrees.request import WorktreeRequest
+from roomkeeper.worktrees.service import Workspaces
 
 log = logging.getLogger("roomkeeper")
 

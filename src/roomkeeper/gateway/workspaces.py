@@ -1,6 +1,6 @@
 """The gateway's workspaces: jobs' git worktrees with the journal as their registry.
 
-Wires :class:`roomkeeper.jobs.workspaces.Workspaces` to the journal (the
+Wires :class:`roomkeeper.worktrees.service.Workspaces` to the journal (the
 registry, written in the jobs' own transactions) and says what each reap did
 in the recovery history, in counts and bytes only: no path, no branch, no
 job id (seed 002's rule for the history).
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from roomkeeper.jobs.reaper import ReapReport, TreeVerdict, reap, survey
-from roomkeeper.jobs.workspaces import Workspaces
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+from roomkeeper.worktrees.reaper import ReapReport, TreeVerdict, reap, survey
+from roomkeeper.worktrees.service import Workspaces
 
 
 def reap_event(report: ReapReport) -> HistoryEvent:

@@ -50,17 +50,11 @@ from roomkeeper.jobs.monitor import MonitorStatistics
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.sizes import SizeBook, size_key
-from roomkeeper.jobs.spec import (
-    EstimateSource,
-    JobSpec,
-    JobState,
-    JobView,
-    WorktreeRequest,
-    check_kind,
-)
-from roomkeeper.jobs.workspaces import BRANCH_PREFIX, Workspaces
+from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, check_kind
 from roomkeeper.trees.peaks import PeakMethod
 from roomkeeper.units import format_bytes
+from roomkeeper.worktrees.request import WorktreeRequest
+from roomkeeper.worktrees.service import BRANCH_PREFIX, Workspaces
 
 STOP_GRACE_ON_INTERRUPT = 2.0
 # A line's own kind: a shell comment at its very end, "#kind=NAME" (or "# kind=NAME").

@@ -20,8 +20,9 @@ from typing import Protocol, runtime_checkable
 
 from roomkeeper.errors import UnknownJobError
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition, Worktree
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition
 from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
+from roomkeeper.worktrees.request import Worktree
 
 KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one
 

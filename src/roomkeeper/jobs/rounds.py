@@ -45,11 +45,12 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteEnd, RemoteHandle, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.spec import JobState, JobView, Worktree
+from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.trees.job_user import JobUser
 from roomkeeper.trees.launch import LaunchSpec, launch
 from roomkeeper.trees.process import Lifeline, become_subreaper
+from roomkeeper.worktrees.request import Worktree
 
 log = logging.getLogger("roomkeeper")
 

@@ -13,6 +13,7 @@ from roomkeeper.errors import UnrunnableError, UsageError
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Reason
 from roomkeeper.trees.peaks import PeakMethod
+from roomkeeper.worktrees.request import Worktree, WorktreeRequest
 
 KIND_PATTERN = r"[A-Za-z0-9._:@-]{1,200}"
 """What a job's ``kind`` may be: a name (letters, digits, ``. _ : @ -``), at most 200 long."""
@@ -51,36 +52,6 @@ class EstimateSource(enum.Enum):
     STATED = "stated"  # the submitter gave it (memory_bytes, --memory, --job-memory)
     LEARNED = "learned"  # the highest peak of the last runs of the same kind
     DEFAULT = "default"  # ROOMKEEPER_JOB_MEMORY_MB: nothing stated, nothing learned yet
-
-
-@dataclass(frozen=True, slots=True)
-class WorktreeRequest:
-    """A job's ask for a git worktree of a local repository (issue 14).
-
-    Attributes:
-        repo: a path inside the repository (its working tree or a worktree of it).
-        branch: the branch the tree is on; ``roomkeeper/<job id>`` when None.
-    """
-
-    repo: str
-    branch: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Worktree:
-    """A job's git worktree, made or reused under ROOMKEEPER_WORKSPACE.
-
-    Attributes:
-        path: the tree's directory: the command runs there.
-        repo: the repository's top level.
-        branch: the branch the tree is on.
-        reused: whether the tree was already there (a re-dispatch), not made now.
-    """
-
-    path: str
-    repo: str
-    branch: str
-    reused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

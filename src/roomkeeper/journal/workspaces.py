@@ -18,10 +18,10 @@ import sqlite3
 import time
 from concurrent.futures import Future
 
-from roomkeeper.jobs.reaper import RegisteredTree
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.store import Store
 from roomkeeper.kernel.identity import identity_lives
+from roomkeeper.worktrees.reaper import RegisteredTree
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS workspaces (

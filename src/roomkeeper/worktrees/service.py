@@ -18,7 +18,7 @@ that is no repository, a branch checked out in another tree, a dirty base.
 and :meth:`Workspaces.reclaim` (the guard's one reap before it refuses for
 disk, which stops at the guard's own line).  Both protect the tree of the job
 being dispatched; the rest of the protect set comes from the registry
-(:mod:`roomkeeper.jobs.reaper`).
+(:mod:`roomkeeper.worktrees.reaper`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from pathlib import Path
 from roomkeeper.config import read_reap_at_percent
 from roomkeeper.errors import WorkspaceError
 from roomkeeper.guard.rule import Decision
-from roomkeeper.jobs.git import git
-from roomkeeper.jobs.reaper import ReapReport, Registry, reap
-from roomkeeper.jobs.spec import JobView, Worktree, WorktreeRequest
 from roomkeeper.kernel.resources import read_disk
+from roomkeeper.worktrees.git import git
+from roomkeeper.worktrees.reaper import ReapReport, Registry, reap
+from roomkeeper.worktrees.request import Worktree, WorktreeJob, WorktreeRequest
 
 log = logging.getLogger("roomkeeper")
 
@@ -232,7 +232,7 @@ class Workspaces:
         self._on_reap = on_reap
         self._env = env
 
-    def prepare(self, view: JobView) -> Worktree | None:
+    def prepare(self, view: WorktreeJob) -> Worktree | None:
         """Make or reuse ``view``'s tree (None when it asked for none).
 
         Above ROOMKEEPER_REAP_AT_PERCENT used, finished trees are reaped first,
@@ -284,7 +284,7 @@ class Workspaces:
                 repo=plan.root,
             )
 
-    def reclaim(self, view: JobView, decision: Decision) -> bool:
+    def reclaim(self, view: WorktreeJob, decision: Decision) -> bool:
         """The guard's one reap before it refuses for disk: down to its own line, no further.
 
         Returns:

@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from roomkeeper.jobs.git import git
 from roomkeeper.kernel.resources import read_disk
 from roomkeeper.units import format_bytes
+from roomkeeper.worktrees.git import git
 
 log = logging.getLogger("roomkeeper")
 
