@@ -7,13 +7,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from roomkeeper.config import PressureSettings
-from roomkeeper.guard.cooldown import Cooldown, CooldownCause
-from roomkeeper.guard.ladder import LadderState, Live, Plan, Reading, Step, decide
+from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.monitor import PressureMonitor
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.relief.cooldown import Cooldown, CooldownCause
+from roomkeeper.relief.ladder import LadderState, Live, Plan, Step, decide
+from roomkeeper.relief.monitor import PressureMonitor
 from roomkeeper.testing import FakeClock
 from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.trees.peaks import MemoryPeak, PeakMethod

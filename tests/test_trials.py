@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from roomkeeper.config import PressureSettings
-from roomkeeper.guard.cooldown import Cooldown
-from roomkeeper.guard.ladder import LadderState, Live, Reading, Step, decide
+from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
     GROWING_BYTES,
@@ -20,10 +19,12 @@ from roomkeeper.guard.packing import (
     held_bytes,
     leaves_trial,
 )
-from roomkeeper.jobs.monitor import PressureMonitor
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec
+from roomkeeper.relief.cooldown import Cooldown
+from roomkeeper.relief.ladder import LadderState, Live, Step, decide
+from roomkeeper.relief.monitor import PressureMonitor
 from roomkeeper.testing import FakeClock
 from tests.test_ladder import FakeTarget
 from tests.test_packing import _guard

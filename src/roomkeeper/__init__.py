@@ -13,32 +13,34 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
 
 - ``kernel``: parsers, our own cgroup and its levels, fresh readings, job
   cgroups, processes as ``/proc`` lists them.  May import: nothing else of ours.
-- ``guard``: the admission rule and its reservations, memory policies,
-  leases, release hooks.  May import: ``kernel``.
+- ``guard``: the admission rule and its reservations, memory policies, the
+  lines it draws, leases, release hooks.  May import: ``kernel``.
+- ``relief``: the pressure monitor, the relief ladder, the cooldown.
+  May import: ``guard``, ``kernel``.
 - ``trees``: managed process trees: launching, sampled peaks, suspension,
   orphans, readiness, the job user, the lifeline.  May import: ``kernel``.
 - ``worktrees``: a git worktree per job, and the reaper of finished ones.
   May import: ``guard``, ``kernel``.
 - ``jobs``: specs and states, the fair queue, the scheduler and its launch
-  rounds, learned-size keys, batch.  May import: ``worktrees``, ``trees``,
+  rounds, learned-size keys, batch.  May import: ``worktrees``, ``trees``, ``relief``,
   ``guard``, ``kernel``.
 - ``journal``: the SQLite journal, one module per table; every SQL string of
-  the project.  May import: ``jobs``, ``worktrees``, ``trees``, ``guard``, ``kernel``.
+  the project.  May import: ``jobs``, ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``.
 - ``cluster``: the Ray backend: placement on the cluster, the runner actor
   that asks a node's own guard and runs the job there, the gateway's handle
   of it.  Ray itself is imported only when chosen.  May import: ``jobs``,
-  ``worktrees``, ``trees``, ``guard``, ``kernel``.
+  ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``.
 - ``gateway``: the service that owns scheduler, guard and journal; durable
   jobs and leases, recovery, registered calls, samples, the supervisor link.
-  May import: ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``, ``guard``, ``kernel``,
+  May import: ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``,
   ``ipc``.
 - ``api``: the HTTP app, one module per resource's routes, models, views,
   metrics, serving.  May import: ``gateway``, ``cluster``, ``journal``, ``jobs``,
-  ``worktrees``, ``trees``, ``guard``, ``kernel``, ``ipc``.
+  ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``, ``ipc``.
 - ``supervisor``: runs the gateway as its child and watches it from outside;
   talks to it through ``ipc`` only.  May import: ``ipc``.
 - ``cli``: the ``roomkeeper`` command.  May import: ``api``, ``gateway``,
-  ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``, ``guard``, ``kernel``, ``ipc``,
+  ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``, ``ipc``,
   ``supervisor``.
 
 ``ipc`` (the supervisor's socketpair protocol) imports nothing of ours.

@@ -16,8 +16,8 @@ from prometheus_client.registry import Collector
 
 from roomkeeper.gateway.jobs import WAIT_BUCKETS
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.monitor import MonitorStatistics
 from roomkeeper.jobs.spec import JobState
+from roomkeeper.relief.monitor import MonitorStatistics
 
 if TYPE_CHECKING:
     from roomkeeper.gateway.service import Gateway

@@ -41,10 +41,8 @@ from roomkeeper.errors import (
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
-from roomkeeper.guard.ladder import Step
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
-from roomkeeper.jobs.monitor import ReliefEvent
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.rounds import Launcher, Placement
 from roomkeeper.jobs.scheduler import Scheduler
@@ -52,6 +50,8 @@ from roomkeeper.jobs.sizes import size_key
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+from roomkeeper.relief.ladder import Step
+from roomkeeper.relief.monitor import ReliefEvent
 from roomkeeper.trees.job_user import JobUser
 from roomkeeper.worktrees.request import WorktreeRequest
 from roomkeeper.worktrees.service import Workspaces

@@ -22,12 +22,12 @@ from typing import Any
 
 from roomkeeper.config import read_pressure_settings, read_watchdog_settings
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.cooldown import CooldownCause
 from roomkeeper.ipc import CAPABILITIES, PROTOCOL, RECOVERY_MODE_VARIABLE, Channel
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+from roomkeeper.relief.cooldown import CooldownCause
 
 log = logging.getLogger("roomkeeper")
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from roomkeeper.config import Settings, read_settings
-from roomkeeper.guard.ladder import Reading
+from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
     MAX_TRIALS,

@@ -46,11 +46,11 @@ from roomkeeper.errors import UsageError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.monitor import MonitorStatistics
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.sizes import SizeBook, size_key
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, check_kind
+from roomkeeper.relief.monitor import MonitorStatistics
 from roomkeeper.trees.peaks import PeakMethod
 from roomkeeper.units import format_bytes
 from roomkeeper.worktrees.request import WorktreeRequest

@@ -33,18 +33,10 @@ from typing import Any
 from roomkeeper.config import PressureSettings, read_pressure_settings, read_queue_settings
 from roomkeeper.errors import QueueFullError
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.cooldown import Cooldown
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
-from roomkeeper.jobs.monitor import (
-    INTERVAL_S,
-    MonitorStatistics,
-    PressureMonitor,
-    ReliefEvent,
-    arm_container,
-)
+from roomkeeper.jobs.ladder_target import SchedulerRelief
 from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.relief import SchedulerRelief
 from roomkeeper.jobs.rounds import (
     RETRY_SECONDS,
     STOP_GRACE_SECONDS,
@@ -56,6 +48,14 @@ from roomkeeper.jobs.rounds import (
 )
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.kernel.resources import cpu_pressure_percent
+from roomkeeper.relief.cooldown import Cooldown
+from roomkeeper.relief.monitor import (
+    INTERVAL_S,
+    MonitorStatistics,
+    PressureMonitor,
+    ReliefEvent,
+    arm_container,
+)
 from roomkeeper.trees.job_user import JobUser
 
 log = logging.getLogger("roomkeeper")

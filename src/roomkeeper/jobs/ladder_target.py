@@ -1,6 +1,6 @@
 """The scheduler's side of the relief ladder: what the pressure monitor may do to its jobs.
 
-:class:`SchedulerRelief` is the :class:`~roomkeeper.jobs.monitor.Target`
+:class:`SchedulerRelief` is the :class:`~roomkeeper.relief.monitor.Target`
 the monitor acts through.  Every record changes under the scheduler's lock;
 the kernel's part of a suspension or a resume (a freezer write, signals)
 happens outside it, so an API call never waits on the freezer.  A stop goes
@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 from roomkeeper.errors import SuspendError
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.ladder import Live
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.book import JobBook, JobRecord, RemoteHandle
 from roomkeeper.jobs.rounds import Runner
 from roomkeeper.jobs.spec import JobState
+from roomkeeper.relief.ladder import Live
 
 log = logging.getLogger("roomkeeper")
 

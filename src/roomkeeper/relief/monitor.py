@@ -5,7 +5,7 @@ same non-reclaimable usage of the container the guard reads, and PSI memory,
 at least every :data:`INTERVAL_S`, and wakes at once where the kernel can
 say so (:mod:`roomkeeper.kernel.notify`: a v1 usage threshold, a v2 PSI
 trigger or a change of ``memory.events``).  Each reading goes through the
-pure ladder (:func:`roomkeeper.guard.ladder.decide`); its plan is carried
+pure ladder (:func:`roomkeeper.relief.ladder.decide`); its plan is carried
 out through the scheduler (:class:`Target`), whose lock guards every record.
 
 It runs on a thread of its own, so a busy event loop or a slow launch round
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from roomkeeper.config import PressureSettings, read_pressure_settings
-from roomkeeper.guard.cooldown import Cooldown, CooldownCause
-from roomkeeper.guard.ladder import Action, LadderState, Live, Plan, Reading, Step, decide
+from roomkeeper.guard.lines import Reading
 from roomkeeper.kernel.notify import Notifier
+from roomkeeper.relief.cooldown import Cooldown, CooldownCause
+from roomkeeper.relief.ladder import Action, LadderState, Live, Plan, Step, decide
 
 log = logging.getLogger("roomkeeper")
 

@@ -25,7 +25,7 @@ One victim at a time: while a stopped tree is still going, no other is chosen.
 Nothing here reads the kernel, a clock or a thread: :func:`decide` takes a
 :class:`Reading`, the live jobs and the ladder's :class:`LadderState`, and
 returns the :class:`Plan` and the next state.  The monitor
-(:mod:`roomkeeper.jobs.monitor`) takes the readings and acts.
+(:mod:`roomkeeper.relief.monitor`) takes the readings and acts.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from roomkeeper.config import PressureSettings
+from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import TRIAL_RESUME_MARGIN
-from roomkeeper.guard.rule import gb, memory_line
+from roomkeeper.guard.rule import gb
 
 RISE_BYTES = 1 << 20  # less than this between two readings is noise, not growth
 
@@ -48,55 +49,6 @@ class Step(enum.Enum):
     SUSPEND = "suspend"  # freeze one tree: its growth stops, nothing is lost
     RESUME = "resume"  # let a suspended tree go on
     STOP = "stop"  # stop one tree, keep its output, start the cooldown
-
-
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """What the monitor read: the guard's own numbers, and the container's PSI.
-
-    Attributes:
-        used: non-reclaimable memory of the container (the guard's "used").
-        limit: the container's effective limit.
-        headroom_percent: ROOMKEEPER_MEMORY_HEADROOM_PERCENT.
-        reserve: what the guard keeps free on top of the headroom (the gateway's own).
-        full_avg10: PSI memory ``full`` avg10 of the container, None where it has none
-            (a host-wide figure is never given when a container limit exists).
-        at: monotonic seconds.
-        directory: the container's cgroup directory, where notifications are armed.
-        version: its cgroup version (None without a cgroup).
-        claimed: what the young jobs not on trial claim against those on trial
-            (:func:`roomkeeper.guard.packing.claim_bytes`).
-    """
-
-    used: int
-    limit: int
-    headroom_percent: float
-    reserve: int
-    full_avg10: float | None
-    at: float
-    directory: str | None = None
-    version: int | None = None
-    claimed: int = 0
-
-    @property
-    def headroom(self) -> int:
-        """The guard's headroom: limit minus its line."""
-        return self.limit - memory_line(self.limit, self.headroom_percent)
-
-    @property
-    def hold_line(self) -> int:
-        """The guard's own line: nothing is admitted past it."""
-        return memory_line(self.limit, self.headroom_percent) - self.reserve
-
-    @property
-    def suspend_line(self) -> int:
-        """Past the line by half the headroom."""
-        return memory_line(self.limit, self.headroom_percent) + self.headroom // 2
-
-    @property
-    def stop_line(self) -> int:
-        """Within a quarter of the headroom of the limit."""
-        return self.limit - self.headroom // 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The one cooldown clock: admission held for a while after memory had to be relieved.
 
-Both the relief ladder's stop (:mod:`roomkeeper.jobs.monitor`) and the
+Both the relief ladder's stop (:mod:`roomkeeper.relief.monitor`) and the
 supervisor's relief request (:mod:`roomkeeper.gateway.link`) start it, for
 ROOMKEEPER_PRESSURE_COOLDOWN seconds: one clock, not two, so that neither
 lets work in while the other still holds it out.  Thread-safe.
