@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from roomkeeper.batch.run import line_kind
 from roomkeeper.errors import UsageError
-from roomkeeper.jobs.batch import line_kind
 from roomkeeper.jobs.sizes import size_key
 from roomkeeper.jobs.spec import JobSpec
 from roomkeeper.journal.database import Journal

@@ -13,8 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
+from roomkeeper.batch.run import BatchOptions, BatchResult, run_batch
 from roomkeeper.cli import local
 from roomkeeper.cli.app import main
+from roomkeeper.cli.batch_view import BatchProgress
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
@@ -32,7 +34,6 @@ from roomkeeper.guard.packing import (
     trimmed,
 )
 from roomkeeper.guard.rule import Decision
-from roomkeeper.jobs.batch import BatchOptions, BatchProgress, BatchResult, run_batch
 from roomkeeper.testing import FakeClock
 from tests.trees import Level, v2_tree
 

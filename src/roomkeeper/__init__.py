@@ -22,7 +22,7 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
 - ``worktrees``: a git worktree per job, and the reaper of finished ones.
   May import: ``guard``, ``kernel``.
 - ``jobs``: specs and states, the fair queue, the scheduler and its launch
-  rounds, learned-size keys, batch.  May import: ``worktrees``, ``trees``, ``relief``,
+  rounds, learned-size keys.  May import: ``worktrees``, ``trees``, ``relief``,
   ``guard``, ``kernel``.
 - ``journal``: the SQLite journal, one module per table; every SQL string of
   the project.  May import: ``jobs``, ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``.
@@ -32,16 +32,19 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
   ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``.
 - ``gateway``: the service that owns scheduler, guard and journal; durable
   jobs and leases, recovery, registered calls, samples, the supervisor link.
-  May import: ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``,
-  ``ipc``.
+  May import: ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``,
+  ``relief``, ``guard``, ``kernel``, ``ipc``.
 - ``api``: the HTTP app, one module per resource's routes, models, views,
   metrics, serving.  May import: ``gateway``, ``cluster``, ``journal``, ``jobs``,
   ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``, ``ipc``.
 - ``supervisor``: runs the gateway as its child and watches it from outside;
   talks to it through ``ipc`` only.  May import: ``ipc``.
-- ``cli``: the ``roomkeeper`` command.  May import: ``api``, ``gateway``,
-  ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``, ``ipc``,
-  ``supervisor``.
+- ``batch``: ``roomkeeper batch``, a memory-aware ``parallel`` on the
+  scheduler, without a server.  May import: ``jobs``, ``worktrees``, ``trees``,
+  ``relief``, ``guard``, ``kernel``.
+- ``cli``: the ``roomkeeper`` command, and what ``batch`` shows a person.
+  May import: ``api``, ``gateway``, ``batch``, ``cluster``, ``journal``, ``jobs``,
+  ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``, ``ipc``, ``supervisor``.
 
 ``ipc`` (the supervisor's socketpair protocol) imports nothing of ours.
 ``testing`` holds fakes for tests and may import anything.  Only ``api``
@@ -57,10 +60,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from roomkeeper.batch.run import BatchResult, run_batch
     from roomkeeper.guard.admission import Guard, GuardStatistics
     from roomkeeper.guard.packing import MemoryPolicy
     from roomkeeper.guard.rule import Decision, Reason
-    from roomkeeper.jobs.batch import BatchResult, run_batch
     from roomkeeper.jobs.queue import Limits
     from roomkeeper.jobs.scheduler import Scheduler, SchedulerStatistics
     from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView
@@ -79,8 +82,8 @@ _HOMES = {
     "GuardStatistics": "guard.admission",
     "Reason": "guard.rule",
     "MemoryPolicy": "guard.packing",
-    "BatchResult": "jobs.batch",
-    "run_batch": "jobs.batch",
+    "BatchResult": "batch.run",
+    "run_batch": "batch.run",
     "Limits": "jobs.queue",
     "Scheduler": "jobs.scheduler",
     "SchedulerStatistics": "jobs.scheduler",

@@ -18,6 +18,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from roomkeeper.batch.run import (
+    BatchOptions,
+    BatchTrees,
+    default_logs_dir,
+    line_kinds,
+    read_commands,
+    run_batch,
+)
+from roomkeeper.cli.batch_view import BatchProgress, summary_table
 from roomkeeper.cli.options import parse_kind_option, parse_size_option
 from roomkeeper.cli.workspaces import batch_trees, reap
 from roomkeeper.config import read_batch_cpu_settings, read_queue_settings, read_settings
@@ -26,16 +35,6 @@ from roomkeeper.gateway.home import open_journal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision
-from roomkeeper.jobs.batch import (
-    BatchOptions,
-    BatchProgress,
-    BatchTrees,
-    default_logs_dir,
-    line_kinds,
-    read_commands,
-    run_batch,
-    summary_table,
-)
 from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.parsers import Pressure
 from roomkeeper.kernel.resources import Resources, read_resources

@@ -14,10 +14,10 @@ import time
 
 import click
 
+from roomkeeper.batch.run import BatchTrees
 from roomkeeper.errors import UsageError
 from roomkeeper.gateway.home import open_journal
 from roomkeeper.gateway.workspaces import history_writer, reap_now
-from roomkeeper.jobs.batch import BatchTrees
 from roomkeeper.jobs.spec import JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.identity import process_identity

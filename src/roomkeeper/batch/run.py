@@ -31,15 +31,11 @@ import contextlib
 import os
 import queue
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typing import Any, Protocol
 
 from roomkeeper.config import read_batch_cpu_settings
 from roomkeeper.errors import UsageError
@@ -112,66 +108,24 @@ def line_kinds(commands: Sequence[str], default: str | None) -> list[str | None]
     return [line_kind(c, i + 1) or default for i, c in enumerate(commands)]
 
 
-class BatchProgress:
-    """Progress for a person: a bar on a terminal, plain lines on stderr otherwise."""
+class BatchReporter(Protocol):
+    """Where a batch tells a person what happens: each job's output, events, counts.
 
-    def __init__(self, total: int, *, console: Console, on_terminal: bool, out: BinaryIO) -> None:
-        self._total = total
-        self._console = console
-        self._out = out
-        self._done = 0
-        self.pressure: MonitorStatistics | None = None  # the monitor's counts, once it ended
-        self._bar: Progress | None = None
-        if on_terminal:
-            self._bar = Progress(
-                TextColumn("[bold]roomkeeper batch"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[status]}"),
-                TimeElapsedColumn(),
-                console=console,
-                transient=True,
-            )
-            self._task = self._bar.add_task("batch", total=total, status="")
+    The ``roomkeeper batch`` command gives a progress bar
+    (:class:`roomkeeper.cli.batch_view.BatchProgress`); ``pressure`` is set to
+    the pressure monitor's counts once the batch has ended.
+    """
 
-    def __enter__(self) -> BatchProgress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+    pressure: MonitorStatistics | None
 
     def output(self, data: bytes) -> None:
-        """Print one job's output, unaltered, above the bar."""
-        if not data:
-            return
-        if self._bar is not None:
-            # Take the bar down, write the bytes as they are, put the bar back below.
-            self._bar.stop()
-            self._out.write(data)
-            self._out.flush()
-            self._bar.start()
-        else:
-            self._out.write(data)
-            self._out.flush()
+        """Print one job's output, unaltered."""
 
     def note(self, text: str) -> None:
-        """Say one thing that happened (a suspension, a stop) on its own line above the bar."""
-        if self._bar is not None:
-            self._console.print(text, markup=False, highlight=False)
-        else:
-            print(text, file=sys.stderr, flush=True)
+        """Say one thing that happened (a suspension, a stop)."""
 
     def update(self, *, done: int, running: int, waiting: int, reason: str) -> None:
         """Show counts and the guard's current reason."""
-        status = f"running {running}, waiting {waiting}, guard: {reason}"
-        if self._bar is not None:
-            self._bar.update(self._task, completed=done, status=status)
-        elif done != self._done:
-            print(f"roomkeeper batch: {done}/{self._total} done, {status}", file=sys.stderr)
-        self._done = done
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +174,7 @@ def run_batch(
     max_running: int,
     timeout_s: float | None,
     quiet: bool,
-    progress: BatchProgress,
+    progress: BatchReporter,
     guard: Guard | None = None,
     scheduler_factory: Callable[..., Scheduler] = Scheduler,
     trees: BatchTrees | None = None,
@@ -310,7 +264,7 @@ class _BatchRun:
         max_running: int,
         timeout_s: float | None,
         quiet: bool,
-        progress: BatchProgress,
+        progress: BatchReporter,
         options: BatchOptions,
         guard: Guard,
         trees: BatchTrees | None = None,
@@ -460,57 +414,6 @@ class _BatchRun:
         key = self._keys.pop(view.id, None)
         if self._options.sizes is not None and key is not None and view.peak_bytes is not None:
             self._options.sizes.record_peak(key, view.peak_bytes)
-
-
-def pressure_line(stats: MonitorStatistics) -> str:
-    """The relief ladder's counts and reaction times on one line (bench_swarm reads it)."""
-
-    def ms(seconds: float | None) -> str:
-        return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
-
-    return (
-        f"memory pressure: holds {stats.holds}, suspensions {stats.suspensions}, "
-        f"stops {stats.stops}, re-runs {stats.reruns}, reaction p50 "
-        f"{ms(stats.reaction_p50_s)}, max {ms(stats.reaction_max_s)}; "
-        f"trial pauses {stats.trial_pauses}"
-    )
-
-
-def summary_table(
-    results: Sequence[BatchResult], elapsed: float, pressure: MonitorStatistics | None = None
-) -> str:
-    """The closing table: command, exit code, wall time, peak memory of its tree and how taken,
-    and the estimate it was admitted with and where that came from (stated, learned, default).
-
-    Plain text, not a rich table: a batch may have thousands of lines, and
-    the table must not cost more than running them did.
-    """
-    failed = sum(1 for r in results if not r.succeeded)
-    rows = [("#", "command", "exit", "wall", "peak memory", "estimate")]
-    for r in results:
-        exit_text = str(r.exit_code) if r.state is JobState.EXITED else r.state.value
-        if r.state is not JobState.EXITED and r.exit_code is not None:
-            exit_text += f" ({r.exit_code})"
-        command = r.command if len(r.command) <= 60 else r.command[:59] + "…"
-        peak = format_bytes(r.peak_bytes) if r.peak_bytes is not None else "-"
-        if r.peak_bytes is not None and r.peak_method is not None:
-            peak += f" ({r.peak_method.value})"  # memory.peak, sampled cgroup, sampled
-        estimate = "-"
-        if r.estimate_bytes is not None:
-            estimate = f"{format_bytes(r.estimate_bytes)} ({r.estimate_source.value})"
-        rows.append((str(r.line), command, exit_text, f"{r.wall_seconds:.2f} s", peak, estimate))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [f"roomkeeper batch: {len(results)} commands, {failed} failed, {elapsed:.1f} s"]
-    if pressure is not None:
-        lines.append(pressure_line(pressure))
-    for row in rows:
-        lines.append(
-            "  ".join(
-                cell.ljust(w) if i == 1 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            ).rstrip()
-        )
-    return "\n".join(lines)
 
 
 def default_logs_dir(home: Path) -> Path:
