@@ -125,6 +125,19 @@ def test_the_placement_decides_instead_of_the_guard_with_the_estimate(tmp_path: 
     assert rig.scheduler.get(view.id).pid is None
 
 
+def test_a_learned_size_reaches_the_placement_and_the_launch_alike(tmp_path: Path) -> None:
+    """The estimate resolved at submission (here learned) is what placement judges and what
+    the remote launch asks for: Ray's ``memory`` resource and the node guard's ask."""
+    rig = Rig(tmp_path)
+    learned = 5 * 1024 * 1024
+    view = rig.scheduler.submit(JobSpec(["true"], learned_bytes=learned))
+    rig.scheduler.tick()
+    assert rig.placed == [(view.id, learned)]
+    assert rig.last(view.id).spec.memory_bytes == learned  # not the 64 MiB default
+    now = rig.scheduler.get(view.id)
+    assert (now.estimate_bytes, now.estimate_source.value) == (learned, "learned")
+
+
 def test_a_refused_placement_keeps_the_job_waiting_with_the_reason(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.refuse_placement = True

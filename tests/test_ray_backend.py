@@ -135,6 +135,22 @@ def test_a_job_larger_than_any_node_waits_with_a_clear_reason(gateway: RunningGa
     assert wait_state(gateway, huge, "cancelled")["state"] == "cancelled"
 
 
+def test_a_learned_size_is_what_ray_is_asked_for(gateway: RunningGateway) -> None:
+    """A job with no size of its own runs with its kind's learned size: the 1 GiB default
+    fits no node here, so it could only start if Ray was asked for the learned size."""
+    first = submit(gateway, ["sh", "-c", "echo one"], kind="ray-learned")
+    assert wait_state(gateway, first, "exited")["exit_code"] == 0
+    answer = gateway.client.post(
+        "/v1/jobs", json={"argv": ["sh", "-c", "echo two"], "kind": "ray-learned"}
+    )
+    assert answer.status_code == 201, answer.text
+    second = str(answer.json()["id"])
+    done = wait_state(gateway, second, "exited")
+    assert done["estimate_source"] == "learned"
+    assert done["estimate_bytes"] < SMALL
+    assert output(gateway, second) == "two\n"
+
+
 def test_cancel_stops_the_remote_tree(gateway: RunningGateway, tmp_path: Path) -> None:
     script = f"sleep 300 & echo $! > {tmp_path}/child; echo $$ > {tmp_path}/leader; wait"
     running = submit(gateway, ["sh", "-c", script])

@@ -33,7 +33,7 @@ import queue
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,7 +44,7 @@ from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.sizes import SizeBook, size_key
+from roomkeeper.jobs.sizes import SizeBook, size_key, with_learned_size
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, check_kind
 from roomkeeper.relief.monitor import MonitorStatistics
 from roomkeeper.trees.peaks import PeakMethod
@@ -320,16 +320,13 @@ class _BatchRun:
         if spec.memory_bytes is not None:
             return spec
         learned = sizes.learned_size(key)
-        if learned is None:
-            return spec
-        # A past run that held more than the line still ran: ask for the line, not "never".
-        return replace(spec, learned_bytes=min(learned, self._memory_line(learned)))
+        return with_learned_size(spec, learned, self._memory_line() if learned else None)
 
-    def _memory_line(self, fallback: int) -> int:
-        """The guard's memory line, read once per batch (``fallback`` while it is unknown)."""
+    def _memory_line(self) -> int | None:
+        """The guard's memory line, read once per batch (None while it is unknown)."""
         if self._line is None:
             self._line = self._guard.check(memory_bytes=0).memory_line_bytes
-        return fallback if self._line is None else self._line
+        return self._line
 
     def collect(self) -> None:
         """Wait a little for a change, then record every job that ended."""

@@ -24,7 +24,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +41,12 @@ from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.packing import MemoryPolicy
-from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.rounds import Launcher, Placement
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.sizes import size_key
-from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView
+from roomkeeper.jobs.sizes import size_key, with_learned_size
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 from roomkeeper.relief.ladder import Step
@@ -253,14 +252,13 @@ class DurableJobs:
         """``spec`` with the learned size of its kind, when it states no estimate (off the loop)."""
         if spec.memory_bytes is not None:
             return spec
-        return replace(spec, learned_bytes=self._journal.learned_size(size_key(spec)))
+        learned = self._journal.learned_size(size_key(spec))
+        line = self._guard.check(memory_bytes=0).memory_line_bytes if learned else None
+        return with_learned_size(spec, learned, line)
 
     async def _refuse_what_never_fits(self, spec: JobSpec) -> JobSpec:
         """A job that could not fit even with nothing else running is refused now (422),
         never accepted to wait for ever.
-
-        A learned size above the line is not the submitter's word: the job is
-        asked for at the line instead (a past run held that much, and ran).
 
         Returns:
             The spec to queue.
@@ -272,11 +270,6 @@ class DurableJobs:
         decision = await asyncio.to_thread(
             self._guard.check, memory_bytes=spec.memory_estimate, disk_bytes=spec.disk_bytes
         )
-        line = decision.memory_line_bytes or 0
-        learned = spec.estimate_source is EstimateSource.LEARNED
-        # Asked again once, at the line, where the memory rule can no longer say "never".
-        if decision.never_fits and learned and decision.reason is Reason.MEMORY and line > 0:
-            return await self._refuse_what_never_fits(replace(spec, learned_bytes=line))
         if decision.never_fits:
             raise UnrunnableError(
                 f"refused: {decision.summary}; ask for less (memory_bytes, disk_bytes)",

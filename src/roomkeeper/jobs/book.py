@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 
 from roomkeeper.errors import UnknownJobError
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition
+from roomkeeper.jobs.spec import Estimate, JobSpec, JobState, JobView, Transition
 from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 from roomkeeper.worktrees.request import Worktree
 
@@ -85,6 +85,7 @@ class JobRecord:
     log_path: str
     submitted: float
     deadline: float | None
+    estimate: Estimate  # resolved once, at submission; a re-run after a stop raises it
     state: JobState = JobState.WAITING
     reason: Reason | None = Reason.QUEUED
     handle: Handle | None = None
@@ -98,7 +99,6 @@ class JobRecord:
     stop_cause: JobState | None = None
     stop_reason: Reason | None = None
     reruns: int = 0  # times the relief ladder stopped it and queued it again
-    estimate_bytes: int | None = None  # the memory estimate it was submitted with
     history: list[Transition] = field(default_factory=list)
     workspace: Worktree | None = None
 
@@ -255,5 +255,6 @@ class JobBook:
             pid=job.handle.pid if job.handle is not None else None,
             peak_method=job.peak_method,
             workspace=job.workspace,
-            estimate_bytes=job.estimate_bytes,
+            estimate_bytes=job.estimate.bytes,
+            estimate_source=job.estimate.source,
         )

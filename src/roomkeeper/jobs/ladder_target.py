@@ -93,7 +93,7 @@ class SchedulerRelief:
                     job_id=job.id,
                     started=job.started or 0.0,
                     footprint=footprint,
-                    estimate=self._guard.estimate(job.spec.memory_estimate),
+                    estimate=job.estimate.bytes,
                     suspended=suspended,
                     suspendable=callable(getattr(handle, "suspend", None)),
                     restartable=job.spec.restartable,

@@ -45,7 +45,7 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteEnd, RemoteHandle, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, JobView
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.trees.job_user import JobUser
 from roomkeeper.trees.launch import LaunchSpec, launch
@@ -221,8 +221,11 @@ class Runner:
             or job.reruns >= self._retries()
         ):
             return False
-        estimate = max(job.peak_bytes or 0, job.spec.memory_estimate or 0)
+        # A default says nothing of this job: only what was stated or learned is kept.
+        prior = job.estimate.bytes if job.estimate.source is not EstimateSource.DEFAULT else 0
+        estimate = max(job.peak_bytes or 0, prior)
         job.spec = replace(job.spec, memory_bytes=estimate)
+        job.estimate = Estimate(estimate, EstimateSource.STATED)
         job.reruns += 1
         self.reruns += 1
         job.handle, job.started, job.exit_code = None, None, None
@@ -318,10 +321,10 @@ class Runner:
     def _admit(self, job: JobRecord) -> Decision:
         """The guard's decision or, when jobs run elsewhere, the placement's (lock not held)."""
         if self._placement is not None:
-            return self._placement(job.id, self._guard.estimate(job.spec.memory_estimate))
+            return self._placement(job.id, job.estimate.bytes)
         return self._guard.admit(
             job.id,
-            memory_bytes=job.spec.memory_estimate,
+            memory_bytes=job.estimate.bytes,
             disk_bytes=job.spec.disk_bytes,
             policy=job.spec.memory_policy,
         )
@@ -402,7 +405,7 @@ class Runner:
             nice=limits.worker_nice,
             shell=job.spec.shell,
             user=self._job_user,
-            memory_bytes=self._guard.estimate(job.spec.memory_bytes),
+            memory_bytes=job.estimate.bytes,
             disk_bytes=job.spec.disk_bytes,
             deadline_s=None if job.deadline is None else max(0.0, job.deadline - self._clock()),
         )

@@ -216,8 +216,9 @@ class Scheduler:
             self._queue.check_room(spec.owner, limits)
             now = self._clock()
             deadline = now + spec.timeout_s if spec.timeout_s is not None else None
-            job = JobRecord(job_id, spec, str(self._logs_dir / f"{job_id}.log"), now, deadline)
-            job.estimate_bytes = self._guard.estimate(spec.memory_estimate)
+            log_path = str(self._logs_dir / f"{job_id}.log")
+            estimate = spec.resolve_estimate(self._guard.estimate(None))
+            job = JobRecord(job_id, spec, log_path, now, deadline, estimate)
             self._book.add(job)
             self._queue.push(spec.owner, job)
             self._book.record(job, JobState.WAITING, Reason.QUEUED)
@@ -333,7 +334,7 @@ class Scheduler:
             return
         if pending is None or pending.done():
             return
-        self._guard.hold(view.id, self._guard.estimate(view.spec.memory_estimate))
+        self._guard.hold(view.id, view.estimate_bytes or 0)
 
         def offered_again(_: concurrent.futures.Future[Any]) -> None:
             self._guard.release(view.id)

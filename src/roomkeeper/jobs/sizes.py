@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from typing import Protocol
 
 from roomkeeper.jobs.spec import JobSpec
@@ -39,6 +40,20 @@ def size_key(spec: JobSpec) -> str:
     what = {"argv": list(spec.argv), "cwd": spec.cwd or os.getcwd(), "shell": spec.shell}
     text = json.dumps(what, sort_keys=True, ensure_ascii=False)
     return HASH_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def with_learned_size(spec: JobSpec, learned: int | None, line: int | None) -> JobSpec:
+    """``spec`` with its kind's learned size, when it states none of its own.
+
+    A learned size above the guard's memory line (``line``; None or 0 while
+    it is unknown) is asked for at the line: a past run held that much and
+    ran, so it is no reason to refuse the job as one that can never fit.
+    """
+    if spec.memory_bytes is not None or learned is None:
+        return spec
+    if line is not None and line > 0:
+        learned = min(learned, line)
+    return replace(spec, learned_bytes=learned)
 
 
 class SizeBook(Protocol):

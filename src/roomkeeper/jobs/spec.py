@@ -55,6 +55,18 @@ class EstimateSource(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Estimate:
+    """A job's memory estimate, resolved once when it is submitted, and where it came from.
+
+    Every consumer (the guard, the relief ladder, a launch on another machine,
+    the job view) reads this one figure, so none of them can disagree.
+    """
+
+    bytes: int
+    source: EstimateSource
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """What to run, for whom, and what it is expected to take.
 
@@ -117,6 +129,13 @@ class JobSpec:
         if self.learned_bytes is not None:
             return EstimateSource.LEARNED
         return EstimateSource.DEFAULT
+
+    def resolve_estimate(self, default_bytes: int) -> Estimate:
+        """The job's estimate: stated, else learned, else ``default_bytes``, and which."""
+        estimate = self.memory_estimate
+        return Estimate(
+            default_bytes if estimate is None else max(0, estimate), self.estimate_source
+        )
 
     def environment(self) -> Mapping[str, str] | None:
         """The whole environment the job launches with (None: the scheduler's own)."""
@@ -244,12 +263,8 @@ class JobView:
     pid: int | None = None
     peak_method: PeakMethod | None = None
     workspace: Worktree | None = None  # the job's git worktree, once made
-    estimate_bytes: int | None = None  # the memory estimate it was submitted with (see spec)
-
-    @property
-    def estimate_source(self) -> EstimateSource:
-        """Where :attr:`estimate_bytes` came from."""
-        return self.spec.estimate_source
+    estimate_bytes: int | None = None  # the memory estimate it was resolved with at submission
+    estimate_source: EstimateSource = EstimateSource.DEFAULT  # where that estimate came from
 
     @property
     def owner(self) -> str:
