@@ -23,12 +23,12 @@ from roomkeeper.jobs.book import RemoteEnd, RemoteHandle, Settlement
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
-from roomkeeper.testing import FakeClock
+from roomkeeper.testing import CannotSuspend, FakeClock
 from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 
 
-class FakeRemote:
+class FakeRemote(CannotSuspend):
     """A tree on another machine: no local pid, and an ending the test chooses."""
 
     def __init__(self, spec: LaunchSpec) -> None:

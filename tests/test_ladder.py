@@ -15,7 +15,7 @@ from roomkeeper.jobs.spec import JobSpec, JobState
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
 from roomkeeper.relief.ladder import LadderState, Live, Plan, Step, decide
 from roomkeeper.relief.monitor import PressureMonitor
-from roomkeeper.testing import FakeClock
+from roomkeeper.testing import CannotSuspend, FakeClock
 from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 
@@ -258,7 +258,7 @@ def test_cooldown_never_shortens_and_a_repair_clears_it() -> None:
     assert not cooldown.active() and cooldown.cause() is None
 
 
-class Handle:
+class Handle(CannotSuspend):
     """A tree that grows to ``peak`` and ends when stopped."""
 
     def __init__(self, peak: int) -> None:

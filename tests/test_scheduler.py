@@ -17,12 +17,12 @@ from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
-from roomkeeper.testing import FakeClock
+from roomkeeper.testing import CannotSuspend, FakeClock
 from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 
 
-class FakeHandle:
+class FakeHandle(CannotSuspend):
     """A launched tree that ends when the test says so."""
 
     def __init__(self, job_id: str, footprint: int = 0) -> None:

@@ -22,6 +22,24 @@ SHORT_BACKOFF_MAX_S = 2.0
 """The longest wait between restarts in :func:`serve_for_tests` (production: 60 s)."""
 
 
+class CannotSuspend:
+    """For a fake handle: a tree the relief ladder may not suspend, as one on another machine."""
+
+    suspendable = False
+
+    def suspend(self, *, timeout: float = 0.0) -> object:
+        """Refuse, as a remote tree does."""
+        from roomkeeper.errors import SuspendError
+
+        raise SuspendError("fake", "this fake tree cannot be suspended")
+
+    def resume(self) -> object:
+        """Refuse, as a remote tree does."""
+        from roomkeeper.errors import SuspendError
+
+        raise SuspendError("fake", "this fake tree cannot be suspended")
+
+
 class FakeClock:
     """A monotonic clock that moves only when :meth:`advance` is called.
 

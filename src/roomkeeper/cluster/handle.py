@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from roomkeeper.cluster.node import Begun, Finished, NodeJob
+from roomkeeper.errors import SuspendError
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.book import RemoteEnd, Settlement
 from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
@@ -139,6 +140,27 @@ class RayHandle:
         """How it ended when not by itself: refused, lost, or failed to start; else None."""
         with self._lock:
             return self._settled
+
+    @property
+    def suspendable(self) -> bool:
+        """Never: the tree runs on another machine, where its node's guard watches it."""
+        return False
+
+    def suspend(self, *, timeout: float = 0.0) -> object:
+        """A tree on another machine cannot be suspended from here.
+
+        Raises:
+            SuspendError: always.
+        """
+        raise SuspendError(self._job.job_id, "it runs on another machine of the Ray cluster")
+
+    def resume(self) -> object:
+        """A tree on another machine is never suspended from here, so never resumed.
+
+        Raises:
+            SuspendError: always.
+        """
+        raise SuspendError(self._job.job_id, "it runs on another machine of the Ray cluster")
 
     def footprint_bytes(self) -> int:
         """Its estimate: the tree is measured on its node, by the node's guard."""

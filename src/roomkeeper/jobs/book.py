@@ -37,11 +37,32 @@ class Handle(Protocol):
     @property
     def pid(self) -> int | None: ...
 
+    @property
+    def suspendable(self) -> bool:
+        """Whether :meth:`suspend` and :meth:`resume` can act on the tree from here."""
+        ...
+
     def poll(self) -> int | None: ...
     def footprint_bytes(self) -> int: ...
     def peak(self) -> MemoryPeak: ...
     def stop(self, grace: float = ...) -> int | None: ...
     def close(self) -> None: ...
+
+    def suspend(self, *, timeout: float = ...) -> object:
+        """Suspend the whole tree (the relief ladder).
+
+        Raises:
+            SuspendError: it could not be suspended, or cannot be from here.
+        """
+        ...
+
+    def resume(self) -> object:
+        """Let a suspended tree go on.
+
+        Raises:
+            SuspendError: it could not be resumed, or cannot be from here.
+        """
+        ...
 
 
 class RemoteEnd(enum.Enum):

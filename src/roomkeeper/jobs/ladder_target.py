@@ -95,7 +95,7 @@ class SchedulerRelief:
                     footprint=footprint,
                     estimate=job.estimate.bytes,
                     suspended=suspended,
-                    suspendable=callable(getattr(handle, "suspend", None)),
+                    suspendable=handle.suspendable,
                     restartable=job.spec.restartable,
                     stopping=job.stop_cause is not None,
                     # Paused on trial, it stays the trial rule's to resume even if its
@@ -118,11 +118,11 @@ class SchedulerRelief:
         job = self._live(job_id)
         if job is None or job.state is JobState.SUSPENDED:
             return False
-        suspend = getattr(job.handle, "suspend", None)
-        if suspend is None:
+        assert job.handle is not None  # _live returns only jobs with a handle
+        if not job.handle.suspendable:
             return False
         try:
-            suspend(timeout=SUSPEND_TIMEOUT_S)
+            job.handle.suspend(timeout=SUSPEND_TIMEOUT_S)
         except SuspendError as err:
             log.warning("memory pressure: job %s could not be suspended: %s", job_id, err)
             return False
@@ -139,11 +139,11 @@ class SchedulerRelief:
         job = self._live(job_id)
         if job is None or job.state is not JobState.SUSPENDED:
             return False
-        resume = getattr(job.handle, "resume", None)
-        if resume is None:
+        assert job.handle is not None  # _live returns only jobs with a handle
+        if not job.handle.suspendable:
             return False
         try:
-            resume()
+            job.handle.resume()
         except SuspendError as err:
             log.warning("job %s could not be resumed: %s", job_id, err)
             return False

@@ -36,7 +36,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roomkeeper.config import read_pressure_settings
@@ -66,12 +66,36 @@ Placement = Callable[[str, int], Decision]
 """Asked instead of the guard when jobs run elsewhere: (job id, memory estimate) -> decision."""
 
 
+@dataclass(frozen=True, slots=True)
+class RoundSettings:
+    """How launch rounds run: the scheduler's parts its rounds use.
+
+    Built once by :class:`~roomkeeper.jobs.scheduler.Scheduler`, whose
+    arguments of the same names describe each field.
+    """
+
+    limits: Callable[[], Limits]
+    launcher: Launcher | None
+    cpu_percent: Callable[[], float | None]
+    clock: Callable[[], float]
+    wall: Callable[[], float]
+    on_refusal: Callable[[str, Decision], None] | None
+    before_launch: Callable[[JobView], None] | None
+    stop_grace: float
+    job_user: JobUser | None = None
+    retries: Callable[[], int] = lambda: read_pressure_settings().retries
+    prepare: Prepare | None = None
+    reclaim_disk: ReclaimDisk | None = None
+    placement: Placement | None = None
+
+
 class Runner:
     """Launches the queue's jobs the guard admits, and stops and reaps the running ones.
 
     Methods are called with the shared lock held, except :meth:`launch_round`
     (it takes the lock itself) and :meth:`close_handles` (never under it).
-    The arguments are :class:`~roomkeeper.jobs.scheduler.Scheduler`'s, described there.
+    Building one changes nothing outside it: :meth:`start` (or the first
+    launch round) makes this process ready to launch trees here.
 
     Attributes:
         running: the running jobs by id, in launch order.
@@ -87,61 +111,58 @@ class Runner:
         book: JobBook,
         queue: FairQueue[JobRecord],
         guard: Guard,
-        limits: Callable[[], Limits],
-        launcher: Launcher | None,
-        cpu_percent: Callable[[], float | None],
-        clock: Callable[[], float],
-        wall: Callable[[], float],
-        on_refusal: Callable[[str, Decision], None] | None,
-        before_launch: Callable[[JobView], None] | None,
-        stop_grace: float,
-        job_user: JobUser | None = None,
-        retries: Callable[[], int] = lambda: read_pressure_settings().retries,
-        prepare: Prepare | None = None,
-        reclaim_disk: ReclaimDisk | None = None,
-        placement: Placement | None = None,
+        settings: RoundSettings,
     ) -> None:
-        self._job_user = job_user
-        self._prepare = prepare
-        self._reclaim_disk = reclaim_disk
-        self._placement = placement
+        self._job_user = settings.job_user
+        self._prepare = settings.prepare
+        self._reclaim_disk = settings.reclaim_disk
+        self._placement = settings.placement
         self._lock = lock
         self._book = book
         self._queue = queue
         self._guard = guard
-        self._limits = limits
+        self._limits = settings.limits
         self._lifeline: Lifeline | None = None
+        self._ready = settings.launcher is not None  # a launcher of the caller's needs nothing
+        launcher = settings.launcher
         if launcher is None:
-            # Orphans of our jobs reparent to us, so a tree stays findable.
-            become_subreaper()
-            # Now, before the guard's first decision says where job groups go
-            # (cgroup v2: roomkeeper first moves into a leaf, where it may).
-            prepare_job_groups()
             self._lifeline = Lifeline()
             lifeline = self._lifeline
             launcher = lambda job_id, spec: launch(job_id, spec, lifeline=lifeline)  # noqa: E731
         self._launcher = launcher
-        self._cpu_percent = cpu_percent
+        self._cpu_percent = settings.cpu_percent
         self._cpu_value: float | None = None
         self._cpu_read_at = float("-inf")
-        self._clock = clock
-        self._wall = wall
-        self._on_refusal = on_refusal
-        self._before_launch = before_launch
-        self._stop_grace = stop_grace
+        self._clock = settings.clock
+        self._wall = settings.wall
+        self._on_refusal = settings.on_refusal
+        self._before_launch = settings.before_launch
+        self._stop_grace = settings.stop_grace
         self.running: dict[str, JobRecord] = {}
         self.refusals: Counter[str] = Counter()
         self.launched = 0
         self.last_refusal: str | None = None
         self._stoppers: list[threading.Thread] = []
-        self._retries = retries
+        self._retries = settings.retries
         self.pressure_hold = False  # the relief ladder holds launches (reason "pressure")
         self.reruns = 0  # restartable jobs queued again after a stop for pressure
 
     def start(self) -> None:
-        """Start the lifeline, if this runner launches with one."""
+        """Make this process ready to launch trees here, and start the lifeline."""
+        self._make_ready()
         if self._lifeline is not None:
             self._lifeline.start()  # now, so the first launch does not wait for it
+
+    def _make_ready(self) -> None:
+        """Once, before the first launch here: adopt orphans, and set up job groups."""
+        if self._ready:
+            return
+        self._ready = True
+        # Orphans of our jobs reparent to us, so a tree stays findable.
+        become_subreaper()
+        # Now, before the guard's first decision says where job groups go
+        # (cgroup v2: roomkeeper first moves into a leaf, where it may).
+        prepare_job_groups()
 
     def close(self) -> None:
         """Close the lifeline, if this runner launches with one."""
@@ -222,7 +243,7 @@ class Runner:
         ):
             return False
         # A default says nothing of this job: only what was stated or learned is kept.
-        prior = job.estimate.bytes if job.estimate.source is not EstimateSource.DEFAULT else 0
+        prior = job.estimate.known or 0
         estimate = max(job.peak_bytes or 0, prior)
         job.spec = replace(job.spec, memory_bytes=estimate)
         job.estimate = Estimate(estimate, EstimateSource.STATED)
@@ -262,6 +283,7 @@ class Runner:
 
     def launch_round(self) -> None:
         """Launch what fits, in the queue's order, until nothing may or the guard refuses."""
+        self._make_ready()  # a scheduler ticked without start() still launches as one started
         limits = self._limits()
         while True:
             with self._lock:
@@ -324,7 +346,7 @@ class Runner:
             return self._placement(job.id, job.estimate.bytes)
         return self._guard.admit(
             job.id,
-            memory_bytes=job.estimate.bytes,
+            memory_bytes=job.estimate.known,
             disk_bytes=job.spec.disk_bytes,
             policy=job.spec.memory_policy,
         )

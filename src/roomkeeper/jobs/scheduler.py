@@ -44,6 +44,7 @@ from roomkeeper.jobs.rounds import (
     Placement,
     Prepare,
     ReclaimDisk,
+    RoundSettings,
     Runner,
 )
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
@@ -151,11 +152,7 @@ class Scheduler:
         self._round = threading.Lock()  # one round at a time
         self._book = JobBook(self._lock, wall=wall, on_change=on_change)
         self._queue: FairQueue[JobRecord] = FairQueue()
-        self._runner = Runner(
-            lock=self._lock,
-            book=self._book,
-            queue=self._queue,
-            guard=self._guard,
+        rounds = RoundSettings(
             limits=self._limits,
             launcher=launcher,
             cpu_percent=cpu_percent,
@@ -169,6 +166,9 @@ class Scheduler:
             prepare=prepare,
             reclaim_disk=reclaim_disk,
             placement=placement,
+        )
+        self._runner = Runner(
+            lock=self._lock, book=self._book, queue=self._queue, guard=self._guard, settings=rounds
         )
         self.cooldown = cooldown if cooldown is not None else Cooldown(clock)
         self.relief = SchedulerRelief(

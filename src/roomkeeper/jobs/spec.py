@@ -65,6 +65,12 @@ class Estimate:
     bytes: int
     source: EstimateSource
 
+    @property
+    def known(self) -> int | None:
+        """The figure the guard is asked with: None for a default, which says nothing of
+        this job, so the guard applies its own default (and never calls it unfittable)."""
+        return None if self.source is EstimateSource.DEFAULT else self.bytes
+
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:

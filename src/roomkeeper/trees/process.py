@@ -265,6 +265,11 @@ class ManagedProcess:
 
     # ------------------------------------------------------------- suspension
 
+    @property
+    def suspendable(self) -> bool:
+        """Always: a tree here can be frozen (its group) or stopped by signals."""
+        return True
+
     def suspend(self, *, timeout: float = FREEZE_TIMEOUT_S) -> FreezeMethod:
         """Suspend the whole tree; returns how.  Idempotent: a suspended tree stays so.
 
