@@ -2,7 +2,7 @@
 
 1. ``GET /health`` latency p50/p99 over 2,000 sequential requests, first with
    the gateway idle, then while 4 managed jobs hog CPU and memory and the
-   guard refuses a fifth (the seed's incident: a health request took 7 s).
+   guard refuses a fifth (the incident the gateway exists for: a health request took 7 s).
    As root, the gateway runs in its own memory cgroup (default 3 GiB) so the
    hogs press against a real limit.
 2. Lease throughput: 8 concurrent clients doing grant + release pairs (each

@@ -1,6 +1,6 @@
-"""Cost of one full Guard.admit + release, against the seed's df-per-decision way.
+"""Cost of one full Guard.admit + release, against a df-per-decision way.
 
-Each decision reads memory (cgroup files) and disk, and judges.  The seed
+Each decision reads memory (cgroup files) and disk, and judges.  A simpler guard would
 read disk with a ``df -Pk`` subprocess per decision; the same decision with
 that reader swapped in is timed side by side in the same run.
 
@@ -22,7 +22,7 @@ from roomkeeper.kernel.resources import DiskReading
 
 
 def df_disk(workspace: str | os.PathLike[str] | None = None) -> DiskReading:
-    """The seed's way: one ``df -Pk`` subprocess per reading."""
+    """The simple way: one ``df -Pk`` subprocess per reading."""
     path = str(workspace)
     out = subprocess.run(["df", "-Pk", path], capture_output=True, text=True, check=True).stdout
     fields = out.splitlines()[1].split()
@@ -58,7 +58,7 @@ def main() -> None:
         print(f"reading: {first.summary}")
         ours = time_calls(guard, args.calls)
         real_read_disk = admission.read_disk
-        admission.read_disk = df_disk  # the seed's reader, same judgement
+        admission.read_disk = df_disk  # the df reader, same judgement
         try:
             theirs = time_calls(guard, args.df_calls)
         finally:

@@ -2,7 +2,7 @@
 
 Run as root from the checkout: ``.venv/bin/python benchmarks/bench_peaks.py``
 (on the host, cgroup v1) and inside the cgroup v2 VM
-(``../shared/v2vm/run [--limit 3G] -- .venv/bin/python benchmarks/bench_peaks.py``).
+(in a cgroup v2 machine: ``.venv/bin/python benchmarks/bench_peaks.py``).
 Each job touches 100 MB (10**8 bytes) of anonymous memory, holds it for a
 second, lets go of it and lingers: the peak must remember what the end no
 longer shows.  Prints one line per mode, and where job groups went.

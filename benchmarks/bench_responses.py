@@ -1,4 +1,4 @@
-"""What the success models cost a big answer: ``GET /v1/jobs`` at its largest (issue 13).
+"""What the success models cost a big answer: ``GET /v1/jobs`` at its largest.
 
 A list answers at most 500 journal rows plus the scheduler's 1,000 kept jobs.
 Each route now checks its view's dicts against its model and dumps them

@@ -1,4 +1,4 @@
-"""Stall benchmarks (issue 10): what a crash, a hung hook, a big log or idle sockets cost.
+"""Stall benchmarks: what a crash, a hung hook, a big log or idle sockets cost.
 
 1. Restart after a crash: ``roomkeeper serve`` on one fixed port, traffic, SIGKILL of the
    whole tree, ``serve`` again at once; seconds until /health answers (p50, max).

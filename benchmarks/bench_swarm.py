@@ -1,4 +1,4 @@
-"""Memory swarm: roomkeeper batch against GNU parallel in a real memory cgroup (issue 12).
+"""Memory swarm: roomkeeper batch against GNU parallel in a real memory cgroup.
 
 The held-out swarm: 20 jobs each grow to a different size between 300 MB and
 1.15 GB over a few seconds and hold it briefly, in a 3.5 GiB group.  Every

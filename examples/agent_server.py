@@ -1,6 +1,6 @@
 """A toy agent server: every turn leaves a session behind until someone deletes it.
 
-It stands in for the agent server of seed 000's second commit: ``POST
+It stands in for an agent server that keeps each turn's session: ``POST
 /chat/{id}`` starts a turn and builds a session for that conversation id that
 holds a large buffer (the turn's message history), and the session stays in
 the store until ``DELETE /chat/{id}`` drops it.  Nothing else ever frees it,

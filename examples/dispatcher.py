@@ -1,4 +1,4 @@
-"""A tiny dispatcher (seed 000's queen): a lease before every turn, and the lease back after it.
+"""A tiny dispatcher: a lease before every turn, and the lease back after it.
 
 For each turn ``t-<n>`` it
 
@@ -11,7 +11,7 @@ For each turn ``t-<n>`` it
 
 A refusal (409) stops the run: the container has no room, and the next turn
 would only ask again.  ``--no-release-hook`` leaves the hook out, which is
-the bug of seed 000's second commit: every finished turn's session stays in
+the bug release hooks exist for: every finished turn's session stays in
 the agent server and its memory grows with every turn.
 
 Usage::

@@ -1,4 +1,4 @@
-"""The guard: seed 000's rule at its boundaries, young reservations, decisions and words."""
+"""The guard: the admission rule at its boundaries, young reservations, decisions and words."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from roomkeeper.kernel.resources import (
     Resources,
 )
 from roomkeeper.testing import FakeClock
-from tests.trees import Level, Roots, fixture_roots, v2_tree
+from tests.kernel_files import Level, Roots, fixture_roots, v2_tree
 
 MIB = 2**20
 GB = 10**9
@@ -214,7 +214,7 @@ def test_override_that_tries_to_raise_the_limit_is_ignored(tmp_path: Path) -> No
     young=st.integers(0, 12),
     per_job_mb=st.integers(1, 4096),
 )
-def test_equal_estimates_are_exactly_the_seed_rule(
+def test_equal_estimates_are_exactly_the_plain_rule(
     tmp_path_factory: pytest.TempPathFactory,
     limit: int,
     used_share: float,
@@ -225,13 +225,13 @@ def test_equal_estimates_are_exactly_the_seed_rule(
     used = int(limit * used_share)
     per_job = per_job_mb * MIB
     env = {"ROOMKEEPER_JOB_MEMORY_MB": str(per_job_mb), "ROOMKEEPER_GUARD": "off"}
-    guard, _, _ = guard_for(tmp_path_factory.mktemp("seed"), limit=limit, used=used, env=env)
+    guard, _, _ = guard_for(tmp_path_factory.mktemp("plain"), limit=limit, used=used, env=env)
     for i in range(young):  # admitted while off: they still reserve
         guard.admit(f"young-{i}")
     guard._env = {**NO_DISK, "ROOMKEEPER_JOB_MEMORY_MB": str(per_job_mb)}  # guard back on
-    seed_refuses = used + (young + 1) * per_job > limit - min(limit * 10 // 100, 8 * GB)
+    plain_refuses = used + (young + 1) * per_job > limit - min(limit * 10 // 100, 8 * GB)
     decision = guard.admit("next")
-    assert decision.admit is not seed_refuses
+    assert decision.admit is not plain_refuses
     assert len(decision.summary) < 200
 
 

@@ -44,7 +44,7 @@ UNRUNNABLE = {
     "cwd_not_found",
     "command_not_found",
     "never_fits",
-    # A job's worktree (issue 14): the repository path is no repository here, and so on.
+    # A job's worktree: the repository path is no repository here, and so on.
     "not_a_repository",
     "invalid_branch",
     "branch_checked_out",

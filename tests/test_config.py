@@ -47,12 +47,12 @@ def test_durations() -> None:
 
 
 def test_figures_print_in_decimal_gb() -> None:
-    """Summaries print decimal GB, as the seed does."""
+    """Summaries print decimal GB, as container vendors do."""
     assert format_gb(24_000_000_000) == "24.00 GB"
 
 
-def test_defaults_are_the_seeds() -> None:
-    """With no variables set, the defaults are seed 000's."""
+def test_defaults_are_the_documented_ones() -> None:
+    """With no variables set, the defaults are the README's."""
     s = read_settings({})
     assert s == Settings()
     assert (s.job_memory_bytes, s.job_disk_bytes) == (1024 * MIB, 2048 * MIB)

@@ -1,9 +1,8 @@
 """The examples for real: a gateway, the toy agent server and the dispatcher, each its own process.
 
-Seed 000's second commit: sessions that nobody deletes held 11 GB where
-0.5 GB was enough.  With release hooks the agent server gives every turn's
-session back and its RSS returns to where it started; without them it grows
-by every session it built.
+Sessions that nobody deletes can hold 11 GB where 0.5 GB is enough.  With
+release hooks the agent server gives every turn's session back and its RSS
+returns to where it started; without them it grows by every session it built.
 """
 
 from __future__ import annotations

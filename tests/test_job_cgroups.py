@@ -22,7 +22,7 @@ from roomkeeper.kernel.job_cgroups import (
     stale_job_cgroups,
 )
 from tests.cgroups import job_group_folder, scratch_v2_group
-from tests.trees import Level, v2_tree
+from tests.kernel_files import Level, v2_tree
 
 
 def v2_host(

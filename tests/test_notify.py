@@ -14,7 +14,7 @@ import pytest
 from roomkeeper.kernel import resources
 from roomkeeper.kernel.notify import Notifier, psi_trigger_line, threshold_line
 from tests.cgroups import child_memory_cgroup
-from tests.trees import Level, fixture_roots, v1_tree, v2_tree
+from tests.kernel_files import Level, fixture_roots, v1_tree, v2_tree
 
 MIB = 2**20
 

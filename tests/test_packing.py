@@ -35,7 +35,7 @@ from roomkeeper.guard.packing import (
 )
 from roomkeeper.guard.rule import Decision
 from roomkeeper.testing import FakeClock
-from tests.trees import Level, v2_tree
+from tests.kernel_files import Level, v2_tree
 
 MB = 10**6
 GB = 10**9

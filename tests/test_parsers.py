@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
-from tests.trees import FIXTURES
+from tests.kernel_files import FIXTURES
 
 V2 = FIXTURES / "cgroup-v2-host"
 V1 = FIXTURES / "cgroup-v1-host"

@@ -36,7 +36,7 @@ from roomkeeper.trees.process import (
     create_job_cgroup,
     job_cgroup_parent,
 )
-from tests.trees import FIXTURES
+from tests.kernel_files import FIXTURES
 
 MIB = 1 << 20
 
@@ -552,7 +552,7 @@ def test_cgroup_readings_on_captured_hosts(
     """The own group is found from /proc/self, and the footprint leaves the file cache out.
 
     Job groups go under our own group on v1 only: on v2 they go beside the
-    leaf roomkeeper moves into (issue 11), so none is found before that.
+    leaf roomkeeper moves into, so none is found before that.
     """
     root = FIXTURES / host
     roots = (str(root / "proc"), str(root / "sys/fs/cgroup"))

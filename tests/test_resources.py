@@ -21,7 +21,7 @@ from roomkeeper.kernel.resources import (
     read_memory,
     read_resources,
 )
-from tests.trees import FIXTURES, Level, Roots, copy_fixture, fixture_roots, v1_tree, v2_tree
+from tests.kernel_files import FIXTURES, Level, Roots, copy_fixture, fixture_roots, v1_tree, v2_tree
 
 GIB = 2**30
 NO_VARS = Settings()

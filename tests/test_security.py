@@ -1,4 +1,4 @@
-"""Issue 13, "nobody else in": private files, a token jobs cannot take, a Host check, a contract.
+"""Nobody else in: private files, a token jobs cannot take, a Host check, a contract.
 
 Each test names the finding it holds.  Where the behaviour is the kernel's
 (file modes, another user's access), a real gateway and real jobs are used.

@@ -1,6 +1,6 @@
 """Settings read from ``ROOMKEEPER_*`` variables, afresh on every call.
 
-There is no restart to reconfigure (DESIGN.md): every part asks
+There is no restart to reconfigure: every part asks
 :func:`read_settings` when it needs a value.  A value that cannot be used is
 replaced by its default and said so in the log once per distinct value, so a
 typo is visible without flooding the log of a loop that reads it every round.
@@ -165,12 +165,12 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
     )
 
 
-REAP_AT_PERCENT = 80.0  # seed 000: prepareWorktree reaps first above 80 % used
+REAP_AT_PERCENT = 80.0  # worktree creation prunes first above 80 % used
 
 
 def read_reap_at_percent(env: Mapping[str, str] | None = None) -> float:
     """ROOMKEEPER_REAP_AT_PERCENT now: above this much of the workspace volume used,
-    making a job's worktree reaps finished trees first (default 80)."""
+    making a job's worktree prunes finished ones first (default 80)."""
     env = os.environ if env is None else env
     return _variable(
         env,
@@ -183,7 +183,7 @@ def read_reap_at_percent(env: Mapping[str, str] | None = None) -> float:
 
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
-    """The scheduler's bounds (seed 002) and what its workers inherit."""
+    """The scheduler's bounds and what its workers inherit."""
 
     max_waiting: int = 32
     max_waiting_per_owner: int = 8
@@ -252,7 +252,7 @@ def read_queue_settings(env: Mapping[str, str] | None = None) -> QueueSettings:
 def read_batch_cpu_settings(env: Mapping[str, str] | None = None) -> tuple[int, float | None]:
     """A batch's worker nice and CPU-pressure gate: only what the environment sets.
 
-    Seed 002 lowers workers' CPU priority and gates launches on CPU pressure to
+    roomkeeper lowers workers' CPU priority and gates launches on CPU pressure to
     keep the gateway answering while its callers' work runs.  A batch has no
     gateway, and ``--max-running`` is the person's own CPU decision, as
     ``parallel -j`` is: so its jobs run at nice 0 with no CPU gate unless
@@ -284,7 +284,7 @@ def read_batch_cpu_settings(env: Mapping[str, str] | None = None) -> tuple[int, 
 
 @dataclass(frozen=True, slots=True)
 class PressureSettings:
-    """The relief ladder's variables (seed 002's "sustained critical memory pressure").
+    """The relief ladder's variables ("sustained critical memory pressure").
 
     Attributes:
         full_percent: PSI memory ``full`` avg10 above which pressure is critical.
@@ -386,14 +386,14 @@ def read_journal_synchronous(env: Mapping[str, str]) -> str:
 
 
 RESTART_BACKOFF_S = 1.0
-"""The wait before the first restart after a failure (seed 002), doubling from there."""
+"""The wait before the first restart after a failure, doubling from there."""
 RESTART_BACKOFF_MAX_S = 60.0
-"""The longest wait between failure restarts (seed 002)."""
+"""The longest wait between failure restarts."""
 
 
 @dataclass(frozen=True, slots=True)
 class WatchdogSettings:
-    """The supervisor's stages and restart pacing (seed 002), in seconds.
+    """The supervisor's stages and restart pacing, in seconds.
 
     The stages and the cooldown are variables; the backoff (``backoff_s``,
     ``backoff_max_s``: 1 s doubling to 60 s) is not: only the supervisor's

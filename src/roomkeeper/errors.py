@@ -7,7 +7,7 @@
     │   ├── SizeError               a size such as ``600M`` could not be read
     │   ├── UnwritablePlaceError    a directory roomkeeper must write to refuses writes
     │   └── UnrunnableError         valid, but this machine cannot run it (``reason``)
-    │       └── WorkspaceError      a job's git worktree cannot be made (``reason``, ``repo``)
+    │       └── WorktreeError      a job's git worktree cannot be made (``reason``, ``repo``)
     ├── KernelFileError             a kernel file did not have the shape we expect
     ├── LaunchError                 a managed process could not be started (``job_id``)
     ├── SuspendError                a managed tree could not be suspended (``job_id``)
@@ -196,7 +196,7 @@ class AlreadyEndedError(RoomkeeperError):
         self.lease_id = lease_id
 
 
-class WorkspaceError(UnrunnableError):
+class WorktreeError(UnrunnableError):
     """A job's git worktree cannot be made; nothing was started.
 
     Attributes:

@@ -1,4 +1,4 @@
-"""The private channel between the supervisor and its gateway (seed 002: watched from outside).
+"""The private channel between the supervisor and its gateway (the gateway is watched from outside).
 
 One ``AF_UNIX`` stream socketpair per gateway process; the child's end is
 inherited as the file descriptor named by ROOMKEEPER_IPC_FD.  Messages are

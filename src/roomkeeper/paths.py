@@ -68,7 +68,7 @@ def writable_dir(path: Path, *, what: str, fix: str) -> Path:
 def workspace_dir(env: Mapping[str, str] | None = None) -> Path:
     """ROOMKEEPER_WORKSPACE, else ``ROOMKEEPER_HOME/workspace``: the volume the guard judges.
 
-    DESIGN.md's default is ROOMKEEPER_HOME itself; we use a folder inside it
+    The design's default is ROOMKEEPER_HOME itself; we use a folder inside it
     (the same volume, so the guard judges the same disk) because the
     gateway's token lies in ROOMKEEPER_HOME and must never lie under the
     workspace, where an agent's tool command could find it.  The workspace

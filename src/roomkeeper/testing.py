@@ -1,8 +1,8 @@
 """Fakes for tests: a clock that moves only when told to, and a supervisor with short waits.
 
-Timeouts and windows are tested on a fake clock, never by sleeping for real
-(HOUSE_STYLE 7).  Where a test needs the real supervisor as a separate
-process, it runs :func:`serve_for_tests` in a child::
+Timeouts and windows are tested on a fake clock, never by sleeping for real.
+Where a test needs the real supervisor as a separate process, it runs
+:func:`serve_for_tests` in a child::
 
     python -c "import roomkeeper.testing as t; raise SystemExit(t.serve_for_tests(8765))"
 

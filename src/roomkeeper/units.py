@@ -3,7 +3,7 @@
 Sizes use binary suffixes, as GNU parallel does: ``512K`` is 512 x 1024
 bytes, ``600M`` is 600 x 1024**2, ``1.5G`` is 1.5 x 1024**3; a plain number
 is bytes.  Every ``_MB`` variable is in MiB.  Printed figures are decimal GB
-(10**9 bytes), the unit the seed and container vendors use.
+(10**9 bytes), the unit container vendors use.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from roomkeeper.api.responses import (
     StatusOut,
 )
 from roomkeeper.api.views import feed_json, status_json
-from roomkeeper.api.workspaces import workspace_routes
+from roomkeeper.api.worktrees import worktree_routes
 from roomkeeper.errors import (
     AlreadyEndedError,
     CallStateError,
@@ -91,7 +91,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     _add_open_routes(app, gateway)
     app.include_router(work_routes(gateway, auth))
     app.include_router(lease_routes(gateway, auth))
-    app.include_router(workspace_routes(gateway, auth))
+    app.include_router(worktree_routes(gateway, auth))
     _add_service_routes(app, gateway, auth)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(LoopbackOnly)  # outermost: a rebound page is refused before anything

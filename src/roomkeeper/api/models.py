@@ -219,7 +219,7 @@ class JobIn(BaseModel):
     disk_bytes: Bytes | None = None
     timeout_s: Annotated[float, Field(gt=0, le=10**7)] | None = None
     resumable: bool = False
-    # Safe to stop and run again from the start when memory runs out (issue 12).
+    # Safe to stop and run again from the start when memory runs out.
     restartable: bool = False
     release: ReleaseIn | None = None
     # strict: a young job reserves its estimate less its footprint; pack: its forecast growth.

@@ -133,7 +133,7 @@ class JobOut(BaseModel):
     )
 
 
-class WorkspaceOut(BaseModel):
+class RegisteredWorktreeOut(BaseModel):
     """One job's git worktree, as ``GET /v1/workspaces`` lists it."""
 
     model_config = OUT
@@ -145,8 +145,8 @@ class WorkspaceOut(BaseModel):
     state: str
     size_bytes: int
     protection: str | None = Field(
-        description="why the reaper keeps it (job_active, dispatching, changes, stash, "
-        "unpushed, uninspectable); null: a reap may remove it"
+        description="why pruning keeps it (job_active, dispatching, changes, stash, "
+        "unpushed, uninspectable); null: a prune may remove it"
     )
     registered_at: float
 

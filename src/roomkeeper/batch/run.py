@@ -12,11 +12,11 @@ Each suspension and stop is printed as it happens, one line above the
 progress bar, and counted in the summary.
 
 With ``--worktree REPO`` each line runs in its own git worktree of REPO, on
-the branch ``roomkeeper/batch-<run>-<line>`` (:class:`BatchTrees`); the
-registry of those trees is a journal in ROOMKEEPER_HOME, which the caller
+the branch ``roomkeeper/batch-<run>-<line>`` (:class:`BatchWorktrees`); the
+registry of those worktrees is a journal in ROOMKEEPER_HOME, which the caller
 (the ``batch`` command) opens and hands over as callables.
 
-Packing and learned sizes (issue 12): every line runs under the ``pack``
+Packing and learned sizes: every line runs under the ``pack``
 memory policy unless the caller asks for ``strict``, and a batch without
 ``--job-memory`` asks for each line what past runs of its kind peaked at
 (the highest of the last five).  A line's kind is the batch's ``--kind``,
@@ -50,7 +50,7 @@ from roomkeeper.relief.monitor import MonitorStatistics
 from roomkeeper.trees.peaks import PeakMethod
 from roomkeeper.units import format_bytes
 from roomkeeper.worktrees.request import WorktreeRequest
-from roomkeeper.worktrees.service import BRANCH_PREFIX, Workspaces
+from roomkeeper.worktrees.service import BRANCH_PREFIX, Worktrees
 
 STOP_GRACE_ON_INTERRUPT = 2.0
 # A line's own kind: a shell comment at its very end, "#kind=NAME" (or "# kind=NAME").
@@ -129,20 +129,20 @@ class BatchReporter(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class BatchTrees:
-    """One git worktree per line, and where the trees are registered.
+class BatchWorktrees:
+    """One git worktree per line, and where the worktrees are registered.
 
     Attributes:
         repo: the repository every line gets a tree of.
         run_id: this run's name, in every branch (``roomkeeper/batch-<run>-<line>``).
-        workspaces: makes the trees and reaps finished ones.
+        service: makes the worktrees and prunes finished ones.
         register: saves a line's tree as its own before the line starts (durable on return).
         follow: records each change of a line's state against its tree.
     """
 
     repo: str
     run_id: str
-    workspaces: Workspaces
+    service: Worktrees
     register: Callable[[JobView], None]
     follow: Callable[[JobView], None]
 
@@ -177,29 +177,29 @@ def run_batch(
     progress: BatchReporter,
     guard: Guard | None = None,
     scheduler_factory: Callable[..., Scheduler] = Scheduler,
-    trees: BatchTrees | None = None,
+    worktrees: BatchWorktrees | None = None,
     options: BatchOptions | None = None,
 ) -> list[BatchResult]:
     """Run every command as memory allows, print each job's output as it ends.
 
     Ctrl-C (KeyboardInterrupt) stops every running tree before it propagates.
-    With ``trees``, each line runs in its own git worktree.
+    With ``worktrees``, each line runs in its own git worktree.
     """
     guard = guard if guard is not None else Guard()
     _clear_old_logs(logs_dir, len(commands))
     events: queue.Queue[JobView] = queue.Queue()
     hooks: dict[str, Any] = {"on_change": events.put}
-    if trees is not None:
+    if worktrees is not None:
 
         def changed(view: JobView) -> None:
-            trees.follow(view)
+            worktrees.follow(view)
             events.put(view)
 
         hooks = {
             "on_change": changed,
-            "prepare": trees.workspaces.prepare,
-            "reclaim_disk": trees.workspaces.reclaim,
-            "before_launch": trees.register,
+            "prepare": worktrees.service.prepare,
+            "reclaim_disk": worktrees.service.reclaim,
+            "before_launch": worktrees.register,
         }
     scheduler = scheduler_factory(
         logs_dir=logs_dir, guard=guard, limits=lambda: _limits(max_running), **hooks
@@ -213,7 +213,7 @@ def run_batch(
         timeout_s=timeout_s,
         quiet=quiet,
         progress=progress,
-        trees=trees,
+        worktrees=worktrees,
         options=options or BatchOptions(),
         guard=guard,
     )
@@ -267,9 +267,9 @@ class _BatchRun:
         progress: BatchReporter,
         options: BatchOptions,
         guard: Guard,
-        trees: BatchTrees | None = None,
+        worktrees: BatchWorktrees | None = None,
     ) -> None:
-        self._trees = trees
+        self._worktrees = worktrees
         self._commands = commands
         self._options = options
         self._guard = guard
@@ -310,7 +310,7 @@ class _BatchRun:
             shell=True,
             memory_policy=self._options.policy,
             kind=kinds[index] if index < len(kinds) else None,
-            worktree=self._trees.request(index + 1) if self._trees else None,
+            worktree=self._worktrees.request(index + 1) if self._worktrees else None,
             restartable=True,  # as GNU parallel treats its lines
         )
         sizes = self._options.sizes

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from roomkeeper.batch.run import (
     BatchOptions,
-    BatchTrees,
+    BatchWorktrees,
     default_logs_dir,
     line_kinds,
     read_commands,
@@ -28,7 +28,7 @@ from roomkeeper.batch.run import (
 )
 from roomkeeper.cli.batch_view import BatchProgress, summary_table
 from roomkeeper.cli.options import parse_kind_option, parse_size_option
-from roomkeeper.cli.workspaces import batch_trees, reap
+from roomkeeper.cli.worktrees import batch_worktrees, prune, reap
 from roomkeeper.config import read_batch_cpu_settings, read_queue_settings, read_settings
 from roomkeeper.errors import RoomkeeperError, UsageError
 from roomkeeper.gateway.home import open_journal
@@ -264,11 +264,11 @@ def batch(
                 "--worktree needs the journal in ROOMKEEPER_HOME (it registers each line's tree), "
                 "and it did not open: fix ROOMKEEPER_HOME or run without --worktree"
             )
-        trees = batch_trees(worktree_repo, journal) if worktree_repo and journal else None
+        worktrees = batch_worktrees(worktree_repo, journal) if worktree_repo and journal else None
         policy = MemoryPolicy.STRICT if strict else MemoryPolicy.PACK
         options = BatchOptions(policy=policy, kinds=kinds, sizes=journal)
         _run_batch_lines(
-            commands, logs_dir, job_memory, max_running, timeout_s, quiet, trees, options
+            commands, logs_dir, job_memory, max_running, timeout_s, quiet, worktrees, options
         )
 
 
@@ -279,7 +279,7 @@ def _run_batch_lines(
     max_running: int,
     timeout_s: float | None,
     quiet: bool,
-    trees: BatchTrees | None,
+    worktrees: BatchWorktrees | None,
     options: BatchOptions,
 ) -> None:
     """Run the lines, print the summary, exit non-zero unless every line exited 0."""
@@ -302,7 +302,7 @@ def _run_batch_lines(
                 timeout_s=timeout_s,
                 quiet=quiet,
                 progress=progress,
-                trees=trees,
+                worktrees=worktrees,
                 options=options,
             )
         except KeyboardInterrupt:
@@ -339,4 +339,4 @@ def _learned_sizes() -> Iterator[Journal | None]:
         journal.close()
 
 
-COMMANDS: tuple[click.Command, ...] = (probe, batch, reap)
+COMMANDS: tuple[click.Command, ...] = (probe, batch, prune, reap)

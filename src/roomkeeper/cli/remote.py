@@ -21,7 +21,7 @@ from rich.table import Table
 
 from roomkeeper.cli.client import connect
 from roomkeeper.cli.options import parse_kind_option, parse_size_option
-from roomkeeper.cli.workspaces import parse_worktree
+from roomkeeper.cli.worktrees import parse_worktree
 from roomkeeper.errors import NoGatewayError, UsageError
 from roomkeeper.units import format_bytes, format_gb, parse_duration
 

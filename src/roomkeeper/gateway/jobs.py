@@ -53,7 +53,7 @@ from roomkeeper.relief.ladder import Step
 from roomkeeper.relief.monitor import ReliefEvent
 from roomkeeper.trees.job_user import JobUser
 from roomkeeper.worktrees.request import WorktreeRequest
-from roomkeeper.worktrees.service import Workspaces
+from roomkeeper.worktrees.service import Worktrees
 
 log = logging.getLogger("roomkeeper")
 
@@ -91,8 +91,8 @@ class DurableJobs:
             hook holds only its own job's memory, until its deadline.
         job_user: the user jobs run as; None for the gateway's own.
         pressure_settings: the ROOMKEEPER_PRESSURE_* variables of the gateway's environment.
-        workspaces: makes jobs' git worktrees and reaps finished ones (the guard's
-            disk refusal gets one reap first); None: jobs cannot ask for a tree.
+        worktrees: makes jobs' git worktrees and prunes finished ones (the guard's
+            disk refusal gets one prune first); None: jobs cannot ask for a tree.
         launcher: starts a job's tree elsewhere (the Ray backend); None: here.
         placement: asked instead of ``guard`` when ``launcher`` runs jobs elsewhere.
     """
@@ -110,7 +110,7 @@ class DurableJobs:
         hooks: HookRunner,
         job_user: JobUser | None = None,
         pressure_settings: Callable[[], PressureSettings] = read_pressure_settings,
-        workspaces: Workspaces | None = None,
+        worktrees: Worktrees | None = None,
         launcher: Launcher | None = None,
         placement: Placement | None = None,
     ) -> None:
@@ -139,8 +139,8 @@ class DurableJobs:
             job_user=job_user,
             pressure_settings=pressure_settings,
             on_relief=self._relief_step,
-            prepare=workspaces.prepare if workspaces is not None else None,
-            reclaim_disk=workspaces.reclaim if workspaces is not None else None,
+            prepare=worktrees.prepare if worktrees is not None else None,
+            reclaim_disk=worktrees.reclaim if worktrees is not None else None,
             launcher=launcher,
             placement=placement,
         )
@@ -412,7 +412,7 @@ class DurableJobs:
 
 
 def _worktree_from_row(saved: Any) -> WorktreeRequest | None:
-    """The saved ask for a worktree (a row from before issue 14 has none)."""
+    """The saved ask for a worktree (a row saved before worktrees existed has none)."""
     if not isinstance(saved, dict) or not isinstance(saved.get("repo"), str):
         return None
     branch = saved.get("branch")

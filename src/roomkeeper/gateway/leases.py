@@ -42,7 +42,7 @@ class DurableLeases:
         watch: told of every journal write, to report one that fails.
         hooks: the pool release hooks run on (never the event loop's default executor,
             which every ``asyncio.to_thread`` of a request shares).
-        reclaim_disk: the one reap a refusal for disk gets before it stands (finished
+        reclaim_disk: the one prune a refusal for disk gets before it stands (finished
             jobs' trees, down to the guard's line); True when it freed anything.
     """
 
@@ -108,7 +108,7 @@ class DurableLeases:
             raise UsageError("the gateway is shutting down", name="shutdown")
         lease_id = lease_id or uuid.uuid4().hex[:16]
         deadline = time.monotonic() + wait_s
-        reaped = False
+        pruned = False
         while True:
             lease, decision = self.leases.grant(
                 lease_id,
@@ -123,30 +123,30 @@ class DurableLeases:
                     await asyncio.wrap_future(self._record(lease))
                 return lease, decision, decision is not None
             assert decision is not None
-            if not reaped and self._may_reap(decision):
-                reaped = True  # one reap per request, then the guard judges again
-                if await asyncio.to_thread(self._reap_for, decision):
+            if not pruned and self._may_prune(decision):
+                pruned = True  # one prune per request, then the guard judges again
+                if await asyncio.to_thread(self._prune_for, decision):
                     continue
             self._refusals.append(Refusal.of(decision, lease_id))
             if time.monotonic() + LEASE_RETRY_S > deadline or self._closing():
                 return None, decision, False
             await asyncio.sleep(LEASE_RETRY_S)
 
-    def _may_reap(self, decision: Decision) -> bool:
-        """A refusal for disk that a reap could change (disk is the one resource we free)."""
+    def _may_prune(self, decision: Decision) -> bool:
+        """A refusal for disk that a prune could change (disk is the one resource we free)."""
         return (
             self._reclaim_disk is not None
             and decision.reason is Reason.DISK
             and not decision.never_fits
         )
 
-    def _reap_for(self, decision: Decision) -> bool:
-        """The reap before a disk refusal stands; a failed reap leaves the refusal as it was."""
+    def _prune_for(self, decision: Decision) -> bool:
+        """The prune before a disk refusal stands; a failed prune leaves the refusal as it was."""
         assert self._reclaim_disk is not None
         try:
             return self._reclaim_disk(decision)
         except Exception:
-            log.exception("the disk reap before refusing a lease failed")
+            log.exception("the disk prune before refusing a lease failed")
             return False
 
     async def end(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView:

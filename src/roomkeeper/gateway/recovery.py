@@ -1,4 +1,4 @@
-"""What a gateway does at start, before anything new is launched (seed 002: save first).
+"""What a gateway does at start, before anything new is launched (save first).
 
 1. Orphans: a managed tree of the previous run that somehow survived is
    stopped: by its recorded leader (pid *and* start time must match, so a

@@ -1,7 +1,7 @@
 """The gateway service: the scheduler, the guard, leases and the journal behind one object.
 
-:mod:`roomkeeper.api.app` serves it over HTTP.  It keeps room for itself (seed
-002): ROOMKEEPER_GATEWAY_RESERVE_MB is taken off the guard's line so admitted
+:mod:`roomkeeper.api.app` serves it over HTTP.  It keeps room for itself:
+ROOMKEEPER_GATEWAY_RESERVE_MB is taken off the guard's line so admitted
 work cannot squeeze the process that must stay responsive.  Managed jobs do
 not inherit ``ROOMKEEPER_*`` variables, and the token never lies under the
 workspace, so an agent's tool command does not find the keys by accident.
@@ -57,7 +57,7 @@ from roomkeeper.gateway.link import SupervisorLink
 from roomkeeper.gateway.recovery import recover
 from roomkeeper.gateway.refusals import REFUSALS_KEPT, Refusal
 from roomkeeper.gateway.samples import Sample, Sampler
-from roomkeeper.gateway.workspaces import gateway_workspaces
+from roomkeeper.gateway.worktrees import gateway_worktrees
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner
 from roomkeeper.guard.leases import Leases
@@ -140,7 +140,7 @@ class Gateway:
         self._shutdown_lock = asyncio.Lock()
         self._shut = False
         self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
-        self.workspaces = gateway_workspaces(
+        self.worktrees = gateway_worktrees(
             journal=journal, workspace=self.workspace, env=env, watch=self._watch
         )
         self.durable_jobs = self._durable_jobs()
@@ -201,7 +201,7 @@ class Gateway:
             hooks=self.hooks,
             job_user=self.job_user,
             pressure_settings=lambda: read_pressure_settings(self.env),
-            workspaces=self.workspaces,
+            worktrees=self.worktrees,
             launcher=None if self.cluster is None else self.cluster.launch,
             placement=None if self.cluster is None else self.cluster.place,
         )
@@ -235,7 +235,7 @@ class Gateway:
             closing=lambda: self._closing,
             watch=self._watch,
             hooks=self.hooks,
-            reclaim_disk=self.workspaces.reclaim_space,
+            reclaim_disk=self.worktrees.reclaim_space,
         )
 
     def _supervisor_link(self, channel: Channel | None) -> SupervisorLink:
@@ -267,7 +267,7 @@ class Gateway:
             self.note_persistence_error(err)
 
     def _limits(self) -> Limits:
-        """The seed's bounds from the variables, with the gateway's holds on top."""
+        """The bounds from the variables, with the gateway's holds on top."""
         return self.link.holds(Limits.from_settings(read_queue_settings(self.env)))
 
     @property

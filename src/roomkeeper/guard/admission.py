@@ -1,13 +1,13 @@
 """The guard: does one more job fit in the container?
 
-The rule is seed 000's, generalized to jobs that state their own size::
+The rule, generalized to jobs that state their own size::
 
     refuse for memory when  used + sum(young reservations) + estimate
                             > limit - min(limit x headroom%, 8 GB)
     refuse for disk when    free < job_disk + min(total x headroom%, 10 GB)
 
 With every estimate equal to ROOMKEEPER_JOB_MEMORY_MB this is exactly the
-seed's ``used + (young + 1) x per_job``.  Memory is judged first because it is
+original ``used + (young + 1) x per_job``.  Memory is judged first because it is
 the failure that takes everything with it; one cause is reported.  Unknown
 is a refusal, not room.  A platform with no container to protect (not
 Linux) passes, and says so.

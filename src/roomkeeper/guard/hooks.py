@@ -1,4 +1,4 @@
-"""Release hooks: a loopback HTTP call made when a lease or a job ends (seed 000's second commit).
+"""Release hooks: a loopback HTTP call made when a lease or a job ends.
 
 A finished turn must give its session back: a lease or job may carry
 ``{"method": "DELETE", "url": "http://127.0.0.1:PORT/chat/<id>"}``.  It runs

@@ -1,4 +1,4 @@
-"""Leases: admission for work roomkeeper does not spawn (seed 000's dispatcher).
+"""Leases: admission for work roomkeeper does not spawn (an agent dispatcher's turns).
 
 A dispatcher asks for a lease before it starts a turn in another server and
 gives it back when the turn ends.  A lease holds a young reservation of its

@@ -1,6 +1,6 @@
 """Memory policies, pure: what a young job reserves under ``strict`` and under ``pack``.
 
-``strict`` is seed 000's rule as the guard has always applied it: a young job
+``strict`` is the admission rule as the guard has always applied it: a young job
 reserves ``max(0, estimate - measured)`` until its warm-up window ends.
 
 ``pack`` fills the container by measurement: once its growth has been seen
@@ -26,7 +26,7 @@ count as a floor's worth, and a job still importing its libraries half a
 second after its start does not look small (a swarm whose jobs slept 0.4 s
 before growing was stopped once, with its 60 s cooldown, when half a second
 from admission was enough).  What a forecast misses, the pressure monitor's relief
-ladder answers (issue 12); that is why ``pack`` is only for work roomkeeper
+ladder answers; that is why ``pack`` is only for work roomkeeper
 itself runs and can suspend, never for leases.
 
 **Trials.**  With nothing learned, a new job must be assumed as large as its
@@ -84,7 +84,7 @@ TRIAL_RESUME_MARGIN = 32 * MIB  # a paused trial goes on this far below the susp
 class MemoryPolicy(enum.Enum):
     """How much a young job reserves until its warm-up window ends."""
 
-    STRICT = "strict"  # its estimate less its measured footprint (seed 000)
+    STRICT = "strict"  # its estimate less its measured footprint
     PACK = "pack"  # what its measured growth forecasts, at most what strict holds
 
 

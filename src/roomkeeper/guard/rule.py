@@ -1,4 +1,4 @@
-"""The guard's rule, pure: seed 000's memory and disk lines, and the words of a decision.
+"""The guard's rule, pure: the memory and disk lines, and the words of a decision.
 
 ::
 
@@ -19,8 +19,8 @@ from roomkeeper.config import Settings
 from roomkeeper.kernel.resources import DiskReading, LimitOrigin, MemoryReading
 from roomkeeper.units import GB
 
-MEMORY_HEADROOM_CAP = 8 * GB  # decimal: 8,000,000,000 bytes (seed 000)
-DISK_HEADROOM_CAP = 10 * GB  # decimal: 10,000,000,000 bytes (seed 000)
+MEMORY_HEADROOM_CAP = 8 * GB  # decimal: 8,000,000,000 bytes
+DISK_HEADROOM_CAP = 10 * GB  # decimal: 10,000,000,000 bytes
 SUMMARY_LIMIT = 200
 
 
@@ -33,7 +33,7 @@ class Reason(enum.Enum):
     MEMORY = "memory"  # no room in the container's memory
     DISK = "disk"  # no room on the workspace volume
     UNKNOWN = "unknown"  # a reading could not be taken: refused
-    # Words the scheduler adds (seed 002): why a job waits or was refused.
+    # Words the scheduler adds: why a job waits or was refused.
     CPU = "cpu"  # CPU pressure above ROOMKEEPER_CPU_PRESSURE_PERCENT
     SLOTS = "slots"  # ROOMKEEPER_MAX_RUNNING jobs are running
     OWNER_SLOTS = "owner_slots"  # this owner runs ROOMKEEPER_MAX_RUNNING_PER_OWNER jobs
@@ -42,7 +42,7 @@ class Reason(enum.Enum):
     HELD = "held"  # launches are held (relief, recovery mode): a person or time releases them
     QUEUE_FULL = "queue_full"  # submission refused: ROOMKEEPER_MAX_WAITING jobs wait
     OWNER_QUEUE_FULL = "owner_queue_full"  # submission refused: the owner's queue is full
-    # Words the relief ladder adds (issue 12): memory pressure after admission.
+    # Words the relief ladder adds: memory pressure after admission.
     PRESSURE = "pressure"  # launches held: used is past the line, or a stop's cooldown runs
     MEMORY_PRESSURE = "memory_pressure"  # stopped (or queued again) to relieve memory pressure
     ON_TRIAL = "on_trial"  # paused: started on trial, its room is claimed by older jobs

@@ -4,9 +4,9 @@
 the monitor acts through.  Every record changes under the scheduler's lock;
 the kernel's part of a suspension or a resume (a freezer write, signals)
 happens outside it, so an API call never waits on the freezer.  A stop goes
-through the runner's own stop (SIGTERM, grace, SIGKILL), keeps the job's
+through the launch rounds' own stop (SIGTERM, grace, SIGKILL), keeps the job's
 output, and ends the job ``stopped`` with reason ``memory_pressure``, unless
-it is restartable and has runs left (:meth:`roomkeeper.jobs.rounds.Runner.reap`).
+it is restartable and has runs left (:meth:`roomkeeper.jobs.rounds.LaunchRounds.reap`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from roomkeeper.errors import SuspendError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.book import JobBook, JobRecord, RemoteHandle
-from roomkeeper.jobs.rounds import Runner
+from roomkeeper.jobs.rounds import LaunchRounds
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.relief.ladder import Live
 
@@ -35,7 +35,7 @@ class SchedulerRelief:
     Args:
         lock: the scheduler's lock.
         book: its job book.
-        runner: its runner (the running jobs, the launch hold, the stop).
+        rounds: its launch rounds (the running jobs, the launch hold, the stop).
         guard: asked for a job's estimate when it stated none.
         wake: wakes the scheduler's loop (launches may go on again).
         flush: hands recorded changes to ``on_change``, outside the lock.
@@ -46,14 +46,14 @@ class SchedulerRelief:
         *,
         lock: threading.Lock,
         book: JobBook,
-        runner: Runner,
+        rounds: LaunchRounds,
         guard: Guard,
         wake: Callable[[], None],
         flush: Callable[[], None],
     ) -> None:
         self._lock = lock
         self._book = book
-        self._runner = runner
+        self._rounds = rounds
         self._guard = guard
         self._wake = wake
         self._flush = flush
@@ -67,7 +67,7 @@ class SchedulerRelief:
         with self._lock:
             jobs = [
                 j
-                for j in self._runner.running.values()
+                for j in self._rounds.running.values()
                 if j.handle is not None and not isinstance(j.handle, RemoteHandle)
             ]
         on_trial = set(self._guard.trials())
@@ -108,7 +108,7 @@ class SchedulerRelief:
     def hold_for_pressure(self, hold: bool) -> None:
         """Hold launches (reason ``pressure``), or let them go and wake the scheduler."""
         with self._lock:
-            was, self._runner.pressure_hold = self._runner.pressure_hold, hold
+            was, self._rounds.pressure_hold = self._rounds.pressure_hold, hold
         if was and not hold:
             self._wake()
 
@@ -156,17 +156,17 @@ class SchedulerRelief:
     def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
         """Stop the job's tree (output kept); ``stopped`` with reason ``memory_pressure``."""
         with self._lock:
-            job = self._runner.running.get(job_id)
+            job = self._rounds.running.get(job_id)
             if job is None or job.stop_cause is not None:
                 return False
             job.stop_reason = Reason.MEMORY_PRESSURE
             if never_fits:
                 job.error = f"it alone outgrows the container, so it can never fit here: {why}"
-            self._runner.stop(job, JobState.STOPPED)
+            self._rounds.stop(job, JobState.STOPPED)
         self._wake()  # the round reaps it as soon as it is gone
         return True
 
     def _live(self, job_id: str) -> JobRecord | None:
         with self._lock:
-            job = self._runner.running.get(job_id)
+            job = self._rounds.running.get(job_id)
             return job if job is not None and job.handle is not None else None

@@ -1,6 +1,6 @@
 """The bounded fair queue: the scheduler's bounds, and who waits in what order.
 
-Seed 002's bounds: at most 32 jobs wait (8 per owner) and 4 run (2 per
+The bounds: at most 32 jobs wait (8 per owner) and 4 run (2 per
 owner).  Each owner has a line of waiting jobs, oldest first; owner rotation
 keeps one owner from taking every free slot: the owner just served goes to
 the back of the turn.  The waiting bounds are checked here, at submission;
@@ -40,7 +40,7 @@ class Limits:
 
     @classmethod
     def from_settings(cls, s: QueueSettings) -> Limits:
-        """The seed's bounds as the environment sets them."""
+        """The bounds as the environment sets them."""
         return cls(
             s.max_waiting,
             s.max_waiting_per_owner,

@@ -1,6 +1,6 @@
 """The scheduler's rounds: launch what the guard admits, then stop and reap what runs.
 
-The guard is asked before every launch.  As in seed 000, a refusal ends the
+The guard is asked before every launch.  A refusal ends the
 launch round and the refused job keeps its place, so a large job is not
 starved by smaller ones behind it.  The running bounds (4 in all, 2 per
 owner) and CPU pressure hold a round back before the guard is asked.
@@ -10,8 +10,8 @@ lock held, and the launch re-checks, under the lock, that the job is still
 waiting.  A cancel that lands while the job is being judged therefore
 removes its permission to launch; a cancel after the spawn stops its tree.
 
-Disk is the one resource roomkeeper can free itself (seed 000): a refusal
-for disk gets one reap first (``reclaim_disk``), which stops at the guard's
+Disk is the one resource roomkeeper can free itself: a refusal
+for disk gets one worktree prune first (``reclaim_disk``), which stops at the guard's
 own line, and then the guard judges again.  A job that asked for a git
 worktree gets it after admission and before its command starts
 (``prepare``), outside the lock because git takes its time; a job cancelled
@@ -23,7 +23,7 @@ asked instead of the guard, and handles that may end in a
 (the job goes back to the head of its owner's line and waits), lost with
 their node (``uncertain``, never re-run), or failed to start there.
 
-A :class:`Runner` owns the running jobs; the queue and the job book are the
+A :class:`LaunchRounds` owns the running jobs; the queue and the job book are the
 scheduler's, shared with it, and so is the lock.  When and how often rounds
 run is :mod:`roomkeeper.jobs.scheduler`'s.
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roomkeeper.config import read_pressure_settings
-from roomkeeper.errors import LaunchError, WorkspaceError
+from roomkeeper.errors import LaunchError, WorktreeError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteEnd, RemoteHandle, Settlement
@@ -89,7 +89,7 @@ class RoundSettings:
     placement: Placement | None = None
 
 
-class Runner:
+class LaunchRounds:
     """Launches the queue's jobs the guard admits, and stops and reaps the running ones.
 
     Methods are called with the shared lock held, except :meth:`launch_round`
@@ -325,7 +325,7 @@ class Runner:
             return
 
     def _judge(self, job: JobRecord) -> Decision:
-        """The guard's answer; a refusal for disk gets one reap first, then a second judgement."""
+        """The guard's answer; a disk refusal gets one worktree prune first, then a second look."""
         decision = self._admit(job)
         if decision.admit or decision.reason is not Reason.DISK or decision.never_fits:
             return decision
@@ -335,8 +335,8 @@ class Runner:
             view = self._book.view(job)
         try:
             freed = self._reclaim_disk(view, decision)
-        except Exception:  # a failed reap leaves the refusal as it was
-            log.exception("the disk reap before refusing job %s failed", job.id)
+        except Exception:  # a failed prune leaves the refusal as it was
+            log.exception("the worktree prune before refusing job %s failed", job.id)
             return decision
         return self._admit(job) if freed else decision
 
@@ -356,7 +356,7 @@ class Runner:
         if job.spec.worktree is None:
             return None, None
         if self._prepare is None:  # never run it elsewhere than the tree it asked for
-            return None, WorkspaceError(
+            return None, WorktreeError(
                 "this scheduler makes no worktrees (it was given no prepare); "
                 "run the job without worktree, or through the gateway or batch",
                 reason="worktree_failed",
@@ -366,7 +366,7 @@ class Runner:
             view = self._book.view(job)
         try:
             return self._prepare(view), None
-        except (OSError, ValueError) as err:  # WorkspaceError is a ValueError
+        except (OSError, ValueError) as err:  # WorktreeError is a ValueError
             return None, err
 
     def _fail_unprepared(self, job: JobRecord, err: Exception) -> None:

@@ -1,6 +1,6 @@
 """The scheduler: a bounded, fair queue that launches only what the guard admits.
 
-Seed 002's "admit work only when there is room".  This module is the service
+Admits work only when there is room.  This module is the service
 that callers hold: it takes calls (submit, cancel, wait, statistics), runs the
 rounds, and shuts down in order.  Its parts: :mod:`roomkeeper.jobs.queue` (the
 bounds and owner rotation), :mod:`roomkeeper.jobs.book` (every job's record and
@@ -41,11 +41,11 @@ from roomkeeper.jobs.rounds import (
     RETRY_SECONDS,
     STOP_GRACE_SECONDS,
     Launcher,
+    LaunchRounds,
     Placement,
     Prepare,
     ReclaimDisk,
     RoundSettings,
-    Runner,
 )
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.kernel.resources import cpu_pressure_percent
@@ -97,7 +97,7 @@ class Scheduler:
             hook runs before that memory is offered again, and nothing else waits.
         on_refusal: called with the job id and the guard's refusal (every refused round).
         before_launch: called with the job's view just before its spawn, lock held; it
-            writes the durable pending marker (seed 002: save first).  If it
+            writes the durable pending marker (save first).  If it
             raises, the job is not started and ends as failed.
         stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
         job_user: the user jobs run as; None for ours (``ROOMKEEPER_JOB_USER``).
@@ -111,7 +111,7 @@ class Scheduler:
         prepare: makes or reuses the git worktree of a job that asked for one,
             after admission and before ``before_launch`` (lock not held); the
             command runs inside it.  If it raises, the job fails without starting.
-        reclaim_disk: the one reap a refusal for disk gets before it stands,
+        reclaim_disk: the one worktree prune a refusal for disk gets before it stands,
             given the job and the refusal (its ``disk_needed_bytes`` is the
             line to reach); True when it freed anything, and the guard judges again.
         placement: asked instead of the guard before each launch, when ``launcher``
@@ -167,14 +167,14 @@ class Scheduler:
             reclaim_disk=reclaim_disk,
             placement=placement,
         )
-        self._runner = Runner(
+        self._rounds = LaunchRounds(
             lock=self._lock, book=self._book, queue=self._queue, guard=self._guard, settings=rounds
         )
         self.cooldown = cooldown if cooldown is not None else Cooldown(clock)
         self.relief = SchedulerRelief(
             lock=self._lock,
             book=self._book,
-            runner=self._runner,
+            rounds=self._rounds,
             guard=self._guard,
             wake=self._wake,
             flush=self._book.flush,
@@ -187,7 +187,7 @@ class Scheduler:
             arm=arm_container,
             clock=clock,
             on_step=on_relief,
-            reruns=lambda: self._runner.reruns,
+            reruns=lambda: self._rounds.reruns,
             interval=monitor_interval,
         )
         self._pressure = pressure
@@ -239,7 +239,7 @@ class Scheduler:
                 self._guard.release(job.id)  # in case it was being judged right now
                 self._book.finish(job, JobState.CANCELLED, None)
             elif job.state.live:
-                self._runner.stop(job, JobState.STOPPED)
+                self._rounds.stop(job, JobState.STOPPED)
         self._book.flush()
         self._wake()
         return self.get(job_id)
@@ -273,7 +273,7 @@ class Scheduler:
     def statistics(self) -> SchedulerStatistics:
         """Counts by state and owner, refusals by reason, launches."""
         with self._lock:
-            running = self._runner.running
+            running = self._rounds.running
             owners = self._queue.owners() | {j.spec.owner for j in running.values()}
             by_owner = {
                 o: (
@@ -287,10 +287,10 @@ class Scheduler:
                 waiting=self._queue.waiting(),
                 running=len(running),
                 by_owner={o: c for o, c in by_owner.items() if c != (0, 0)},
-                refusals=dict(self._runner.refusals),
-                launched=self._runner.launched,
+                refusals=dict(self._rounds.refusals),
+                launched=self._rounds.launched,
                 ended=self._book.ended_counts(),
-                last_refusal=self._runner.last_refusal,
+                last_refusal=self._rounds.last_refusal,
                 waiting_reason=first.reason if first is not None else None,
                 suspended=sum(1 for j in running.values() if j.state is JobState.SUSPENDED),
             )
@@ -310,16 +310,16 @@ class Scheduler:
         """
         with self._round:
             with self._lock:
-                handles = self._runner.reap()
-                self._runner.expire()
+                handles = self._rounds.reap()
+                self._rounds.expire()
                 ended = self._book.take_ended()
-                self._runner.prune()
-            self._runner.close_handles(handles)
+                self._rounds.prune()
+            self._rounds.close_handles(handles)
             for view in ended:
                 self._ended(view)
-            self._runner.launch_round()
+            self._rounds.launch_round()
             with self._lock:
-                due = self._runner.next_due()
+                due = self._rounds.next_due()
         self._book.flush()
         return due
 
@@ -346,7 +346,7 @@ class Scheduler:
 
     def start(self) -> None:
         """Run rounds on a thread until :meth:`close`."""
-        self._runner.start()
+        self._rounds.start()
         if self._pressure:
             self.monitor.start()
         if self._thread is None:
@@ -367,7 +367,7 @@ class Scheduler:
                 log.exception("a scheduling round failed; trying again shortly")
                 due = RETRY_SECONDS
             with self._lock:
-                fds = [j.pidfd for j in self._runner.running.values()]
+                fds = [j.pidfd for j in self._rounds.running.values()]
                 polling = any(fd < 0 for fd in fds)
             poller = select.poll()
             poller.register(self._wake_r, select.POLLIN)
@@ -387,26 +387,26 @@ class Scheduler:
                 return
             self._closed = True
             self._closing = True
-            handles = self._runner.reap()  # a job that already ended is not "stopped"
+            handles = self._rounds.reap()  # a job that already ended is not "stopped"
             # Reason "shutdown": an orderly stop, not a person's cancel (recovery may defer it).
             for job in self._queue.take(lambda j: True):
                 self._book.finish(job, JobState.CANCELLED, Reason.SHUTDOWN)
-            stoppers = self._runner.stop_all(grace)
+            stoppers = self._rounds.stop_all(grace)
         self._wake()
         self.monitor.close()  # before the trees stop: their end is no pressure to relieve
         if self._thread is not None:
             self._thread.join()
         for stopper in stoppers:
             stopper.join()
-        self._runner.close_handles(handles)
+        self._rounds.close_handles(handles)
         while True:
             with self._lock:
-                if not self._runner.running:
+                if not self._rounds.running:
                     break
             self.tick()
             time.sleep(0.01)
         self.tick()  # end-of-job hooks of jobs cancelled above
-        self._runner.close()
+        self._rounds.close()
         self._book.flush()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):

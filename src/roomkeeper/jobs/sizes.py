@@ -1,7 +1,7 @@
 """Learned sizes: the key a job's peaks are kept under, and what keeps them.
 
 When a job states no memory estimate, roomkeeper uses what past runs of the
-same kind peaked at (issue 12).  The kind is the job's explicit ``kind`` when
+same kind peaked at.  The kind is the job's explicit ``kind`` when
 it has one, else a SHA-256 of its argv, its working directory and whether
 it is shell text: two runs of the same command in the same place are the
 same kind, and the key says nothing of the command (no command text is ever

@@ -1,7 +1,7 @@
 """The registered calls' table and their pending markers.
 
 A call is written with its marker in one transaction, and only a saved
-outcome ends the marker, in the transaction that saves it (seed 002: save
+outcome ends the marker, in the transaction that saves it (save
 first).  States are stored as their text (``pending``, ``succeeded``, …);
 what they mean is the gateway's (``roomkeeper.gateway.calls``).
 """

@@ -9,7 +9,7 @@ the writer); the gateway makes them off its event loop.
 
 This module is that core.  Each table's schema, SQL and named operations
 live in its own module (``jobs``, ``leases``, ``markers``, ``calls``,
-``history``, ``workspaces``, ``sizes``); :class:`Journal` gathers them, so a
+``history``, ``worktrees``, ``sizes``); :class:`Journal` gathers them, so a
 caller says what it means (``journal.settle_call(...)``) and never writes SQL.
 """
 
@@ -26,13 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from roomkeeper.journal import calls, history, jobs, leases, markers, sizes, workspaces
+from roomkeeper.journal import calls, history, jobs, leases, markers, sizes, worktrees
 from roomkeeper.journal.calls import CallsTable
 from roomkeeper.journal.history import MAX_EVENTS, HistoryTable
 from roomkeeper.journal.jobs import JobsTable
 from roomkeeper.journal.leases import LeasesTable
 from roomkeeper.journal.sizes import SizesTable
-from roomkeeper.journal.workspaces import WorkspacesTable
+from roomkeeper.journal.worktrees import WorktreesTable
 
 log = logging.getLogger("roomkeeper")
 
@@ -40,11 +40,11 @@ _T = TypeVar("_T")
 _GROUP_MAX = 512  # writes per transaction at most
 
 # Each table's schema lives with its SQL, in its own module.  A table added later
-# (workspaces, sizes) is its own migration: CREATE TABLE IF NOT EXISTS on open.
-SCHEMA = "".join(m.SCHEMA for m in (jobs, leases, markers, calls, history, workspaces, sizes))
+# (worktrees, sizes) is its own migration: CREATE TABLE IF NOT EXISTS on open.
+SCHEMA = "".join(m.SCHEMA for m in (jobs, leases, markers, calls, history, worktrees, sizes))
 # Columns added to a table after it first shipped: (table, column, its declaration).
 # CREATE TABLE IF NOT EXISTS leaves an older file's table as it was; these bring it up.
-MIGRATIONS: tuple[tuple[str, str, str], ...] = jobs.ADDED_COLUMNS + workspaces.ADDED_COLUMNS
+MIGRATIONS: tuple[tuple[str, str, str], ...] = jobs.ADDED_COLUMNS + worktrees.ADDED_COLUMNS
 
 
 def migrate(conn: sqlite3.Connection) -> list[str]:
@@ -64,16 +64,16 @@ def migrate(conn: sqlite3.Connection) -> list[str]:
 def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")  # durable at every commit (seed 002: save first)
+    conn.execute("PRAGMA synchronous=FULL")  # durable at every commit (save first)
     conn.execute("PRAGMA busy_timeout=30000")
     return conn
 
 
-class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorkspacesTable, SizesTable):
+class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, SizesTable):
     """Durable records, written off the caller's thread with group commit.
 
     The tables' named operations come from their modules (``jobs``,
-    ``leases``, ``calls``, ``history``, ``workspaces``, ``sizes``); this class is the core
+    ``leases``, ``calls``, ``history``, ``worktrees``, ``sizes``); this class is the core
     they share:
     the writer thread, :meth:`submit`, and one reading connection per thread.
 

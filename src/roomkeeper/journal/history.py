@@ -1,6 +1,6 @@
 """Recovery history: what happened to the gateway, in codes and numbers only.
 
-Seed 002: recovery history stores only allowlisted timestamps, reason codes
+Recovery history stores only allowlisted timestamps, reason codes
 and numeric resource evidence, capped in count and size.  It holds no
 command, argument, output, owner name or secret: an event is built from a
 closed list of codes and a closed list of numeric fields, and anything else
@@ -46,7 +46,7 @@ class RecoveryCode(enum.Enum):
     ORPHANS_STOPPED = "orphans_stopped"  # managed trees of an earlier run, stopped at start
     RESOLVED = "resolved"  # a person or client resolved uncertain work
     REPAIRED = "repaired"  # a repair passed its checks: the restart budget is cleared
-    # The relief ladder (issue 12): memory pressure after admission.
+    # The relief ladder: memory pressure after admission.
     PRESSURE_HOLD = "pressure_hold"  # used crossed the line: launches held
     PRESSURE_SUSPENDED = "pressure_suspended"  # the newest suspendable tree was suspended
     PRESSURE_RESUMED = "pressure_resumed"  # a suspended tree fits again and goes on
@@ -70,9 +70,9 @@ ALLOWED_FIELDS = frozenset(
         "exit_code",
         "footprint_bytes",
         "reaction_ms",
-        "trees",  # worktrees a reap removed
-        "kept",  # worktrees a reap left, protected or past its low mark
-        "freed_bytes",  # what a reap freed
+        "trees",  # worktrees a prune removed
+        "kept",  # worktrees a prune left, protected or past its low mark
+        "freed_bytes",  # what a prune freed
     }
 )
 

@@ -2,7 +2,7 @@
 
 Every write here is one whole operation, one transaction of the journal's
 writer: a job's outcome and the end of its marker are saved together or not
-at all (seed 002: only a persisted outcome clears the marker).  Columns are
+at all (only a persisted outcome clears the marker).  Columns are
 named in every statement, so adding one breaks nothing.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.markers import MarkerKind, clear, is_marked, mark, marked
 from roomkeeper.journal.store import Store
-from roomkeeper.journal.workspaces import follow, register
+from roomkeeper.journal.worktrees import follow, register
 
 STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
 # The states a job's record may be removed in: ended, and not in doubt.
@@ -224,7 +224,7 @@ class JobsTable(Store):
         """Upsert the job's row and append its latest state change.
 
         A final state is the job's outcome: it clears the job's pending marker
-        in the same transaction (seed 002: only a persisted outcome retires it).
+        in the same transaction (only a persisted outcome retires it).
         """
         last = view.history[-1] if view.history else None
 

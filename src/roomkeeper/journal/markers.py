@@ -1,6 +1,6 @@
 """The pending markers: one row per job launch or registered call whose outcome is not saved.
 
-Seed 002, save first: a side-effecting piece of work gets a durable marker
+Save first: a side-effecting piece of work gets a durable marker
 before it is dispatched, and only a persisted outcome clears it, in the same
 transaction as the outcome itself.  So the only callers of :func:`clear` are
 the jobs' and calls' outcome operations (``journal.jobs``, ``journal.calls``),

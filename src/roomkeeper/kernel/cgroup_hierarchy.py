@@ -4,11 +4,11 @@ The kernel's word only, no judgement: :func:`locate` finds the hierarchy the
 process is charged in (v2 first, then v1) from ``/proc/self/cgroup`` and the
 mount table, and :func:`walk` reads every level from the process's own group
 up to the root of the mount, with its limit and what it holds that the
-kernel cannot give back (DESIGN.md's "used").  Which level is tightest, and
+kernel cannot give back (``docs/DESIGN.md``'s "used").  Which level is tightest, and
 what an unreadable file means, is :mod:`roomkeeper.kernel.resources`' to decide.
 
 The roots (``/proc`` and ``/sys/fs/cgroup``) are parameters so tests can
-point these functions at captured trees (``shared/fixtures``).  Unlike the
+point these functions at captured trees (``tests/kernel_fixtures``).  Unlike the
 readers of :mod:`roomkeeper.kernel.resources`, everything here raises ``OSError``
 or :class:`~roomkeeper.errors.KernelFileError` when a file cannot be read.
 :func:`read_file`, the one kernel-file reader every module uses, lives here
@@ -28,7 +28,7 @@ from roomkeeper.kernel import parsers
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 
 # memory.stat keys that count as "can be given back".  slab_reclaimable is
-# only subtracted on v2 (DESIGN.md); v1's memory.stat has no such key.
+# only subtracted on v2; v1's memory.stat has no such key.
 _V2_RECLAIMABLE = ("active_file", "inactive_file", "slab_reclaimable")
 _V1_RECLAIMABLE = ("total_active_file", "total_inactive_file")
 _V2_KEYS = frozenset(_V2_RECLAIMABLE)
@@ -292,7 +292,7 @@ def own_memory_level(
 
 
 def group_used_bytes(directory: str, version: int) -> int:
-    """What a cgroup holds that the kernel cannot give back (DESIGN.md's "used").
+    """What a cgroup holds that the kernel cannot give back (``docs/DESIGN.md``'s "used").
 
     Raises:
         OSError, KernelFileError: the group's files could not be read.

@@ -1,11 +1,11 @@
 """The host the readings are taken on: where its kernel files are, and whether it has them.
 
-The platform seam (house style: "the platform choice is made once"):
+The platform seam (the platform choice is made once):
 :class:`Platform` is the one place the Linux test is written, and a reader
 is handed its answer instead of testing ``sys.platform`` again.
 
 The roots are defaults, not fixed paths: every reader takes them as
-parameters, so tests point it at captured trees (``shared/fixtures``).
+parameters, so tests point it at captured trees (``tests/kernel_fixtures``).
 Defined once here, at the bottom of the package, so that the lifeline
 helper (:mod:`roomkeeper.trees.lifeline`) can share them without loading the
 readers.

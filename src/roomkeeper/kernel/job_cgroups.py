@@ -1,7 +1,7 @@
 """A job's own cgroups: its memory group (v2 or v1) and, on v1, its freezer group.
 
 Made inside roomkeeper's own group so the container is still charged for
-the job (DESIGN.md), and so every member can be found however it tried to
+the job, and so every member can be found however it tried to
 leave.  Where they go, and the room cgroup v2's rules need first, is
 :mod:`roomkeeper.kernel.delegation`'s; what "used" means is
 :mod:`roomkeeper.kernel.cgroup_hierarchy`'s.

@@ -3,7 +3,7 @@
 Each function takes the raw bytes of one kernel file and returns a value or
 raises :class:`~roomkeeper.errors.KernelFileError`; none of them touches
 the filesystem, so each is tested on real captured text
-(``shared/fixtures``) and on arbitrary bytes.
+(``tests/kernel_fixtures``) and on arbitrary bytes.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Fresh resource readings: memory, pressure (PSI) and disk, nothing cached.
 
 Every call reads the kernel's files afresh, so the line moves with the
-container and no restart is needed (seed 000).  Memory comes from cgroup v2,
-then cgroup v1, then ``/proc/meminfo``; what "used" means is in DESIGN.md:
+container and no restart is needed.  Memory comes from cgroup v2,
+then cgroup v1, then ``/proc/meminfo``; what "used" means (``docs/DESIGN.md``):
 what the container holds that the kernel cannot give back (the file cache
 and, on v2, reclaimable slab are left out).  Finding the process's cgroup
 and reading each level of its path is :mod:`roomkeeper.kernel.cgroup_hierarchy`'s
 job; this module judges those levels and reports the one with the least room.
 
 The roots (``/proc`` and ``/sys/fs/cgroup``) are parameters so tests can
-point the readers at captured trees (``shared/fixtures``).  This module is
+point the readers at captured trees (``tests/kernel_fixtures``).  This module is
 the one boundary where ``OSError`` and
 :class:`~roomkeeper.errors.KernelFileError` become a reading marked
 *unknown* with a reason: no reader raises.

@@ -1,8 +1,8 @@
 """The relief ladder, pure: which step memory pressure calls for, from one reading.
 
 Admission (:mod:`roomkeeper.guard.rule`) judges a job before it starts;
-the ladder watches what admitted work does afterwards (issue 12, seed 002's
-"sustained critical memory pressure")::
+the ladder watches what admitted work does afterwards, under sustained
+memory pressure::
 
     headroom = limit - memory_line(limit, headroom%)      (the guard's headroom)
     hold     when used > line                              (new launches wait: ``pressure``)

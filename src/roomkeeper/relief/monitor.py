@@ -36,7 +36,7 @@ from roomkeeper.relief.ladder import Action, LadderState, Live, Plan, Step, deci
 
 log = logging.getLogger("roomkeeper")
 
-INTERVAL_S = 0.1  # DESIGN.md: the pressure monitor reads at least this often
+INTERVAL_S = 0.1  # the pressure monitor reads at least this often
 REACTIONS_KEPT = 1000  # reaction times kept for the percentiles (the latest)
 
 

@@ -1,4 +1,4 @@
-"""The restart budget and its private state file (seed 002: bound repeated restarts).
+"""The restart budget and its private state file (repeated restarts are bounded).
 
 What counts, with the defaults (seconds):
 

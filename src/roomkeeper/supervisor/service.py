@@ -1,4 +1,4 @@
-"""The supervisor: runs the gateway as its child and watches it from outside (seed 002).
+"""The supervisor: runs the gateway as its child and watches it from outside.
 
 ``roomkeeper serve`` is this small process.  The gateway is its child, with
 one end of a socketpair (how it is started and killed:

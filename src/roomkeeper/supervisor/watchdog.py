@@ -1,7 +1,7 @@
 """The watchdog's stages as a pure state machine: no processes, no I/O, an injected clock.
 
 After the start grace, no healthy heartbeat for HEARTBEAT s -> relief; still
-none RELIEF s later -> SIGTERM; SHUTDOWN s later -> SIGKILL (seed 002).  The
+none RELIEF s later -> SIGTERM; SHUTDOWN s later -> SIGKILL.  The
 supervisor (:mod:`roomkeeper.supervisor.service`) feeds it hellos, heartbeats and the
 time, and carries out the actions it returns.
 """

@@ -1,7 +1,7 @@
 """The lifeline: managed trees die with the scheduler, even when it is killed abruptly.
 
-Seed 002: "Worker stdin loss cleans up descendants even if the gateway is
-killed abruptly."  One small helper per scheduler, ``python -m
+A job's descendants are cleaned up even when the scheduler is killed
+abruptly.  One small helper per scheduler, ``python -m
 roomkeeper.trees.lifeline``, reads registrations from a pipe on its stdin::
 
     add <pid> <session id = process group id> <cgroup dir or ->

@@ -3,7 +3,7 @@
 A job's peak comes from the kernel where it keeps one that means what we
 mean (cgroup v2's ``memory.peak``).  Everywhere else it is sampled: one
 thread per process visits every running tree that needs it every
-:data:`SAMPLE_SECONDS` (DESIGN.md's pressure monitor runs at least that
+:data:`SAMPLE_SECONDS` (the pressure monitor runs at least that
 often), so a job is seen while it holds its memory, not only when someone
 happens to ask.  The same samples are the footprint the guard's young-job
 reservations are told about, so a job's memory is measured one way.
@@ -31,7 +31,7 @@ from roomkeeper.kernel.proc import ProcStat, scan_proc
 
 log = logging.getLogger("roomkeeper")
 
-SAMPLE_SECONDS = 0.1  # the pressure monitor's rate (DESIGN.md: at most 100 ms)
+SAMPLE_SECONDS = 0.1  # the pressure monitor's rate: at most 100 ms
 
 
 class PeakMethod(enum.Enum):

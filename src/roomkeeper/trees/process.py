@@ -1,4 +1,4 @@
-"""Managed processes: one job, one process tree, stopped whole (seed 002).
+"""Managed processes: one job, one process tree, stopped whole.
 
 A :class:`ManagedProcess` is a running job's tree, started by
 :func:`roomkeeper.trees.launch.launch`.  Where the job has its own memory cgroup,

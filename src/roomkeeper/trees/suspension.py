@@ -6,7 +6,7 @@ state of being suspended, and the choice of way (the mechanisms are
 ``cgroup.freeze``, else its v1 freezer group, else every process of the
 tree gets SIGSTOP.  Both calls are idempotent: suspending a suspended tree
 and resuming a running one do nothing.  The pressure relief ladder
-suspends the newest tree before it stops one (DESIGN.md): nothing is lost.
+suspends the newest tree before it stops one: nothing is lost.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Protocol
 
 @dataclass(frozen=True, slots=True)
 class WorktreeRequest:
-    """A job's ask for a git worktree of a local repository (issue 14).
+    """A job's ask for a git worktree of a local repository.
 
     Attributes:
         repo: a path inside the repository (its working tree or a worktree of it).

@@ -1,23 +1,23 @@
-"""The disk reaper: remove finished jobs' trees, oldest first, and never anyone's work.
+"""The disk pruner: remove finished jobs' trees, oldest first, and never anyone's work.
 
-Seed 000's ``reapWorktrees`` guessed which trees were running ("the newest
-six") and checked for changes with a command that misses untracked files.
+A pruner must never guess which trees are running (say, "the newest six")
+nor check for changes with a command that misses untracked files.
 Here every protection is a named pure check, asked in this order:
 
 1. :func:`registry_protection`: the registry (the journal) says the tree's
    job is running, suspended, waiting or in doubt: anything but settled.
 2. :func:`dispatch_protection`: the tree of the job being dispatched now
-   (a re-dispatch must never reap its own tree).
+   (a re-dispatch must never prune its own tree).
 3. :func:`changes_protection`: ``git status --porcelain --untracked-files=all``
    shows anything.
 4. :func:`stash_protection`: a stash entry was made on the tree's branch.
 5. :func:`unpushed_protection`: HEAD is on no other branch and no
    remote-tracking branch.
 
-A tree git cannot inspect is kept too.  The reap removes unprotected trees
+A tree git cannot inspect is kept too.  The prune removes unprotected trees
 oldest first and stops at its low mark (free space the caller names: the
-guard's own line, or the creation reap's mark), so it never takes more than
-was asked.  An unreadable registry reaps nothing, and says so, instead of
+guard's own line, or the creation prune's mark), so it never takes more than
+was asked.  An unreadable registry prunes nothing, and says so, instead of
 protecting nobody.  Trees are removed with ``git worktree remove`` (never
 ``--force``) and their branches are kept: a later attempt on the same branch
 finds every commit.
@@ -52,7 +52,7 @@ class Protection(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class RegisteredTree:
+class RegisteredWorktree:
     """One tree as the registry keeps it.
 
     Attributes:
@@ -62,7 +62,7 @@ class RegisteredTree:
         job_id: the job it belongs to (the latest that used it).
         state: that job's state, as the journal says it now (shown; the protect
             set is the registry's own lookup, :meth:`Registry.protected_paths`).
-        registered_at: when the job took the tree (wall-clock seconds): the reap's order.
+        registered_at: when the job took the tree (wall-clock seconds): the prune's order.
     """
 
     path: str
@@ -74,7 +74,7 @@ class RegisteredTree:
 
 
 @dataclass(frozen=True, slots=True)
-class TreeFacts:
+class WorktreeFacts:
     """What git says of one tree.
 
     Attributes:
@@ -91,38 +91,38 @@ class TreeFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class TreeVerdict:
+class WorktreeVerdict:
     """One tree, its size, and why it stays (None: it may go)."""
 
-    tree: RegisteredTree
+    tree: RegisteredWorktree
     size_bytes: int
     protection: Protection | None
 
 
 @dataclass(frozen=True, slots=True)
-class ReapReport:
-    """What one reap did.
+class PruneReport:
+    """What one prune did.
 
     Attributes:
         removed: the trees removed (or, in a dry run, that would be).
         kept: the trees that stay, each with its protection (None: the low mark
             was reached before its turn).
         freed_bytes: what the removed trees took.
-        refused: why nothing was reaped (the registry could not be read), else None.
+        refused: why nothing was pruned (the registry could not be read), else None.
         dry_run: nothing was removed; ``removed`` is what would have gone.
     """
 
-    removed: tuple[TreeVerdict, ...]
-    kept: tuple[TreeVerdict, ...]
+    removed: tuple[WorktreeVerdict, ...]
+    kept: tuple[WorktreeVerdict, ...]
     freed_bytes: int
     refused: str | None = None
     dry_run: bool = False
 
 
 class Registry(Protocol):
-    """The registry's reads and its one write, as the reaper needs them (the journal's)."""
+    """The registry's reads and its one write, as the pruner needs them (the journal's)."""
 
-    def registered_trees(self) -> list[RegisteredTree]:
+    def registered_worktrees(self) -> list[RegisteredWorktree]:
         """Every registered tree with its job's state now."""
         ...
 
@@ -130,7 +130,7 @@ class Registry(Protocol):
         """The trees whose jobs are not settled: running, suspended, waiting, in doubt."""
         ...
 
-    def forget_tree(self, path: str) -> object:
+    def forget_worktree(self, path: str) -> object:
         """Drop a removed tree's row."""
         ...
 
@@ -138,32 +138,32 @@ class Registry(Protocol):
 # ------------------------------------------------------------ the checks
 
 
-def registry_protection(tree: RegisteredTree, protect: frozenset[str]) -> Protection | None:
+def registry_protection(tree: RegisteredWorktree, protect: frozenset[str]) -> Protection | None:
     """The protect set the journal gave: a tree whose job is not settled stays."""
     return Protection.JOB_ACTIVE if tree.path in protect else None
 
 
-def dispatch_protection(tree: RegisteredTree, dispatching: frozenset[str]) -> Protection | None:
+def dispatch_protection(tree: RegisteredWorktree, dispatching: frozenset[str]) -> Protection | None:
     """The tree of the job being dispatched stays (a re-dispatch reuses it)."""
     return Protection.DISPATCHING if tree.path in dispatching else None
 
 
-def changes_protection(facts: TreeFacts) -> Protection | None:
+def changes_protection(facts: WorktreeFacts) -> Protection | None:
     """Anything git status shows, untracked files included, keeps the tree."""
     return Protection.CHANGES if facts.changes else None
 
 
-def stash_protection(facts: TreeFacts) -> Protection | None:
+def stash_protection(facts: WorktreeFacts) -> Protection | None:
     """A stash entry made on the tree keeps it (stashes live in the repository, not the tree)."""
     return Protection.STASH if facts.stashes else None
 
 
-def unpushed_protection(facts: TreeFacts) -> Protection | None:
+def unpushed_protection(facts: WorktreeFacts) -> Protection | None:
     """A HEAD on no other branch and no remote-tracking branch keeps the tree."""
     return Protection.UNPUSHED if not facts.pushed else None
 
 
-def git_protection(facts: TreeFacts) -> Protection | None:
+def git_protection(facts: WorktreeFacts) -> Protection | None:
     """The checks git answers, in order; a tree git could not inspect stays."""
     if not facts.inspected:
         return Protection.UNINSPECTABLE
@@ -177,10 +177,10 @@ def git_protection(facts: TreeFacts) -> Protection | None:
 # ------------------------------------------------------------ what git says
 
 
-def inspect_tree(tree: RegisteredTree) -> TreeFacts:
+def inspect_worktree(tree: RegisteredWorktree) -> WorktreeFacts:
     """Ask git about one tree: changes (untracked included), stashes, whether HEAD is pushed."""
     if not os.path.isdir(tree.path):
-        return TreeFacts(inspected=False)
+        return WorktreeFacts(inspected=False)
     status = git(tree.path, "status", "--porcelain", "--untracked-files=all")
     head = git(tree.path, "rev-parse", "HEAD")
     stashes = git(tree.path, "stash", "list", "--format=%gs")
@@ -194,9 +194,9 @@ def inspect_tree(tree: RegisteredTree) -> TreeFacts:
         "refs/remotes",
     )
     if not (status.ok and head.ok and stashes.ok and holders.ok):
-        return TreeFacts(inspected=False)
+        return WorktreeFacts(inspected=False)
     own = f"refs/heads/{tree.branch}"
-    return TreeFacts(
+    return WorktreeFacts(
         inspected=True,
         changes=sum(1 for line in status.out.splitlines() if line.strip()),
         stashes=_stashes_of(stashes.out, tree.branch),
@@ -212,7 +212,7 @@ def _stashes_of(listing: str, branch: str) -> int:
     return sum(1 for line in listing.splitlines() if line.startswith(marks))
 
 
-def tree_size(path: str) -> int:
+def worktree_size(path: str) -> int:
     """Bytes the tree takes on disk (allocated blocks, links not followed)."""
     total = 0
     for folder, dirs, files in os.walk(path):
@@ -225,37 +225,39 @@ def tree_size(path: str) -> int:
 
 
 def judge(
-    tree: RegisteredTree,
+    tree: RegisteredWorktree,
     protect: frozenset[str],
     dispatching: frozenset[str],
-    inspect: Callable[[RegisteredTree], TreeFacts] = inspect_tree,
+    inspect: Callable[[RegisteredWorktree], WorktreeFacts] = inspect_worktree,
 ) -> Protection | None:
     """Why ``tree`` stays, or None: the registry and the dispatch first, git only then."""
     found = registry_protection(tree, protect) or dispatch_protection(tree, dispatching)
     return found if found is not None else git_protection(inspect(tree))
 
 
-# ------------------------------------------------------------- the reap
+# ------------------------------------------------------------- the prune
 
 
-def survey(registry: Registry, dispatching: frozenset[str] = frozenset()) -> list[TreeVerdict]:
+def survey(registry: Registry, dispatching: frozenset[str] = frozenset()) -> list[WorktreeVerdict]:
     """Every registered tree, oldest first, with its size and why it stays.
 
     Raises:
         Exception: whatever the registry raised when it could not be read.
     """
-    return verdicts(registry.registered_trees(), registry.protected_paths(), dispatching)
+    return verdicts(registry.registered_worktrees(), registry.protected_paths(), dispatching)
 
 
 def verdicts(
-    trees: list[RegisteredTree], protect: frozenset[str], dispatching: frozenset[str]
-) -> list[TreeVerdict]:
+    trees: list[RegisteredWorktree], protect: frozenset[str], dispatching: frozenset[str]
+) -> list[WorktreeVerdict]:
     """Each tree, oldest first, with its size and why it stays."""
     ordered = sorted(trees, key=lambda t: t.registered_at)
-    return [TreeVerdict(t, tree_size(t.path), judge(t, protect, dispatching)) for t in ordered]
+    return [
+        WorktreeVerdict(t, worktree_size(t.path), judge(t, protect, dispatching)) for t in ordered
+    ]
 
 
-def reap(
+def prune(
     registry: Registry,
     *,
     volume: str | os.PathLike[str],
@@ -263,28 +265,28 @@ def reap(
     dispatching: frozenset[str] = frozenset(),
     dry_run: bool = False,
     free_bytes: Callable[[], int | None] | None = None,
-) -> ReapReport:
+) -> PruneReport:
     """Remove unprotected trees, oldest first, until ``target_free`` bytes are free.
 
     Args:
         registry: which tree belongs to which job (the journal).
         volume: the workspace volume, whose free space is the low mark's measure.
         target_free: the low mark: stop once this much is free; None removes
-            every tree that may go (a person's ``roomkeeper reap``).
+            every tree that may go (a person's ``roomkeeper prune``).
         dispatching: the trees of jobs being dispatched now.
         dry_run: remove nothing; say what would go.
         free_bytes: reads free space now; ``statvfs`` of ``volume`` when omitted.
     """
     read_free = free_bytes or (lambda: read_disk(volume).free_bytes)
     try:
-        trees = registry.registered_trees()
+        trees = registry.registered_worktrees()
         protect = registry.protected_paths()
-    except Exception as err:  # an unreadable registry protects nobody: reap nothing
+    except Exception as err:  # an unreadable registry protects nobody: prune nothing
         said = f"the workspace registry could not be read ({type(err).__name__}: {err})"
         log.error("reap refused: %s; no tree was removed", said)
-        return ReapReport((), (), 0, refused=said, dry_run=dry_run)
-    removed: list[TreeVerdict] = []
-    kept: list[TreeVerdict] = []
+        return PruneReport((), (), 0, refused=said, dry_run=dry_run)
+    removed: list[WorktreeVerdict] = []
+    kept: list[WorktreeVerdict] = []
     freed = 0
     for verdict in verdicts(trees, protect, dispatching):
         if verdict.protection is not None or _low_mark_reached(
@@ -297,7 +299,7 @@ def reap(
             freed += verdict.size_bytes
         else:
             kept.append(replace(verdict, protection=Protection.UNINSPECTABLE))
-    report = ReapReport(tuple(removed), tuple(kept), freed, dry_run=dry_run)
+    report = PruneReport(tuple(removed), tuple(kept), freed, dry_run=dry_run)
     _log(report)
     return report
 
@@ -305,16 +307,16 @@ def reap(
 def _low_mark_reached(
     read_free: Callable[[], int | None], freed: int, target_free: int | None, dry_run: bool
 ) -> bool:
-    """Whether the reap has done what it was asked (a dry run counts what it would free)."""
+    """Whether the prune has done what it was asked (a dry run counts what it would free)."""
     if target_free is None:
         return False
     free = read_free()
     if free is None:
-        return True  # the volume cannot be measured: a reap for room stops, not guesses
+        return True  # the volume cannot be measured: a prune for room stops, not guesses
     return free + (freed if dry_run else 0) >= target_free
 
 
-def _remove(registry: Registry, tree: RegisteredTree) -> bool:
+def _remove(registry: Registry, tree: RegisteredWorktree) -> bool:
     """``git worktree remove`` (no ``--force``: git refuses a tree with changes too)."""
     if os.path.isdir(tree.path):
         done = git(tree.repo, "worktree", "remove", tree.path)
@@ -322,14 +324,14 @@ def _remove(registry: Registry, tree: RegisteredTree) -> bool:
             log.warning("reap kept tree of job %s: git said %s", tree.job_id, done.said())
             return False
         git(tree.repo, "worktree", "prune")
-    registry.forget_tree(tree.path)
+    registry.forget_worktree(tree.path)
     parent = Path(tree.path).parent
     if parent.is_dir() and not any(parent.iterdir()):
         parent.rmdir()  # the repository's folder, once its last tree is gone
     return True
 
 
-def _log(report: ReapReport) -> None:
+def _log(report: PruneReport) -> None:
     """One line: what went, what it freed, and why the rest stayed (counts per reason)."""
     reasons: dict[str, int] = {}
     for verdict in report.kept:

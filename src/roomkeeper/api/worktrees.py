@@ -6,20 +6,20 @@ from collections.abc import Sequence
 
 from fastapi import APIRouter, params
 
-from roomkeeper.api.responses import WorkspaceOut
+from roomkeeper.api.responses import RegisteredWorktreeOut
 from roomkeeper.gateway.service import Gateway
-from roomkeeper.gateway.workspaces import list_trees
+from roomkeeper.gateway.worktrees import list_worktrees
 
 
-def workspace_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
+def worktree_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     """``/v1/workspaces`` for ``gateway``, behind ``auth``."""
     router = APIRouter()
 
-    @router.get("/v1/workspaces", dependencies=auth, response_model=list[WorkspaceOut])
-    def workspaces() -> list[WorkspaceOut]:
+    @router.get("/v1/workspaces", dependencies=auth, response_model=list[RegisteredWorktreeOut])
+    def worktrees() -> list[RegisteredWorktreeOut]:
         """Every registered tree, oldest first, with its job, state, size and protection."""
         return [
-            WorkspaceOut(
+            RegisteredWorktreeOut(
                 path=v.tree.path,
                 repo=v.tree.repo,
                 branch=v.tree.branch,
@@ -29,7 +29,7 @@ def workspace_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRou
                 protection=v.protection.value if v.protection is not None else None,
                 registered_at=v.tree.registered_at,
             )
-            for v in list_trees(gateway.journal)
+            for v in list_worktrees(gateway.journal)
         ]
 
     return router

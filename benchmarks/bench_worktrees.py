@@ -1,13 +1,13 @@
-"""What a job's worktree adds to its launch, and what a reap costs (issue 14).
+"""What a job's worktree adds to its launch, and what a reap costs.
 
 Makes a repository of FILES small files (a pushed base commit), then, on a
 300 MB tmpfs mounted for the run (as root; a temporary directory otherwise),
-times: ``Workspaces.prepare`` for TREES new trees (the launch path's cost),
+times: ``Worktrees.prepare`` for TREES new trees (the launch path's cost),
 ``survey`` of those trees (what ``GET /v1/workspaces`` and every reap ask git:
 status with untracked files, stash list, refs containing HEAD, size), and
 one ``reap`` removing them all.  Prints the figures; nothing is asserted.
 
-Usage: python benchmarks/bench_workspaces.py [--trees 20] [--files 500]
+Usage: python benchmarks/bench_worktrees.py [--trees 20] [--files 500]
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView, Transition
 from roomkeeper.journal.database import Journal
-from roomkeeper.worktrees.reaper import reap, survey
+from roomkeeper.worktrees.pruner import prune, survey
 from roomkeeper.worktrees.request import WorktreeRequest
-from roomkeeper.worktrees.service import Workspaces
+from roomkeeper.worktrees.service import Worktrees
 
 
 def git(cwd: Path, *args: str) -> None:
@@ -82,7 +82,7 @@ def run(trees: int, files: int, tmp: Path) -> None:
     try:
         repo = make_repo(tmp, files)
         journal = Journal(tmp / "home" / "journal.db")
-        ws = Workspaces(
+        ws = Worktrees(
             workspace=lambda: workspace,
             registry=journal,
             env={"ROOMKEEPER_REAP_AT_PERCENT": "100"},
@@ -100,7 +100,7 @@ def run(trees: int, files: int, tmp: Path) -> None:
         listed = survey(journal)
         surveyed = time.perf_counter() - started
         started = time.perf_counter()
-        report = reap(journal, volume=workspace, target_free=None)
+        report = prune(journal, volume=workspace, target_free=None)
         reaped = time.perf_counter() - started
         journal.close()
         where = "tmpfs" if mounted else "a temporary directory"

@@ -1,8 +1,8 @@
 """Synthetic kernel trees (``proc/`` and ``sys/fs/cgroup/``) in the kernel's file formats.
 
-The captured trees in ``tests/kernel_fixtures`` (copied from
-``shared/fixtures``) prove the readers on real text; these small builders
-let a test set exact numbers for the rule's boundaries.
+The captured files in ``tests/kernel_fixtures`` (read off real hosts) prove
+the readers on real text; these small builders let a test set exact numbers
+for the rule's boundaries.
 """
 
 from __future__ import annotations

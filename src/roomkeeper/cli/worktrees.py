@@ -1,7 +1,7 @@
-"""Jobs' git worktrees on the command line: ``roomkeeper reap``, and the trees of ``batch``.
+"""Jobs' git worktrees on the command line: ``roomkeeper prune``, and the worktrees of ``batch``.
 
 Both need no gateway: the registry is the journal in ROOMKEEPER_HOME, which
-SQLite lets this process share with a running gateway.  A person's reap
+SQLite lets this process share with a running gateway.  A person's prune
 removes every finished tree that may go (no low mark); a dry run removes
 nothing and says what would go and why each protected tree stays.
 """
@@ -14,18 +14,18 @@ import time
 
 import click
 
-from roomkeeper.batch.run import BatchTrees
+from roomkeeper.batch.run import BatchWorktrees
 from roomkeeper.errors import UsageError
 from roomkeeper.gateway.home import open_journal
-from roomkeeper.gateway.workspaces import history_writer, reap_now
+from roomkeeper.gateway.worktrees import history_writer, prune_now
 from roomkeeper.jobs.spec import JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.kernel.identity import process_identity
 from roomkeeper.paths import home_dir, workspace_dir
 from roomkeeper.units import format_bytes
-from roomkeeper.worktrees.reaper import Protection, ReapReport, TreeVerdict
+from roomkeeper.worktrees.pruner import Protection, PruneReport, WorktreeVerdict
 from roomkeeper.worktrees.request import WorktreeRequest
-from roomkeeper.worktrees.service import Workspaces, check_worktree
+from roomkeeper.worktrees.service import Worktrees, check_worktree
 
 REGISTER_TIMEOUT_S = 30.0
 
@@ -56,11 +56,11 @@ def parse_worktree(text: str) -> WorktreeRequest:
     return WorktreeRequest(os.path.abspath(repo), branch or None)
 
 
-def batch_trees(repo: str, journal: Journal) -> BatchTrees:
+def batch_worktrees(repo: str, journal: Journal) -> BatchWorktrees:
     """One tree per batch line, registered in ``journal``.
 
     Raises:
-        WorkspaceError: REPO is no repository, or its base is dirty: said before any line starts.
+        WorktreeError: REPO is no repository, or its base is dirty: said before any line starts.
     """
     request = WorktreeRequest(os.path.abspath(repo))
     check_worktree(request, workspace_dir())
@@ -68,24 +68,24 @@ def batch_trees(repo: str, journal: Journal) -> BatchTrees:
     owner = process_identity()  # a killed batch's rows stop protecting its trees
 
     def register(view: JobView) -> None:
-        journal.record_workspace(view, owner).result(timeout=REGISTER_TIMEOUT_S)
+        journal.record_worktree(view, owner).result(timeout=REGISTER_TIMEOUT_S)
 
     def follow(view: JobView) -> None:
         if view.workspace is not None:
-            journal.record_workspace_state(view)
+            journal.record_worktree_state(view)
 
-    return BatchTrees(
+    return BatchWorktrees(
         repo=request.repo,
         run_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
-        workspaces=Workspaces(
-            workspace=workspace_dir, registry=journal, on_reap=history_writer(journal)
+        service=Worktrees(
+            workspace=workspace_dir, registry=journal, on_prune=history_writer(journal)
         ),
         register=register,
         follow=follow,
     )
 
 
-def _line(verdict: TreeVerdict, verb: str) -> str:
+def _line(verdict: WorktreeVerdict, verb: str) -> str:
     tree = verdict.tree
     said = (
         f"{verb} {tree.path} (job {tree.job_id}, {tree.state}, {format_bytes(verdict.size_bytes)})"
@@ -93,11 +93,11 @@ def _line(verdict: TreeVerdict, verb: str) -> str:
     if verdict.protection is not None:
         said += f": {verdict.protection.value}, {WHY[verdict.protection]}"
     elif verb == "keeps":
-        said += ": not needed, the reap was done before its turn"
+        said += ": not needed, the prune was done before its turn"
     return said
 
 
-def show_report(report: ReapReport) -> None:
+def show_report(report: PruneReport) -> None:
     """What went (or would), and why each tree that stays stays."""
     for verdict in report.removed:
         click.echo(_line(verdict, "would remove" if report.dry_run else "removed"))
@@ -105,7 +105,7 @@ def show_report(report: ReapReport) -> None:
         click.echo(_line(verdict, "keeps"))
     verb = "would remove" if report.dry_run else "removed"
     click.echo(
-        f"roomkeeper reap: {verb} {len(report.removed)} tree(s), "
+        f"roomkeeper prune: {verb} {len(report.removed)} tree(s), "
         f"{format_bytes(report.freed_bytes)}; kept {len(report.kept)}",
         err=True,
     )
@@ -113,7 +113,7 @@ def show_report(report: ReapReport) -> None:
 
 @click.command()
 @click.option("--dry-run", is_flag=True, help="Remove nothing; show what would go and why.")
-def reap(dry_run: bool) -> None:
+def prune(dry_run: bool) -> None:
     """Remove finished jobs' git worktrees that hold no work of anyone's.
 
     A tree stays while its job is not finished, while it has changed or
@@ -124,18 +124,24 @@ def reap(dry_run: bool) -> None:
     home = home_dir()
     try:
         journal = open_journal(home, os.environ)
-    except Exception as err:  # an unreadable registry protects nobody: reap nothing
+    except Exception as err:  # an unreadable registry protects nobody: prune nothing
         click.echo(
-            f"roomkeeper reap: the workspace registry could not be read "
+            f"roomkeeper prune: the worktree registry could not be read "
             f"({type(err).__name__}: {err}); nothing was removed",
             err=True,
         )
         sys.exit(1)
     try:
-        report = reap_now(journal, workspace_dir(), dry_run=dry_run)
+        report = prune_now(journal, workspace_dir(), dry_run=dry_run)
     finally:
         journal.close()
     if report.refused is not None:
-        click.echo(f"roomkeeper reap: {report.refused}; nothing was removed", err=True)
+        click.echo(f"roomkeeper prune: {report.refused}; nothing was removed", err=True)
         sys.exit(1)
     show_report(report)
+
+
+# The command's first name, kept so that scripts written for it still run.
+reap = click.Command(
+    "reap", callback=prune.callback, params=prune.params, help=prune.help, hidden=True
+)

@@ -1,6 +1,6 @@
 """The workspace registry: which git worktree belongs to which job, and that job's state.
 
-Issue 14: the reaper's protect set comes from here, never from a guess.  A
+The pruner's protect set comes from here, never from a guess.  A
 tree's row is written in the same transaction as its job's launch row and
 marker (:func:`register`, called by ``record_launch``), and follows the job's
 state in the same transaction as every later change (:func:`follow`, called
@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.store import Store
 from roomkeeper.kernel.identity import identity_lives
-from roomkeeper.worktrees.reaper import RegisteredTree
+from roomkeeper.worktrees.pruner import RegisteredWorktree
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS workspaces (
@@ -93,10 +93,10 @@ def follow(conn: sqlite3.Connection, view: JobView) -> None:
     )
 
 
-class WorkspacesTable(Store):
+class WorktreesTable(Store):
     """The registry's named operations (``Journal`` has them)."""
 
-    def record_workspace(self, view: JobView, owner: str) -> Future[None]:
+    def record_worktree(self, view: JobView, owner: str) -> Future[None]:
         """Register a tree whose job keeps no row here (a batch line), before it starts.
 
         ``owner`` is the batch process's identity: once that process is gone,
@@ -105,11 +105,11 @@ class WorkspacesTable(Store):
         """
         return self.submit(lambda conn: register(conn, view, time.time(), owner))
 
-    def record_workspace_state(self, view: JobView) -> Future[None]:
+    def record_worktree_state(self, view: JobView) -> Future[None]:
         """A batch line's tree follows its job's state."""
         return self.submit(lambda conn: follow(conn, view))
 
-    def forget_tree(self, path: str) -> Future[None]:
+    def forget_worktree(self, path: str) -> Future[None]:
         """The tree was removed: drop its row."""
 
         def write(conn: sqlite3.Connection) -> None:
@@ -117,7 +117,7 @@ class WorkspacesTable(Store):
 
         return self.submit(write)
 
-    def registered_trees(self) -> list[RegisteredTree]:
+    def registered_worktrees(self) -> list[RegisteredWorktree]:
         """Every registered tree with its job's state now, oldest first."""
         sql = _TREES + " ORDER BY w.registered_at"
         return self._read(lambda conn: [_tree(r) for r in conn.execute(sql)])
@@ -138,9 +138,9 @@ def _abandoned(r: sqlite3.Row) -> bool:
     return bool(r["rowless"]) and r["owner"] is not None and not identity_lives(r["owner"])
 
 
-def _tree(r: sqlite3.Row) -> RegisteredTree:
+def _tree(r: sqlite3.Row) -> RegisteredWorktree:
     abandoned = bool(r["active"]) and _abandoned(r)
-    return RegisteredTree(
+    return RegisteredWorktree(
         path=r["path"],
         repo=r["repo"],
         branch=r["branch"],

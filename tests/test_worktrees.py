@@ -1,4 +1,4 @@
-"""Workspaces and the reaper, against real git repositories on a small mounted file system."""
+"""Worktrees and the reaper, against real git repositories on a small mounted file system."""
 
 from __future__ import annotations
 
@@ -11,25 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.errors import WorkspaceError
-from roomkeeper.gateway.workspaces import reap_event
+from roomkeeper.errors import WorktreeError
+from roomkeeper.gateway.worktrees import prune_event
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import ALLOWED_FIELDS, RecoveryCode
-from roomkeeper.journal.workspaces import ABANDONED
+from roomkeeper.journal.worktrees import ABANDONED
 from roomkeeper.kernel.identity import process_identity
-from roomkeeper.worktrees.reaper import (
+from roomkeeper.worktrees.pruner import (
     Protection,
-    ReapReport,
-    RegisteredTree,
-    TreeFacts,
+    PruneReport,
+    RegisteredWorktree,
+    WorktreeFacts,
     git_protection,
-    reap,
+    prune,
     registry_protection,
 )
 from roomkeeper.worktrees.request import Worktree, WorktreeRequest
-from roomkeeper.worktrees.service import Workspaces, check_worktree, tree_path
-from tests.workspace_repos import (
+from roomkeeper.worktrees.service import Worktrees, check_worktree, worktree_path
+from tests.worktree_repos import (
     MIB,
     fill,
     free_bytes,
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.kernel
 
 __all__ = ["git_identity", "journal", "repo", "small_fs"]  # fixtures, used by name
 
-RUNNING = {2, 5, 9, 13, 17, 19}  # not the newest six: seed 000's guess was wrong with twenty
+RUNNING = {2, 5, 9, 13, 17, 19}  # not the newest six: a guess by age is wrong with twenty
 UNTRACKED = {0, 7}
 CHANGED = {15}
 STASHED = {3}
@@ -59,12 +59,12 @@ REAPABLE = {1, 4, 6, 8, 10, 12, 14, 18}
 
 
 def workspaces(
-    volume: Path, registry: Journal, reports: list[ReapReport] | None = None
-) -> Workspaces:
-    return Workspaces(
+    volume: Path, registry: Journal, reports: list[PruneReport] | None = None
+) -> Worktrees:
+    return Worktrees(
         workspace=lambda: volume,
         registry=registry,
-        on_reap=reports.append if reports is not None else None,
+        on_prune=reports.append if reports is not None else None,
         env={"ROOMKEEPER_REAP_AT_PERCENT": "100"},
     )
 
@@ -104,7 +104,7 @@ def test_a_reap_under_pressure_takes_only_finished_clean_stash_free_pushed_trees
     """Twenty trees, six running: only the finished, clean, stash-free, pushed ones go."""
     trees = twenty_jobs(small_fs, repo, journal)
     fill(small_fs, leave_free=10 * MIB)  # disk pressure: far below any line
-    report = reap(
+    report = prune(
         journal,
         volume=small_fs,
         target_free=290 * MIB,  # more than removing every tree could free
@@ -122,7 +122,7 @@ def test_a_reap_under_pressure_takes_only_finished_clean_stash_free_pushed_trees
         assert Path(tree.path).is_dir() == (i not in REAPABLE), i
         git(repo, "rev-parse", "--verify", f"refs/heads/{tree.branch}")  # branches are kept
     assert report.freed_bytes > 0
-    assert {t.path for t in journal.registered_trees()} == {
+    assert {t.path for t in journal.registered_worktrees()} == {
         t.path for i, t in trees.items() if i not in REAPABLE
     }
 
@@ -141,7 +141,7 @@ def test_the_protect_set_comes_from_the_journal_and_follows_the_jobs_state(
     assert journal.protected_paths() == {tree.path}
     record_ended(journal, running, JobState.STOPPED)
     assert journal.protected_paths() == frozenset()
-    (row,) = journal.registered_trees()
+    (row,) = journal.registered_worktrees()
     assert (row.job_id, row.state, row.branch) == ("abc", "stopped", "roomkeeper/abc")
 
 
@@ -158,15 +158,15 @@ def test_a_killed_batchs_tree_stops_being_protected_by_its_row(
     line = replace(view, workspace=tree, state=JobState.RUNNING)
     batch = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        journal.record_workspace(line, process_identity(batch.pid)).result(timeout=10)
+        journal.record_worktree(line, process_identity(batch.pid)).result(timeout=10)
         assert journal.protected_paths() == {tree.path}  # its batch still runs
-        assert [t.state for t in journal.registered_trees()] == ["running"]
+        assert [t.state for t in journal.registered_worktrees()] == ["running"]
     finally:
         batch.kill()
         batch.wait()
     assert journal.protected_paths() == frozenset()
-    assert [t.state for t in journal.registered_trees()] == [ABANDONED]
-    report = reap(journal, volume=small_fs, target_free=None)  # no low mark: every tree it may
+    assert [t.state for t in journal.registered_worktrees()] == [ABANDONED]
+    report = prune(journal, volume=small_fs, target_free=None)  # no low mark: every tree it may
     assert [v.tree.path for v in report.removed] == [tree.path]
     assert not Path(tree.path).exists()
 
@@ -190,7 +190,7 @@ def test_an_older_registry_gains_the_owner_column_and_its_rows_keep_their_protec
     old = Journal(path, synchronous="OFF")
     try:
         assert old.protected_paths() == {"/w/t"}
-        assert [t.state for t in old.registered_trees()] == ["running"]
+        assert [t.state for t in old.registered_worktrees()] == ["running"]
     finally:
         old.close()
 
@@ -205,10 +205,10 @@ def test_the_registry_row_is_written_with_the_launch_in_one_transaction(
     with pytest.raises(TypeError):
         journal.record_launch(broken).result(timeout=10)  # type: ignore[arg-type]
     assert journal.job("x") is None
-    assert journal.registered_trees() == []
+    assert journal.registered_worktrees() == []
     journal.record_launch(view).result(timeout=10)
     assert journal.job("x") is not None
-    assert [t.path for t in journal.registered_trees()] == [tree.path]
+    assert [t.path for t in journal.registered_worktrees()] == [tree.path]
 
 
 def test_a_re_dispatch_keeps_its_previous_attempts_commit(
@@ -266,11 +266,11 @@ def test_an_unreadable_registry_reaps_nothing_and_says_so(
     with sqlite3.connect(journal.path) as conn:
         conn.execute("DROP TABLE workspaces")
     with caplog.at_level(logging.ERROR, logger="roomkeeper"):
-        report = reap(journal, volume=small_fs, target_free=None)
+        report = prune(journal, volume=small_fs, target_free=None)
     assert report.refused is not None and "could not be read" in report.refused
     assert report.removed == () and Path(tree.path).is_dir()
     assert "reap refused" in caplog.text
-    assert reap_event(report).code is RecoveryCode.REAP_REFUSED
+    assert prune_event(report).code is RecoveryCode.REAP_REFUSED
 
 
 class LockedProtectLookup:
@@ -279,14 +279,14 @@ class LockedProtectLookup:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
 
-    def registered_trees(self) -> list[RegisteredTree]:
-        return self.journal.registered_trees()
+    def registered_worktrees(self) -> list[RegisteredWorktree]:
+        return self.journal.registered_worktrees()
 
     def protected_paths(self) -> frozenset[str]:
         raise sqlite3.OperationalError("database is locked")
 
-    def forget_tree(self, path: str) -> object:
-        return self.journal.forget_tree(path)
+    def forget_worktree(self, path: str) -> object:
+        return self.journal.forget_worktree(path)
 
 
 def test_a_failing_protect_lookup_reaps_nothing(
@@ -299,7 +299,7 @@ def test_a_failing_protect_lookup_reaps_nothing(
     tree = ws.prepare(view)
     assert tree is not None
     record_running(journal, view, tree)
-    report = reap(LockedProtectLookup(journal), volume=small_fs, target_free=None)
+    report = prune(LockedProtectLookup(journal), volume=small_fs, target_free=None)
     assert report.refused is not None and "database is locked" in report.refused
     assert Path(tree.path).is_dir()
 
@@ -309,7 +309,7 @@ def test_the_guard_s_reap_stops_at_the_guard_s_line(
 ) -> None:
     """Short of the line by 30 MiB, with 20 MiB trees: the two oldest go, no more."""
     big = make_repo(tmp_path, big_file_mib=20)
-    reports: list[ReapReport] = []
+    reports: list[PruneReport] = []
     ws = workspaces(small_fs, journal, reports)
     trees = []
     for i in range(5):
@@ -336,7 +336,7 @@ def test_workspace_creation_reaps_first_above_the_reap_mark(
 ) -> None:
     """Above ROOMKEEPER_REAP_AT_PERCENT, making a tree reaps finished ones, never running ones."""
     big = make_repo(tmp_path, big_file_mib=20)
-    ws = Workspaces(
+    ws = Worktrees(
         workspace=lambda: small_fs, registry=journal, env={"ROOMKEEPER_REAP_AT_PERCENT": "60"}
     )
     done, running = [], []
@@ -363,47 +363,47 @@ def test_what_cannot_work_is_said_before_anything_starts(
     """Not a repository, a branch checked out elsewhere, a dirty base: each by its reason."""
     plain = tmp_path / "plain"
     plain.mkdir()
-    with pytest.raises(WorkspaceError, match="is not a git repository") as err:
+    with pytest.raises(WorktreeError, match="is not a git repository") as err:
         check_worktree(WorktreeRequest(str(plain)), small_fs)
     assert err.value.reason == "not_a_repository"
-    with pytest.raises(WorkspaceError, match="checked out in another tree") as err:
+    with pytest.raises(WorktreeError, match="checked out in another tree") as err:
         check_worktree(WorktreeRequest(str(repo), "main"), small_fs)
     assert err.value.reason == "branch_checked_out"
     (repo / "scratch").write_text("untracked\n")
-    with pytest.raises(WorkspaceError, match="dirty") as err:
+    with pytest.raises(WorktreeError, match="dirty") as err:
         check_worktree(WorktreeRequest(str(repo)), small_fs)
     assert err.value.reason == "dirty_base"
-    with pytest.raises(WorkspaceError, match="not a valid branch name") as err:
+    with pytest.raises(WorktreeError, match="not a valid branch name") as err:
         workspaces(small_fs, journal).prepare(job_view("y", repo, branch="bad..name"))
     assert err.value.reason == "invalid_branch"
 
 
 def test_trees_of_two_repositories_of_one_name_never_share_a_folder(tmp_path: Path) -> None:
     """The tree's folder names the repository by its name and a hash of its path."""
-    a = tree_path(tmp_path, "/src/a/app", "roomkeeper/1")
-    b = tree_path(tmp_path, "/src/b/app", "roomkeeper/1")
+    a = worktree_path(tmp_path, "/src/a/app", "roomkeeper/1")
+    b = worktree_path(tmp_path, "/src/b/app", "roomkeeper/1")
     assert a != b and Path(a).name == "roomkeeper-1"
 
 
 def test_the_checks_in_order() -> None:
     """The registry's word first; git's checks in order; a tree git cannot read stays."""
-    tree = RegisteredTree("/w/t", "/r", "b", "j", "running", 1.0)
+    tree = RegisteredWorktree("/w/t", "/r", "b", "j", "running", 1.0)
     assert registry_protection(tree, frozenset({"/w/t"})) is Protection.JOB_ACTIVE
     assert registry_protection(tree, frozenset()) is None
-    assert git_protection(TreeFacts(inspected=False)) is Protection.UNINSPECTABLE
-    assert git_protection(TreeFacts(True, changes=1, stashes=1)) is Protection.CHANGES
-    assert git_protection(TreeFacts(True, stashes=2, pushed=True)) is Protection.STASH
-    assert git_protection(TreeFacts(True, pushed=False)) is Protection.UNPUSHED
-    assert git_protection(TreeFacts(True, pushed=True)) is None
+    assert git_protection(WorktreeFacts(inspected=False)) is Protection.UNINSPECTABLE
+    assert git_protection(WorktreeFacts(True, changes=1, stashes=1)) is Protection.CHANGES
+    assert git_protection(WorktreeFacts(True, stashes=2, pushed=True)) is Protection.STASH
+    assert git_protection(WorktreeFacts(True, pushed=False)) is Protection.UNPUSHED
+    assert git_protection(WorktreeFacts(True, pushed=True)) is None
 
 
 def test_a_reap_event_holds_counts_and_bytes_only() -> None:
     """The recovery history gets numbers: no path, branch or job id."""
-    tree = RegisteredTree("/secret/path", "/r", "b", "j", "exited", 1.0)
-    from roomkeeper.worktrees.reaper import TreeVerdict
+    tree = RegisteredWorktree("/secret/path", "/r", "b", "j", "exited", 1.0)
+    from roomkeeper.worktrees.pruner import WorktreeVerdict
 
-    report = ReapReport((TreeVerdict(tree, 4096, None),), (), 4096)
-    event = reap_event(report)
+    report = PruneReport((WorktreeVerdict(tree, 4096, None),), (), 4096)
+    event = prune_event(report)
     assert event.code is RecoveryCode.WORKSPACES_REAPED
     assert dict(event.numbers) == {"trees": 1, "kept": 0, "freed_bytes": 4096}
     assert set(event.numbers) <= ALLOWED_FIELDS
@@ -427,7 +427,7 @@ def test_a_branch_whose_tree_a_running_job_holds_is_not_shared(
     tree = ws.prepare(first)
     assert tree is not None
     record_running(journal, first, tree)
-    with pytest.raises(WorkspaceError, match="tree of job holder") as err:
+    with pytest.raises(WorktreeError, match="tree of job holder") as err:
         ws.prepare(job_view("second", repo, branch="shared"))
     assert err.value.reason == "branch_checked_out"
     again = ws.prepare(first)

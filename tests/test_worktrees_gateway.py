@@ -1,4 +1,4 @@
-"""Workspaces through the gateway and the command line: the API field, GET /v1/workspaces,
+"""Worktrees through the gateway and the command line: the API field, GET /v1/workspaces,
 ``roomkeeper reap``, ``roomkeeper batch --worktree``."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.cli.workspaces import parse_worktree
+from roomkeeper.cli.worktrees import parse_worktree
 from roomkeeper.config import read_reap_at_percent
 from roomkeeper.errors import UsageError
 from roomkeeper.journal.database import Journal
 from tests.gateways import gateway_env, roomkeeper_cli, running_gateway, wait_until
-from tests.workspace_repos import git, git_identity, repo, small_fs
+from tests.worktree_repos import git, git_identity, repo, small_fs
 
 pytestmark = pytest.mark.kernel
 
@@ -151,7 +151,7 @@ def test_batch_runs_each_line_in_its_own_tree(tmp_path: Path, small_fs: Path, re
     assert all(b.startswith("roomkeeper/batch-") for b in branches)
     journal = Journal(Path(env["ROOMKEEPER_HOME"]) / "journal.db")
     try:
-        rows = journal.registered_trees()
+        rows = journal.registered_worktrees()
         assert sorted(r.branch for r in rows) == branches
         assert {r.state for r in rows} == {"exited"}
         assert journal.protected_paths() == frozenset()

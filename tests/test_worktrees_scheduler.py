@@ -14,11 +14,11 @@ from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.trees.launch import LaunchSpec
-from roomkeeper.worktrees.reaper import ReapReport
+from roomkeeper.worktrees.pruner import PruneReport
 from roomkeeper.worktrees.request import WorktreeRequest
-from roomkeeper.worktrees.service import Workspaces
+from roomkeeper.worktrees.service import Worktrees
 from tests.test_scheduler import FakeHandle
-from tests.workspace_repos import (
+from tests.worktree_repos import (
     MIB,
     fill,
     git,
@@ -66,7 +66,7 @@ class Recorder:
 
 
 def scheduler(
-    tmp_path: Path, guard: Guard, ws: Workspaces, recorder: Recorder | None = None
+    tmp_path: Path, guard: Guard, ws: Worktrees, recorder: Recorder | None = None
 ) -> Scheduler:
     return Scheduler(
         logs_dir=tmp_path / "logs",
@@ -85,7 +85,7 @@ def test_the_tree_is_made_after_admission_and_before_the_marker_and_the_spawn(
 ) -> None:
     """The marker's view carries the tree, and the command's cwd is the tree."""
     env = guard_env(small_fs)
-    ws = Workspaces(workspace=lambda: small_fs, registry=journal, env=env)
+    ws = Worktrees(workspace=lambda: small_fs, registry=journal, env=env)
     recorder = Recorder()
     sched = scheduler(tmp_path, Guard(env=env, workspace=small_fs), ws, recorder)
     try:
@@ -106,7 +106,7 @@ def test_a_tree_that_cannot_be_made_fails_the_job_before_it_starts(
 ) -> None:
     """A dirty base at launch: failed with the reason, nothing spawned, no reservation kept."""
     env = guard_env(small_fs)
-    ws = Workspaces(workspace=lambda: small_fs, registry=journal, env=env)
+    ws = Worktrees(workspace=lambda: small_fs, registry=journal, env=env)
     recorder = Recorder()
     guard = Guard(env=env, workspace=small_fs)
     sched = scheduler(tmp_path, guard, ws, recorder)
@@ -129,8 +129,8 @@ def test_a_disk_refusal_gets_one_reap_to_the_guard_s_line_and_a_second_judgement
     """Short of the line: the two oldest finished trees go, the job is admitted."""
     big = make_repo(tmp_path, big_file_mib=20)
     env = guard_env(small_fs, job_disk_mib=100)  # needs 100 MiB + 10 % of 300 MiB = 130 MiB
-    reports: list[ReapReport] = []
-    ws = Workspaces(workspace=lambda: small_fs, registry=journal, on_reap=reports.append, env=env)
+    reports: list[PruneReport] = []
+    ws = Worktrees(workspace=lambda: small_fs, registry=journal, on_prune=reports.append, env=env)
     trees = []
     for i in range(4):
         view = job_view(f"old{i}", big)
@@ -159,7 +159,7 @@ def test_a_disk_refusal_stands_when_the_reap_frees_nothing(
 ) -> None:
     """Every tree protected: the job keeps waiting for disk, and its tree is untouched."""
     env = guard_env(small_fs, job_disk_mib=100)
-    ws = Workspaces(workspace=lambda: small_fs, registry=journal, env=env)
+    ws = Worktrees(workspace=lambda: small_fs, registry=journal, env=env)
     view = job_view("busy", repo)
     tree = ws.prepare(view)
     assert tree is not None
@@ -183,7 +183,7 @@ def test_a_real_command_runs_inside_its_tree_on_its_branch(
 ) -> None:
     """A real process: its working directory is the tree, its branch the job's."""
     env = guard_env(small_fs)
-    ws = Workspaces(workspace=lambda: small_fs, registry=journal, env=env)
+    ws = Worktrees(workspace=lambda: small_fs, registry=journal, env=env)
     sched = Scheduler(
         logs_dir=tmp_path / "logs",
         guard=Guard(env=env, workspace=small_fs),
@@ -226,7 +226,7 @@ def test_a_lease_refused_for_disk_gets_one_reap_then_is_granted(
 
     big = make_repo(tmp_path, big_file_mib=20)
     env = guard_env(small_fs, job_disk_mib=100)
-    ws = Workspaces(workspace=lambda: small_fs, registry=journal, env=env)
+    ws = Worktrees(workspace=lambda: small_fs, registry=journal, env=env)
     trees = []
     for i in range(3):
         view = job_view(f"old{i}", big)
