@@ -102,7 +102,7 @@ def launch_costs(n: int = 40) -> str:
     """What one managed launch costs here: the guard's decision, the spawn, the reap."""
     from roomkeeper import Guard
     from roomkeeper.trees.launch import LaunchSpec, launch
-    from roomkeeper.trees.process import Lifeline
+    from roomkeeper.trees.lifeline import Lifeline
 
     guard = Guard()
     lifeline = Lifeline()

@@ -19,6 +19,7 @@ import pytest
 
 from roomkeeper.errors import LaunchError, UsageError
 from roomkeeper.kernel.cgroup_hierarchy import own_memory_level
+from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, job_cgroup_parent
 from roomkeeper.kernel.proc import (
     ProcStat,
     cgroup_members,
@@ -29,13 +30,8 @@ from roomkeeper.kernel.proc import (
 from roomkeeper.testing import FakeClock
 from roomkeeper.trees.launch import LaunchSpec, launch
 from roomkeeper.trees.lifeline import Lifeline, LifelineStatistics
-from roomkeeper.trees.process import (
-    JobCgroup,
-    ManagedProcess,
-    become_subreaper,
-    create_job_cgroup,
-    job_cgroup_parent,
-)
+from roomkeeper.trees.orphans import become_subreaper
+from roomkeeper.trees.process import ManagedProcess
 from tests.kernel_files import FIXTURES
 
 MIB = 1 << 20
@@ -325,7 +321,7 @@ SCHEDULER = textwrap.dedent(
     import sys, time
     from roomkeeper.trees.lifeline import Lifeline
     from roomkeeper.trees.launch import LaunchSpec, launch
-    from roomkeeper.trees.process import become_subreaper
+    from roomkeeper.trees.orphans import become_subreaper
 
     tmp, tree, with_cgroup = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     become_subreaper()

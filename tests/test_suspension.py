@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from roomkeeper.errors import SuspendError
-from roomkeeper.kernel.freezer import freezer_parent
+from roomkeeper.kernel.freezer import FreezeMethod, freezer_parent
 from roomkeeper.trees.launch import LaunchSpec
-from roomkeeper.trees.process import FreezeMethod, ManagedProcess
+from roomkeeper.trees.process import ManagedProcess
 from tests.test_process import Reaper, read_log
 
 # All but the v1 freezer's test run again on cgroup v2 in CI (marked `cgroups`).

@@ -1,61 +1,29 @@
 """Memory policies, pure: what a young job reserves under ``strict`` and under ``pack``.
 
-``strict`` is the admission rule as the guard has always applied it: a young job
-reserves ``max(0, estimate - measured)`` until its warm-up window ends.
-
-``pack`` fills the container by measurement: once its growth has been seen
-(:func:`observed`, below), a young job reserves only what that growth
-forecasts for the next :data:`HORIZON_SECONDS`::
+``strict`` reserves ``max(0, estimate - measured)`` until the warm-up window
+ends.  ``pack`` reserves what a job's measured growth forecasts for the next
+:data:`HORIZON_SECONDS`, never more than ``strict`` would::
 
     forecast = max(0, slope) x HORIZON_SECONDS + FLOOR_BYTES
     held     = min(forecast, max(0, estimate - measured))
 
-where ``slope`` is the larger of its measured growth over the reports of the
-last :data:`SLOPE_WINDOW_SECONDS` and over the last :data:`RECENT_SECONDS`
-(the admission itself counts as a report of 0 bytes, so a job's first report
-already gives a slope; the recent one catches a job that has just begun to
-grow fast, whose long average still carries its idle start).  The forecast
-is never more than ``strict`` would hold: packing only ever reserves less.
+``slope`` is the steeper of the growth over :data:`SLOPE_WINDOW_SECONDS` and
+over :data:`RECENT_SECONDS`, so a job that has just begun to grow fast is not
+judged by its idle start.  Until its growth has been seen (:func:`observed`)
+a job holds what ``strict`` holds, so a burst of launches cannot each count
+as a floor's worth.
 
-A job is judged by its growth only once that growth has been seen: from
-the first report at :data:`STARTED_BYTES` or more (an interpreter or a shell
-alone is less) for :data:`OBSERVE_SECONDS`, or, for one that stays below
-that, :data:`IDLE_OBSERVE_SECONDS` after its admission.  Until then it
-holds what ``strict`` holds: a burst of launches in one round cannot each
-count as a floor's worth, and a job still importing its libraries half a
-second after its start does not look small (a swarm whose jobs slept 0.4 s
-before growing was stopped once, with its 60 s cooldown, when half a second
-from admission was enough).  What a forecast misses, the pressure monitor's relief
-ladder answers; that is why ``pack`` is only for work roomkeeper
-itself runs and can suspend, never for leases.
+*Trials*: a pack job that does not fit with its estimate may start on trial
+when it fits as if it asked :data:`FLOOR_BYTES` (at most :data:`MAX_TRIALS`
+at once).  It reserves nothing; the pressure monitor pauses it when used
+memory plus the other jobs' claims (:func:`claim_bytes`) pass the suspend
+line, and lets it go on :data:`TRIAL_RESUME_MARGIN` below.  It leaves its
+trial once the rest of its estimate fits (:func:`leaves_trial`).
 
-**Trials.**  With nothing learned, a new job must be assumed as large as its
-estimate, and a container whose running jobs are near their peak rarely has
-that much room: admission alone would run no more jobs at once than a static
-``-j`` does.  A pack job that does not fit with its estimate may instead
-start *on trial* when it fits as if it asked only :data:`FLOOR_BYTES`, at
-most :data:`MAX_TRIALS` at a time; while any job is on trial, no pack job
-starts otherwise (the queue's order holds).  A job on trial reserves
-nothing: it runs only in room that no other job's reservation claims, and
-the pressure monitor pauses it, newest first, as soon as used memory plus
-the others' claims (:func:`claim_bytes`) pass the ladder's suspend line,
-and lets it go on, oldest first, once they are :data:`TRIAL_RESUME_MARGIN`
-below it (and no job off trial waits suspended).  A claim is a job's
-reservation; while it is still growing (more than :data:`GROWING_BYTES` over
-the last :data:`GROWING_WINDOW_SECONDS`) the whole rest of its estimate, since
-a forecast misses growth that lasts longer than its horizon and a trial must
-never take the room such growth needs; once an observed job has settled, its
-last second's growth over the horizon, which may be less than its
-reservation (the 3 s window still remembers growth that has stopped).  Only
-a pack job off trial is yielded to: beside leases or strict jobs alone,
-which may be work the monitor cannot see, nothing starts on trial.
-A job leaves its trial once the rest of its estimate fits under the line
-beside the others' claims (:func:`leaves_trial`); from then on it reserves
-as any pack job does.  A paused job has lost nothing: when a wave of jobs
-ends, those on trial go on from where they stood instead of starting.
-
-Nothing here reads the kernel or holds state; :class:`roomkeeper.guard.admission.Guard`
-keeps each young job's reports and asks :func:`held_bytes`.
+What a forecast misses, the relief ladder answers: that is why ``pack`` is
+only for work roomkeeper runs and can suspend, never for leases.  Nothing
+here reads the kernel or holds state; :class:`roomkeeper.guard.admission.Guard`
+keeps each young job's reports.
 """
 
 from __future__ import annotations

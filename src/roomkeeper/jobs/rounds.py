@@ -49,7 +49,8 @@ from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, JobView
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.trees.job_user import JobUser
 from roomkeeper.trees.launch import LaunchSpec, launch
-from roomkeeper.trees.process import Lifeline, become_subreaper
+from roomkeeper.trees.lifeline import Lifeline
+from roomkeeper.trees.orphans import become_subreaper
 from roomkeeper.worktrees.request import Worktree
 
 log = logging.getLogger("roomkeeper")

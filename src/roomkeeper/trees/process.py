@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import psutil
 
-from roomkeeper.errors import KernelFileError, LaunchError, SuspendError
+from roomkeeper.errors import KernelFileError, SuspendError
 from roomkeeper.kernel.freezer import FREEZE_TIMEOUT_S, FreezeMethod, FreezerGroup
-from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, job_cgroup_parent
+from roomkeeper.kernel.job_cgroups import JobCgroup
 from roomkeeper.kernel.proc import (
     ProcStat,
     cgroup_members,
@@ -40,22 +40,11 @@ from roomkeeper.kernel.proc import (
     tree_members,
 )
 from roomkeeper.trees.lifeline import Lifeline
-from roomkeeper.trees.orphans import become_subreaper, reap_orphans
+from roomkeeper.trees.orphans import reap_orphans
 from roomkeeper.trees.peaks import MemoryPeak, PeakMethod, sampler, tree_footprint
 from roomkeeper.trees.suspension import Suspension
 
-__all__ = [
-    "FreezeMethod",
-    "JobCgroup",
-    "LaunchError",
-    "Lifeline",
-    "ManagedProcess",
-    "ProcessStatistics",
-    "SuspendError",
-    "become_subreaper",
-    "create_job_cgroup",
-    "job_cgroup_parent",
-]
+__all__ = ["ManagedProcess", "ProcessStatistics"]
 
 _KILL_ROUNDS = 100
 
