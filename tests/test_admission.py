@@ -20,12 +20,11 @@ from roomkeeper.kernel.resources import (
     Resources,
 )
 from roomkeeper.testing import FakeClock
+from tests.fakes import NO_DISK
 from tests.kernel_files import Level, Roots, fixture_roots, v2_tree
 
 MIB = 2**20
 GB = 10**9
-# Disk is judged by a real statvfs; these tests are about memory, so no disk is needed.
-NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
 
 
 def guard_for(

@@ -2,58 +2,53 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.gateways import RunningGateway, running_gateway
+from tests.gateways import RunningGateway
 
 pytestmark = pytest.mark.kernel
 
 
-@pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    with running_gateway(tmp_path_factory.mktemp("gw")) as gateway:
-        yield gateway
-
-
-def refused(gw: RunningGateway, path: str, body: object) -> str:
+def refused(module_gw: RunningGateway, path: str, body: object) -> str:
     """POST ``body`` (raw JSON text when a str) and expect 422; the answer's text."""
     if isinstance(body, str):
-        answer = gw.client.post(path, content=body, headers={"content-type": "application/json"})
+        answer = module_gw.client.post(
+            path, content=body, headers={"content-type": "application/json"}
+        )
     else:
-        answer = gw.client.post(path, json=body)
+        answer = module_gw.client.post(path, json=body)
     assert answer.status_code == 422, answer.text
     return answer.text
 
 
-def test_a_relative_cwd_is_refused(gw: RunningGateway) -> None:
+def test_a_relative_cwd_is_refused(module_gw: RunningGateway) -> None:
     """``cwd`` must be absolute: a relative one would be resolved against the gateway's own."""
-    text = refused(gw, "/v1/jobs", {"argv": ["true"], "cwd": "src"})
+    text = refused(module_gw, "/v1/jobs", {"argv": ["true"], "cwd": "src"})
     assert "cwd must be an absolute path" in text
 
 
-def test_a_missing_cwd_is_refused(gw: RunningGateway, tmp_path: Path) -> None:
+def test_a_missing_cwd_is_refused(module_gw: RunningGateway, tmp_path: Path) -> None:
     """A directory that does not exist is named in the refusal."""
-    text = refused(gw, "/v1/jobs", {"argv": ["true"], "cwd": str(tmp_path / "nowhere")})
+    text = refused(module_gw, "/v1/jobs", {"argv": ["true"], "cwd": str(tmp_path / "nowhere")})
     assert "is not an existing directory" in text
 
 
-def test_a_command_not_on_the_jobs_path_is_refused(gw: RunningGateway) -> None:
+def test_a_command_not_on_the_jobs_path_is_refused(module_gw: RunningGateway) -> None:
     """argv[0] must resolve on the job's PATH; the refusal says how to fix it."""
-    text = refused(gw, "/v1/jobs", {"argv": ["no-such-command-rk"]})
+    text = refused(module_gw, "/v1/jobs", {"argv": ["no-such-command-rk"]})
     assert "is not an executable file on the job's PATH" in text
-    text = refused(gw, "/v1/jobs", {"argv": ["true"], "env": {"PATH": "/nonexistent"}})
+    text = refused(module_gw, "/v1/jobs", {"argv": ["true"], "env": {"PATH": "/nonexistent"}})
     assert "'true' is not an executable file" in text
-    assert gw.client.post("/v1/jobs", json={"argv": ["/bin/true"]}).status_code == 201
+    assert module_gw.client.post("/v1/jobs", json={"argv": ["/bin/true"]}).status_code == 201
 
 
 @pytest.mark.parametrize("value", ['"100"', "true", "1.5"])
-def test_sizes_are_strict_integers(gw: RunningGateway, value: str) -> None:
+def test_sizes_are_strict_integers(module_gw: RunningGateway, value: str) -> None:
     """``"memory_bytes": "100"`` or ``true`` is refused, not coerced to 100 or 1."""
-    refused(gw, "/v1/jobs", f'{{"argv": ["true"], "memory_bytes": {value}}}')
-    refused(gw, "/v1/leases", f'{{"memory_bytes": {value}}}')
+    refused(module_gw, "/v1/jobs", f'{{"argv": ["true"], "memory_bytes": {value}}}')
+    refused(module_gw, "/v1/leases", f'{{"memory_bytes": {value}}}')
 
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
@@ -66,22 +61,26 @@ def test_sizes_are_strict_integers(gw: RunningGateway, value: str) -> None:
     ],
 )
 def test_non_finite_numbers_get_a_422_not_a_500(
-    gw: RunningGateway, path: str, body: str, value: str
+    module_gw: RunningGateway, path: str, body: str, value: str
 ) -> None:
     """NaN and infinities are refused, and the refusal itself can be written as JSON."""
-    text = refused(gw, path, body.format(value))
+    text = refused(module_gw, path, body.format(value))
     assert "finite" in text or "greater" in text or "less" in text
 
 
-def test_non_finite_outcome_numbers_get_a_422(gw: RunningGateway) -> None:
+def test_non_finite_outcome_numbers_get_a_422(module_gw: RunningGateway) -> None:
     """An outcome's ``numbers`` refuse NaN too."""
-    call = gw.client.post("/v1/calls", json={"kind": "tool"}).json()["id"]
-    refused(gw, f"/v1/calls/{call}/outcome", '{"outcome": "succeeded", "numbers": {"x": NaN}}')
+    call = module_gw.client.post("/v1/calls", json={"kind": "tool"}).json()["id"]
+    refused(
+        module_gw, f"/v1/calls/{call}/outcome", '{"outcome": "succeeded", "numbers": {"x": NaN}}'
+    )
 
 
-def test_a_job_that_can_never_fit_is_refused_at_once(gw: RunningGateway) -> None:
+def test_a_job_that_can_never_fit_is_refused_at_once(module_gw: RunningGateway) -> None:
     """Memory above the guard's line with nothing else running: 422 with the numbers."""
-    text = refused(gw, "/v1/jobs", {"argv": ["true"], "memory_bytes": 2**52})
+    text = refused(module_gw, "/v1/jobs", {"argv": ["true"], "memory_bytes": 2**52})
     assert "no room for memory even with nothing else running" in text
-    text = refused(gw, "/v1/jobs", {"argv": ["true"], "memory_bytes": 0, "disk_bytes": 2**52})
+    text = refused(
+        module_gw, "/v1/jobs", {"argv": ["true"], "memory_bytes": 0, "disk_bytes": 2**52}
+    )
     assert "no room on disk even when it is empty" in text

@@ -15,31 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.batch_cli import batch
+from tests.fakes import NO_DISK
+
 pytestmark = pytest.mark.kernel
 # The test whose outcome is the kernel's (the peak) is marked `cgroups` too
 # and runs again on cgroup v2 in CI; the rest is the command's own behaviour
 # over the scheduler's, whose whole-tree stops test_scheduler_real.py runs
 # there (each start of the command costs half a minute on the emulated kernel).
-
-NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
-
-
-def batch(
-    tmp_path: Path, *args: str, stdin: str | None = None, **env: str
-) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
-    # A small /tmp (the cgroup v2 VM's is 1.5 GB) must not refuse launches: the
-    # disk rule has its own tests.  A batch has no CPU gate unless asked.
-    clean.update(ROOMKEEPER_HOME=str(tmp_path / "home"), **NO_DISK, **env)
-    return subprocess.run(
-        [sys.executable, "-m", "roomkeeper", "batch", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=clean,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_each_jobs_output_is_printed_whole_and_unaltered(tmp_path: Path) -> None:

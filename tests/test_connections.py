@@ -6,23 +6,16 @@ import contextlib
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from roomkeeper.api.connections import HEADER_TIMEOUT_S
-from tests.gateways import RunningGateway, running_gateway
+from tests.gateways import RunningGateway
 
 pytestmark = pytest.mark.kernel
 
 HALF_OPEN = 500
-
-
-@pytest.fixture
-def gw(tmp_path: Path) -> Iterator[RunningGateway]:
-    with running_gateway(tmp_path) as gateway:
-        yield gateway
 
 
 @contextlib.contextmanager

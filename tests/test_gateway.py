@@ -29,12 +29,6 @@ from tests.gateways import (
 pytestmark = pytest.mark.kernel
 
 
-@pytest.fixture
-def gw(tmp_path: Path) -> Iterator[RunningGateway]:
-    with running_gateway(tmp_path) as g:
-        yield g
-
-
 class HookServer:
     """A loopback server that records the release hooks it receives."""
 

@@ -7,7 +7,6 @@ process with its own home and workspace, stopped with SIGTERM whatever happens.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,17 +15,7 @@ import httpx
 import pytest
 
 from tests.gateways import RunningGateway, running_gateway, stop_process
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-PAGE_TIMEOUT_MS = 20_000
+from tests.pages import PAGE_TIMEOUT_MS
 
 # The chart has drawn at least one sample, with a path for memory used.
 CHART_DRAWN = """() => {
@@ -38,25 +27,6 @@ CHART_DRAWN = """() => {
 # The jobs table has a row for this job, owned by this owner.
 JOB_ROW = """([id, owner]) => [...document.querySelectorAll('#jobs tr[data-job-id]')].some(
     (row) => row.dataset.jobId === id && row.querySelector('td.owner').textContent === owner)"""
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    """Headless Debian chromium, or a skip that names what is missing."""
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
-    if importlib.util.find_spec("playwright") is None:
-        pytest.skip("playwright is not importable (pip install 'playwright>=1.40')")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        launched = pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield launched
-        finally:
-            launched.close()
 
 
 @pytest.fixture

@@ -9,11 +9,10 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.gateways import RunningGateway, running_gateway, wait_until
+from tests.gateways import RunningGateway, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -72,12 +71,6 @@ def drip() -> Iterator[DripServer]:
     server = DripServer()
     yield server
     server.close()
-
-
-@pytest.fixture
-def gw(tmp_path: Path) -> Iterator[RunningGateway]:
-    with running_gateway(tmp_path) as gateway:
-        yield gateway
 
 
 def test_a_hung_job_hook_does_not_hold_up_the_next_launch(

@@ -18,6 +18,7 @@ from roomkeeper.relief.monitor import PressureMonitor
 from roomkeeper.testing import CannotSuspend, FakeClock
 from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
+from tests.fakes import FakeTarget
 
 GB = 10**9
 MB = 10**6
@@ -172,33 +173,6 @@ def test_cooling_holds_launches_without_any_pressure() -> None:
     """The cooldown alone holds launches."""
     plans = run([reading(100 * MB)], cooling=True)
     assert plans[0].hold and steps(plans[0]) == [(Step.HOLD, None)]
-
-
-class FakeTarget:
-    """The scheduler's side, recorded."""
-
-    def __init__(self, live: list[Live]) -> None:
-        self.live = live
-        self.held: list[bool] = []
-        self.done: list[tuple[str, str]] = []
-
-    def live_jobs(self) -> list[Live]:
-        return list(self.live)
-
-    def hold_for_pressure(self, hold: bool) -> None:
-        self.held.append(hold)
-
-    def suspend_for_pressure(self, job_id: str, *, trial: bool = False) -> bool:
-        self.done.append(("pause" if trial else "suspend", job_id))
-        return True
-
-    def resume_after_pressure(self, job_id: str) -> bool:
-        self.done.append(("resume", job_id))
-        return True
-
-    def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
-        self.done.append(("stop", job_id))
-        return True
 
 
 def monitor(

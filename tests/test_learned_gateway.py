@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,83 +12,87 @@ import pytest
 
 from roomkeeper.jobs.sizes import size_key
 from roomkeeper.jobs.spec import JobSpec
-from tests.gateways import RunningGateway, gateway_env, roomkeeper_cli, running_gateway, wait_until
+from tests.gateways import RunningGateway, gateway_env, roomkeeper_cli, wait_until
 
 pytestmark = pytest.mark.kernel
 
 ALLOC = "b = bytearray(60 * 10**6); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(0.5)"
 
 
-@pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    with running_gateway(tmp_path_factory.mktemp("gw")) as gateway:
-        yield gateway
-
-
-def _ended(gw: RunningGateway, job_id: str, key: str) -> dict[str, Any]:
+def _ended(module_gw: RunningGateway, job_id: str, key: str) -> dict[str, Any]:
     """The job once it has ended and its peak is kept under ``key`` in the journal."""
     wait_until(
-        lambda: gw.client.get(f"/v1/jobs/{job_id}").json()["ended_at"] is not None,
+        lambda: module_gw.client.get(f"/v1/jobs/{job_id}").json()["ended_at"] is not None,
         f"job {job_id} ending",
         timeout=60,
     )
     # The peak is recorded just after the end is shown: wait for it, as a next run would.
-    wait_until(lambda: _peaks_kept(gw, key) > 0, "the peak being kept")
-    job: dict[str, Any] = gw.client.get(f"/v1/jobs/{job_id}").json()
+    wait_until(lambda: _peaks_kept(module_gw, key) > 0, "the peak being kept")
+    job: dict[str, Any] = module_gw.client.get(f"/v1/jobs/{job_id}").json()
     return job
 
 
-def _peaks_kept(gw: RunningGateway, key: str) -> int:
-    with contextlib.closing(sqlite3.connect(gw.home / "journal.db", timeout=30)) as conn:
+def _peaks_kept(module_gw: RunningGateway, key: str) -> int:
+    with contextlib.closing(sqlite3.connect(module_gw.home / "journal.db", timeout=30)) as conn:
         sql = "SELECT count(*) FROM learned_sizes WHERE key = ?"
         return int(conn.execute(sql, (key,)).fetchone()[0])
 
 
-def _submit(gw: RunningGateway, **body: Any) -> str:
-    answer = gw.client.post("/v1/jobs", json=body)
+def _submit(module_gw: RunningGateway, **body: Any) -> str:
+    answer = module_gw.client.post("/v1/jobs", json=body)
     assert answer.status_code == 201, answer.text
     job_id: str = answer.json()["id"]
     return job_id
 
 
 def test_a_job_without_an_estimate_gets_the_learned_size_of_its_kind(
-    gw: RunningGateway,
+    module_gw: RunningGateway,
 ) -> None:
     """First run: default; its peak is kept under its kind; the next of that kind learns it."""
-    job_id = _submit(gw, argv=[sys.executable, "-c", ALLOC], kind="alloc-60")
-    first = _ended(gw, job_id, "kind:alloc-60")
+    job_id = _submit(module_gw, argv=[sys.executable, "-c", ALLOC], kind="alloc-60")
+    first = _ended(module_gw, job_id, "kind:alloc-60")
     assert first["state"] == "exited" and first["exit_code"] == 0, first
     assert (first["estimate_source"], first["kind"]) == ("default", "alloc-60")
     assert first["peak_bytes"] is not None and first["peak_bytes"] > 50 * 10**6
-    second = gw.client.get(f"/v1/jobs/{_submit(gw, argv=['true'], kind='alloc-60')}").json()
+    second = module_gw.client.get(
+        f"/v1/jobs/{_submit(module_gw, argv=['true'], kind='alloc-60')}"
+    ).json()
     assert second["estimate_source"] == "learned"
     assert second["estimate_bytes"] == first["peak_bytes"]
-    stated = gw.client.get(
-        f"/v1/jobs/{_submit(gw, argv=['true'], kind='alloc-60', memory_bytes=12345)}"
+    stated = module_gw.client.get(
+        f"/v1/jobs/{_submit(module_gw, argv=['true'], kind='alloc-60', memory_bytes=12345)}"
     ).json()
     assert (stated["estimate_source"], stated["estimate_bytes"]) == ("stated", 12345)
 
 
-def test_without_a_kind_the_same_argv_and_cwd_learn(gw: RunningGateway, tmp_path: Path) -> None:
+def test_without_a_kind_the_same_argv_and_cwd_learn(
+    module_gw: RunningGateway, tmp_path: Path
+) -> None:
     """No kind: the hash of argv and cwd is the key; another cwd is another kind."""
     argv = [sys.executable, "-c", ALLOC]
     key = size_key(JobSpec(argv=argv, cwd=str(tmp_path)))
-    first = _ended(gw, _submit(gw, argv=argv, cwd=str(tmp_path)), key)
+    first = _ended(module_gw, _submit(module_gw, argv=argv, cwd=str(tmp_path)), key)
     assert first["estimate_source"] == "default"
-    again = gw.client.get(f"/v1/jobs/{_submit(gw, argv=argv, cwd=str(tmp_path))}").json()
+    again = module_gw.client.get(
+        f"/v1/jobs/{_submit(module_gw, argv=argv, cwd=str(tmp_path))}"
+    ).json()
     assert (again["estimate_source"], again["estimate_bytes"]) == ("learned", first["peak_bytes"])
     other = tmp_path / "other"
     other.mkdir()
-    elsewhere = gw.client.get(f"/v1/jobs/{_submit(gw, argv=argv, cwd=str(other))}").json()
+    elsewhere = module_gw.client.get(
+        f"/v1/jobs/{_submit(module_gw, argv=argv, cwd=str(other))}"
+    ).json()
     assert elsewhere["estimate_source"] == "default"
 
 
-def test_memory_policy_is_strict_unless_pack_is_asked_for(gw: RunningGateway) -> None:
+def test_memory_policy_is_strict_unless_pack_is_asked_for(module_gw: RunningGateway) -> None:
     """A gateway job is strict by default and may ask for pack; the view says which."""
-    strict = gw.client.get(f"/v1/jobs/{_submit(gw, argv=['true'])}").json()
-    pack = gw.client.get(f"/v1/jobs/{_submit(gw, argv=['true'], memory_policy='pack')}").json()
+    strict = module_gw.client.get(f"/v1/jobs/{_submit(module_gw, argv=['true'])}").json()
+    pack = module_gw.client.get(
+        f"/v1/jobs/{_submit(module_gw, argv=['true'], memory_policy='pack')}"
+    ).json()
     assert (strict["memory_policy"], pack["memory_policy"]) == ("strict", "pack")
-    listed = {j["id"]: j for j in gw.client.get("/v1/jobs").json()}
+    listed = {j["id"]: j for j in module_gw.client.get("/v1/jobs").json()}
     assert listed[pack["id"]]["memory_policy"] == "pack"
 
 
@@ -104,20 +107,20 @@ def test_memory_policy_is_strict_unless_pack_is_asked_for(gw: RunningGateway) ->
     ],
 )
 def test_bad_memory_policy_or_kind_is_a_422(
-    gw: RunningGateway, field: str, value: object, words: str
+    module_gw: RunningGateway, field: str, value: object, words: str
 ) -> None:
     """Only the two policies, and a kind that is a name: anything else is refused, in words."""
-    answer = gw.client.post("/v1/jobs", json={"argv": ["true"], field: value})
+    answer = module_gw.client.post("/v1/jobs", json={"argv": ["true"], field: value})
     assert answer.status_code == 422, answer.text
     assert answer.json()["reason"] == "invalid_request" and words in answer.text
 
 
 def test_roomkeeper_jobs_shows_the_estimate_and_where_it_came_from(
-    gw: RunningGateway, tmp_path: Path
+    module_gw: RunningGateway, tmp_path: Path
 ) -> None:
     """The table has an estimate column: size, source, and pack when asked for."""
-    _submit(gw, argv=["true"], memory_bytes=300 * 10**6, memory_policy="pack")
-    env = gateway_env(gw.home.parent)
+    _submit(module_gw, argv=["true"], memory_bytes=300 * 10**6, memory_policy="pack")
+    env = gateway_env(module_gw.home.parent)
     result = roomkeeper_cli(env, "jobs")
     assert result.returncode == 0, result.stderr
     assert "300.0 MB (stated), pack" in result.stdout
@@ -126,15 +129,15 @@ def test_roomkeeper_jobs_shows_the_estimate_and_where_it_came_from(
     assert bad.returncode == 2 and "kind must be 1 to 200 letters" in bad.stderr
 
 
-def test_a_learned_size_above_the_line_is_asked_for_at_the_line(gw: RunningGateway) -> None:
+def test_a_learned_size_above_the_line_is_asked_for_at_the_line(module_gw: RunningGateway) -> None:
     """A past peak bigger than the line is not the submitter's word: 201, never never_fits."""
-    with contextlib.closing(sqlite3.connect(gw.home / "journal.db", timeout=30)) as conn:
+    with contextlib.closing(sqlite3.connect(module_gw.home / "journal.db", timeout=30)) as conn:
         conn.execute(
             "INSERT INTO learned_sizes (key, peak_bytes, at) VALUES ('kind:huge', ?, 0)", (2**52,)
         )
         conn.commit()
-    job = gw.client.get(f"/v1/jobs/{_submit(gw, argv=['true'], kind='huge')}").json()
+    job = module_gw.client.get(f"/v1/jobs/{_submit(module_gw, argv=['true'], kind='huge')}").json()
     assert job["estimate_source"] == "learned"
     assert 0 < job["estimate_bytes"] < 2**52
-    stated = gw.client.post("/v1/jobs", json={"argv": ["true"], "memory_bytes": 2**52})
+    stated = module_gw.client.post("/v1/jobs", json={"argv": ["true"], "memory_bytes": 2**52})
     assert stated.status_code == 422 and stated.json()["reason"] == "never_fits"

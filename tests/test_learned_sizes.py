@@ -15,7 +15,7 @@ from roomkeeper.errors import UsageError
 from roomkeeper.jobs.sizes import size_key
 from roomkeeper.jobs.spec import JobSpec
 from roomkeeper.journal.database import Journal
-from tests.test_batch import batch
+from tests.batch_cli import batch
 
 MB = 10**6
 

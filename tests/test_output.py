@@ -6,25 +6,17 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from roomkeeper.api.output import MAX_FOLLOWERS
-from tests.gateways import RunningGateway, running_gateway, wait_until
+from tests.gateways import RunningGateway, wait_until
 
 pytestmark = pytest.mark.kernel
 
 LOG_BYTES = 150_000_000
-
-
-@pytest.fixture
-def gw(tmp_path: Path) -> Iterator[RunningGateway]:
-    with running_gateway(tmp_path) as gateway:
-        yield gateway
 
 
 def finished(gw: RunningGateway, argv: list[str]) -> str:

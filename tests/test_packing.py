@@ -34,12 +34,10 @@ from roomkeeper.guard.packing import (
     trimmed,
 )
 from roomkeeper.guard.rule import Decision
-from roomkeeper.testing import FakeClock
-from tests.kernel_files import Level, v2_tree
+from tests.fakes import NO_DISK, fixture_guard
 
 MB = 10**6
 GB = 10**9
-NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
 
 
 def reports(*points: tuple[float, int]) -> list[Report]:
@@ -96,25 +94,12 @@ def test_strict_is_estimate_less_measured_and_pack_never_more(
     assert 0 <= held_bytes(MemoryPolicy.PACK, estimate, ordered) <= strict
 
 
-def _guard(tmp_path: Path, used: int, limit: int = 10 * GB) -> tuple[Guard, FakeClock]:
-    roots = v2_tree(tmp_path / "tree", "/job", {"/job": Level(limit, used + 12345, 12345)})
-    clock = FakeClock()
-    guard = Guard(
-        env=NO_DISK,
-        proc_root=roots.proc,
-        cgroup_root=roots.cgroup,
-        workspace=tmp_path,
-        clock=clock,
-    )
-    return guard, clock
-
-
 def test_a_pack_job_holds_strict_until_it_has_been_observed(tmp_path: Path) -> None:
     """Just admitted (or reported within OBSERVE_SECONDS), a pack job has no growth to go by."""
     assert held_bytes(MemoryPolicy.PACK, GB, reports((0.0, 0))) == GB
     early = reports((0.0, 0), (OBSERVE_SECONDS - 0.01, 0))
     assert not observed(early) and held_bytes(MemoryPolicy.PACK, GB, early) == GB
-    guard, clock = _guard(tmp_path, used=GB)
+    guard, clock = fixture_guard(tmp_path, used=GB)
     assert guard.admit("a", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
     clock.advance(0.2)
     guard.report_measured("a", 0)  # a burst: the next launch of the same round
@@ -193,7 +178,7 @@ def test_the_guard_holds_a_pack_jobs_forecast_and_a_strict_jobs_estimate(
     tmp_path: Path,
 ) -> None:
     """Admitted alike; young, the pack job holds its forecast, the strict one its estimate."""
-    guard, clock = _guard(tmp_path, used=GB)
+    guard, clock = fixture_guard(tmp_path, used=GB)
     assert guard.admit("strict", memory_bytes=3 * GB).admit
     assert guard.admit("pack", memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
     assert guard.statistics().reserved_bytes == 6 * GB
@@ -207,11 +192,11 @@ def test_the_guard_holds_a_pack_jobs_forecast_and_a_strict_jobs_estimate(
 
 def test_packing_admits_what_strict_would_refuse(tmp_path: Path) -> None:
     """Line 9 GB, used 1 GB: after two 3 GB strict jobs a third is refused; after pack, not."""
-    strict, _ = _guard(tmp_path / "s", used=GB)
+    strict, _ = fixture_guard(tmp_path / "s", used=GB)
     for job in ("a", "b"):
         assert strict.admit(job, memory_bytes=3 * GB).admit
     assert not strict.admit("c", memory_bytes=3 * GB).admit
-    pack, clock = _guard(tmp_path / "p", used=GB)
+    pack, clock = fixture_guard(tmp_path / "p", used=GB)
     for job in ("a", "b"):
         assert pack.admit(job, memory_bytes=3 * GB, policy=MemoryPolicy.PACK).admit
     early = pack.admit("c", memory_bytes=3 * GB, policy=MemoryPolicy.PACK)
@@ -228,7 +213,7 @@ def test_packing_admits_what_strict_would_refuse(tmp_path: Path) -> None:
 def test_the_job_asked_about_still_needs_its_whole_estimate(tmp_path: Path) -> None:
     """Pack changes what young jobs hold, not the question: with no job of ours running (none
     to start on trial beside), the new job's estimate must fit."""
-    guard, _ = _guard(tmp_path, used=GB)
+    guard, _ = fixture_guard(tmp_path, used=GB)
     assert not guard.admit("big", memory_bytes=8 * GB + 1, policy=MemoryPolicy.PACK).admit
     assert guard.admit("fits", memory_bytes=8 * GB, policy=MemoryPolicy.PACK).admit
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.trees.peaks import PeakMethod, PeakSampler
 from tests.cgroups import memory_cgroup_version
-from tests.test_process import Reaper, read_log
+from tests.processes import Reaper, read_log
 
 MB = 10**6
 
@@ -22,16 +21,6 @@ HOLD_100_MB = (
     "import time; b = bytearray(100 * 10**6); b[::4096] = b'x' * len(range(0, len(b), 4096));"
     "print('ready', flush=True); time.sleep(1.0); del b; time.sleep(0.3)"
 )
-
-
-@pytest.fixture
-def reaper() -> Iterator[Reaper]:
-    """Closes every job and removes every cgroup a test made."""
-    keeper = Reaper()
-    try:
-        yield keeper
-    finally:
-        keeper.cleanup()
 
 
 @pytest.mark.kernel

@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from tests.gateways import RunningGateway, running_gateway, wait_until
+from tests.pages import PAGE_TIMEOUT_MS
 from tests.ray_cluster import LocalCluster, local_cluster
-from tests.test_health_page import PAGE_TIMEOUT_MS, browser  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.ray
 
@@ -101,7 +101,7 @@ def test_outputs_and_exit_codes_come_back_and_nodes_are_shown(gateway: RunningGa
 NODE_ROWS = """(count) => document.querySelectorAll('#nodes tbody tr[data-node]').length >= count"""
 
 
-def test_the_health_page_shows_each_node(browser: Any, gateway: RunningGateway) -> None:  # noqa: F811
+def test_the_health_page_shows_each_node(browser: Any, gateway: RunningGateway) -> None:
     """The "Ray nodes" card: one row per node, alive, its memory and its guard's headroom."""
     page = browser.new_page(viewport={"width": 1360, "height": 1000})
     errors: list[str] = []

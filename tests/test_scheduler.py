@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,38 +16,9 @@ from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
-from roomkeeper.testing import CannotSuspend, FakeClock
+from roomkeeper.testing import FakeClock
 from roomkeeper.trees.launch import LaunchSpec
-from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
-
-
-class FakeHandle(CannotSuspend):
-    """A launched tree that ends when the test says so."""
-
-    def __init__(self, job_id: str, footprint: int = 0) -> None:
-        self.job_id = job_id
-        self.pid = os.getpid()  # a real pid, so the scheduler's pidfd_open works
-        self.code: int | None = None
-        self.footprint = footprint
-        self.stopped_with: float | None = None
-        self.closed = False
-
-    def poll(self) -> int | None:
-        return self.code
-
-    def footprint_bytes(self) -> int:
-        return self.footprint
-
-    def peak(self) -> MemoryPeak:
-        return MemoryPeak(self.footprint, PeakMethod.SAMPLED)
-
-    def stop(self, grace: float = 5.0) -> int | None:
-        self.stopped_with = grace
-        self.code = -15
-        return self.code
-
-    def close(self) -> None:
-        self.closed = True
+from tests.fakes import FakeHandle
 
 
 class FakeLauncher:

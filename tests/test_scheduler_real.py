@@ -17,13 +17,13 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
+from tests.fakes import NO_DISK
 
 # Every test here but the plain output one is marked `cgroups` too: CI runs
 # them again on cgroup v2, where each tree has a v2 job group.
 pytestmark = pytest.mark.kernel
 
 MIB = 2**20
-NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
 
 # A scheduler in its own process: two jobs, each with a child and a grandchild
 # that called setsid (left the job's session and group).  It prints the pids

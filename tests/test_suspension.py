@@ -19,7 +19,7 @@ from roomkeeper.errors import SuspendError
 from roomkeeper.kernel.freezer import FreezeMethod, freezer_parent
 from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.trees.process import ManagedProcess
-from tests.test_process import Reaper, read_log
+from tests.processes import Reaper, read_log
 
 # All but the v1 freezer's test run again on cgroup v2 in CI (marked `cgroups`).
 pytestmark = pytest.mark.kernel
@@ -51,16 +51,6 @@ GROW = textwrap.dedent(
     os.wait()
     """
 )
-
-
-@pytest.fixture
-def reaper() -> Iterator[Reaper]:
-    """Closes every job and removes every cgroup a test made."""
-    keeper = Reaper()
-    try:
-        yield keeper
-    finally:
-        keeper.cleanup()
 
 
 @pytest.fixture

@@ -26,13 +26,10 @@ from roomkeeper.relief.cooldown import Cooldown
 from roomkeeper.relief.ladder import LadderState, Live, Step, decide
 from roomkeeper.relief.monitor import PressureMonitor
 from roomkeeper.testing import FakeClock
-from tests.test_ladder import FakeTarget
-from tests.test_packing import _guard
-from tests.test_scheduler import FakeHandle
+from tests.fakes import FakeHandle, FakeTarget, fixture_guard
 
 MB = 10**6
 GB = 10**9
-NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
 PACK = MemoryPolicy.PACK
 SETTINGS = PressureSettings()
 # A 2 GB container at 10 % headroom: line 1.8, suspend past 1.9, stop past 1.95 GB.
@@ -75,7 +72,7 @@ def test_a_trial_ends_when_the_rest_of_its_estimate_fits() -> None:
 def test_a_pack_job_that_does_not_fit_starts_on_trial_and_holds_nothing(tmp_path: Path) -> None:
     """Line 9 GB, used 1 GB, 7 GB held: a 3 GB pack job starts on trial (its floor fits);
     a strict one, or one whose floor does not fit, is refused."""
-    guard, _ = _guard(tmp_path, used=GB)
+    guard, _ = fixture_guard(tmp_path, used=GB)
     assert guard.admit("big", memory_bytes=7 * GB, policy=PACK).admit
     assert not guard.admit("strict", memory_bytes=3 * GB).admit
     trial = guard.admit("trial", memory_bytes=3 * GB, policy=PACK)
@@ -83,7 +80,7 @@ def test_a_pack_job_that_does_not_fit_starts_on_trial_and_holds_nothing(tmp_path
     assert trial.estimate_bytes == 3 * GB  # its estimate, not the floor it was judged on
     assert guard.trials() == ["trial"]
     assert guard.statistics().reserved_bytes == 7 * GB
-    full, _ = _guard(tmp_path / "full", used=2 * GB)
+    full, _ = fixture_guard(tmp_path / "full", used=2 * GB)
     assert full.admit("big", memory_bytes=7 * GB, policy=PACK).admit
     assert not full.admit("trial", memory_bytes=3 * GB, policy=PACK).admit  # 9 GB + floor
 
@@ -91,7 +88,7 @@ def test_a_pack_job_that_does_not_fit_starts_on_trial_and_holds_nothing(tmp_path
 def test_while_jobs_are_on_trial_pack_jobs_start_only_on_trial(tmp_path: Path) -> None:
     """The queue's order holds: a later pack job that would fit waits its turn as a trial, and
     past MAX_TRIALS it waits; a strict job is judged as ever."""
-    guard, _ = _guard(tmp_path, used=GB)
+    guard, _ = fixture_guard(tmp_path, used=GB)
     assert guard.admit("big", memory_bytes=7 * GB, policy=PACK).admit
     assert guard.admit("t0", memory_bytes=3 * GB, policy=PACK).admit
     for n in range(1, MAX_TRIALS):
@@ -105,7 +102,7 @@ def test_while_jobs_are_on_trial_pack_jobs_start_only_on_trial(tmp_path: Path) -
 def test_a_reading_lets_a_trial_go_once_its_rest_fits(tmp_path: Path) -> None:
     """Each pressure reading ends the trials whose rest fits, oldest first, and carries what
     the jobs off trial claim (a growing job: the whole rest of its estimate)."""
-    guard, clock = _guard(tmp_path, used=GB)
+    guard, clock = fixture_guard(tmp_path, used=GB)
     assert guard.admit("big", memory_bytes=7 * GB, policy=PACK).admit
     assert guard.admit("trial", memory_bytes=3500 * MB, policy=PACK).admit
     first = guard.pressure_reading()
@@ -127,7 +124,7 @@ def test_a_reading_lets_a_trial_go_once_its_rest_fits(tmp_path: Path) -> None:
 def test_nothing_starts_on_trial_with_no_job_of_ours_to_yield_to(tmp_path: Path) -> None:
     """A trial is paused for older jobs; with none, it would be the oldest live job, which is
     never paused: a job that does not fit beside others' memory alone waits."""
-    guard, _ = _guard(tmp_path, used=GB)
+    guard, _ = fixture_guard(tmp_path, used=GB)
     assert not guard.admit("alone", memory_bytes=8 * GB + 1, policy=PACK).admit
     assert guard.trials() == []
 
@@ -210,7 +207,7 @@ def test_the_monitor_counts_trial_pauses_apart_from_the_ladders_steps() -> None:
 def test_every_reading_of_live_jobs_tells_the_guard_their_footprints(tmp_path: Path) -> None:
     """The claims a trial is paused against move between launch rounds (none run while
     launches are held): each look at the live jobs reports their footprints to the guard."""
-    guard, _ = _guard(tmp_path, used=GB)
+    guard, _ = fixture_guard(tmp_path, used=GB)
     tree = FakeHandle("x")
     scheduler = Scheduler(
         logs_dir=tmp_path / "logs",
@@ -240,7 +237,7 @@ def test_with_no_trial_to_pause_a_suspended_job_is_resumed_as_before() -> None:
 def test_nothing_starts_on_trial_beside_strict_work_alone(tmp_path: Path) -> None:
     """A lease or a strict job may be work the monitor cannot see or pause: a trial yields
     only to pack jobs, so beside strict work alone a pack job waits for its whole estimate."""
-    guard, _ = _guard(tmp_path, used=GB)
+    guard, _ = fixture_guard(tmp_path, used=GB)
     assert guard.admit("lease", memory_bytes=7 * GB).admit
     assert not guard.admit("pack", memory_bytes=3 * GB, policy=PACK).admit
     assert guard.trials() == []

@@ -17,7 +17,7 @@ from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.worktrees.pruner import PruneReport
 from roomkeeper.worktrees.request import WorktreeRequest
 from roomkeeper.worktrees.service import Worktrees
-from tests.test_scheduler import FakeHandle
+from tests.fakes import FakeHandle
 from tests.worktree_repos import (
     MIB,
     fill,

@@ -1,0 +1,69 @@
+"""Fixtures shared by the test modules.
+
+- ``gw``: a real gateway on a free loopback port for one test; ``module_gw``
+  one for a whole module (tests that only read or add their own records).
+- ``reaper``: every process tree and job group a test launched, killed and
+  removed whatever the test's outcome.
+- ``browser``: headless Debian chromium, or a skip that names what is missing.
+
+Helpers that are not fixtures live in their own modules beside this one
+(``gateways``, ``processes``, ``fakes``, ``kernel_files``, ``cgroups``,
+``batch_cli``, ``pages``, ``worktree_repos``, ``ray_cluster``); no test
+module imports from another.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gateways import RunningGateway, running_gateway
+from tests.pages import CHROMIUM, CHROMIUM_ARGS
+from tests.processes import Reaper
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> Iterator[RunningGateway]:
+    """A real gateway (no supervisor) for this test alone."""
+    with running_gateway(tmp_path) as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def module_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    """A real gateway (no supervisor) shared by the tests of one module."""
+    with running_gateway(tmp_path_factory.mktemp("gw")) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def reaper() -> Iterator[Reaper]:
+    """Closes every job, kills every watched pid and removes every cgroup a test made."""
+    keeper = Reaper()
+    try:
+        yield keeper
+    finally:
+        keeper.cleanup()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Debian chromium, or a skip that names what is missing."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("playwright is not importable (pip install 'playwright>=1.40')")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()

@@ -1,0 +1,86 @@
+"""Fakes the scheduler and relief tests share: a launched tree, the ladder's target, a guard on
+synthetic kernel files, and the environment that takes disk out of the rule."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from roomkeeper.guard.admission import Guard
+from roomkeeper.relief.ladder import Live
+from roomkeeper.testing import CannotSuspend, FakeClock
+from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
+from roomkeeper.units import GB
+from tests.kernel_files import Level, v2_tree
+
+# A small /tmp must not refuse launches: the disk rule has its own tests.
+NO_DISK = {"ROOMKEEPER_JOB_DISK_MB": "0", "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0"}
+
+
+class FakeHandle(CannotSuspend):
+    """A launched tree that ends when the test says so."""
+
+    def __init__(self, job_id: str, footprint: int = 0) -> None:
+        self.job_id = job_id
+        self.pid = os.getpid()  # a real pid, so the scheduler's pidfd_open works
+        self.code: int | None = None
+        self.footprint = footprint
+        self.stopped_with: float | None = None
+        self.closed = False
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def footprint_bytes(self) -> int:
+        return self.footprint
+
+    def peak(self) -> MemoryPeak:
+        return MemoryPeak(self.footprint, PeakMethod.SAMPLED)
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        self.stopped_with = grace
+        self.code = -15
+        return self.code
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeTarget:
+    """The scheduler's side, recorded."""
+
+    def __init__(self, live: list[Live]) -> None:
+        self.live = live
+        self.held: list[bool] = []
+        self.done: list[tuple[str, str]] = []
+
+    def live_jobs(self) -> list[Live]:
+        return list(self.live)
+
+    def hold_for_pressure(self, hold: bool) -> None:
+        self.held.append(hold)
+
+    def suspend_for_pressure(self, job_id: str, *, trial: bool = False) -> bool:
+        self.done.append(("pause" if trial else "suspend", job_id))
+        return True
+
+    def resume_after_pressure(self, job_id: str) -> bool:
+        self.done.append(("resume", job_id))
+        return True
+
+    def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
+        self.done.append(("stop", job_id))
+        return True
+
+
+def fixture_guard(tmp_path: Path, used: int, limit: int = 10 * GB) -> tuple[Guard, FakeClock]:
+    roots = v2_tree(tmp_path / "tree", "/job", {"/job": Level(limit, used + 12345, 12345)})
+    clock = FakeClock()
+    guard = Guard(
+        env=NO_DISK,
+        proc_root=roots.proc,
+        cgroup_root=roots.cgroup,
+        workspace=tmp_path,
+        clock=clock,
+    )
+    return guard, clock
