@@ -19,14 +19,14 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
   May import: ``guard``, ``kernel``.
 - ``trees``: managed process trees: launching, sampled peaks, suspension,
   orphans, readiness, the job user, the lifeline.  May import: ``kernel``.
-- ``worktrees``: a git worktree per job, and the reaper of finished ones.
+- ``worktrees``: a git worktree per job, and the pruning of finished ones.
   May import: ``guard``, ``kernel``.
 - ``jobs``: specs and states, the fair queue, the scheduler and its launch
   rounds, learned-size keys.  May import: ``worktrees``, ``trees``, ``relief``,
   ``guard``, ``kernel``.
 - ``journal``: the SQLite journal, one module per table; every SQL string of
   the project.  May import: ``jobs``, ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``.
-- ``cluster``: the Ray backend: placement on the cluster, the runner actor
+- ``cluster``: the Ray backend: placement on the cluster, the task
   that asks a node's own guard and runs the job there, the gateway's handle
   of it.  Ray itself is imported only when chosen.  May import: ``jobs``,
   ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``.

@@ -2,7 +2,8 @@
 
 :class:`roomkeeper.journal.database.Journal` provides both (its writer
 thread with group commit, one reading connection per thread).  Each table
-module (``jobs``, ``leases``, ``calls``, ``history``) writes its operations
+module (``jobs``, ``leases``, ``markers``, ``calls``, ``history``, ``worktrees``,
+``sizes``) writes its operations
 as a mixin of :class:`Store`, so that a table's schema, its SQL and its
 named operations live in one module, and ``Journal`` gathers them.  Each
 write operation is one function of a connection, so one transaction: what

@@ -11,7 +11,7 @@ gateway's whole tree (its descendants collected by pid before the kill);
 then a restart, paced by :mod:`roomkeeper.supervisor.restarts`.  Only missing healthy
 heartbeats move the stages: resource pressure never does.
 
-Decisions the issue left open:
+Choices made where the protocol allows either:
 
 * A hello with another protocol version (a gateway upgraded in place under
   a running supervisor) is supervised by the capabilities it declares, with

@@ -56,7 +56,7 @@ from roomkeeper.kernel.proc import (
 )
 
 _READY = b"ready\n"
-_KILL_DEADLINE_S = 1.5  # the whole kill must fit well inside the 2 s the issue allows
+_KILL_DEADLINE_S = 1.5  # the whole kill fits well inside 2 s
 
 
 @dataclass(frozen=True, slots=True)
