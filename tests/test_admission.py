@@ -20,7 +20,7 @@ from roomkeeper.kernel.resources import (
     Resources,
 )
 from roomkeeper.testing import FakeClock
-from tests.fakes import NO_DISK
+from tests.fakes import NO_DISK, fixture_guard
 from tests.kernel_files import Level, Roots, fixture_roots, v2_tree
 
 MIB = 2**20
@@ -315,3 +315,25 @@ def test_a_repeated_refusal_is_logged_once_per_reason(
     refusals = [r for r in caplog.records if r.getMessage().startswith("refused big")]
     assert len(refusals) == 1
     assert "even with nothing else running" in refusals[0].getMessage()
+
+
+def test_with_nothing_stated_a_job_asks_at_most_a_quarter_of_the_line(tmp_path: Path) -> None:
+    """In a 1 GiB container the 1 GiB default would never fit anything: with nothing stated or
+    learned a job is expected at a quarter of the line, and a default never "never fits"."""
+    limit = 2**30
+    line = memory_line(limit, 10.0)
+    guard, _ = fixture_guard(tmp_path / "empty", used=0, limit=limit)
+    assert guard.estimate(None) == line // 4
+    decided = guard.check()
+    assert (decided.admit, decided.estimate_bytes, decided.never_fits) == (True, line // 4, False)
+    assert guard.check(memory_bytes=limit).never_fits  # the submitter's own figure can
+    full, _ = fixture_guard(tmp_path / "full", used=line - 10 * MIB, limit=limit)
+    waits = full.check()
+    assert (waits.admit, waits.reason, waits.never_fits) == (False, Reason.MEMORY, False)
+
+
+def test_in_a_roomy_container_the_default_is_the_variable(tmp_path: Path) -> None:
+    """Where a quarter of the line is more, ROOMKEEPER_JOB_MEMORY_MB (1 GiB by default) wins."""
+    guard, _ = fixture_guard(tmp_path, used=0, limit=20 * GB)
+    assert guard.estimate(None) == 2**30
+    assert guard.check().estimate_bytes == 2**30

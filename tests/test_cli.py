@@ -48,7 +48,7 @@ def test_json_is_exactly_one_object_on_stdout_and_logs_go_to_stderr(tmp_path: Pa
 
 def test_a_refusal_is_an_answer_and_exits_zero(tmp_path: Path) -> None:
     """A job too big to fit is refused for memory, and probe still exits 0."""
-    result = probe(tmp_path, "--json", ROOMKEEPER_JOB_MEMORY_MB="100000000")
+    result = probe(tmp_path, "--json", "--memory", "100000000M")
     assert result.returncode == 0
     decision = json.loads(result.stdout)["decision"]
     assert (decision["admit"], decision["reason"]) == (False, "memory")

@@ -260,7 +260,7 @@ def test_job_release_hook_runs_when_the_job_ends(gw: RunningGateway, hooks: Hook
 
 def test_needs_you_headlines_come_from_the_vocabulary(tmp_path: Path) -> None:
     """needs-you says 'no room in the container: memory' or 'guard off', and no path."""
-    with running_gateway(tmp_path / "a", ROOMKEEPER_JOB_MEMORY_MB="100000000") as gw:
+    with running_gateway(tmp_path / "a", ROOMKEEPER_MEMORY_LIMIT_MB="1") as gw:
         answer = gw.client.get("/v1/needs-you").json()
         assert answer["headline"] == "no room in the container: memory"
         assert "/" not in answer["body"]

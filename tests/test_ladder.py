@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from roomkeeper.config import PressureSettings
@@ -327,3 +328,85 @@ def test_pressure_hold_makes_waiting_jobs_say_pressure(tmp_path: Path) -> None:
     scheduler.close()
     assert (held.state, held.reason) == (JobState.WAITING, Reason.PRESSURE)
     assert running.state is JobState.RUNNING
+
+
+class _Racing(Handle):
+    """A tree whose footprint reading lets something else happen meanwhile."""
+
+    def __init__(self, peak: int) -> None:
+        super().__init__(peak)
+        self.during_footprint: Callable[[], None] | None = None
+
+    def footprint_bytes(self) -> int:
+        if self.during_footprint is not None:
+            meanwhile, self.during_footprint = self.during_footprint, None
+            meanwhile()
+        return super().footprint_bytes()
+
+
+def test_a_reading_while_a_stopped_job_is_queued_again_stays_sighted(tmp_path: Path) -> None:
+    """A stop, a re-run and a reading together: the reading still sees every job it began with
+    (the tree it copied), and neither raises nor blinds the monitor."""
+    handles: dict[str, _Racing] = {}
+
+    def launcher(job_id: str, spec: LaunchSpec) -> _Racing:
+        handles[job_id] = _Racing(300 * MB)
+        return handles[job_id]
+
+    scheduler = Scheduler(
+        logs_dir=tmp_path,
+        launcher=launcher,
+        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+        pressure=False,
+        pressure_settings=lambda: SETTINGS,
+    )
+    try:
+        first = scheduler.submit(JobSpec(argv=["x"], memory_bytes=100 * MB))
+        second = scheduler.submit(
+            JobSpec(argv=["y"], owner="b", memory_bytes=100 * MB, restartable=True)
+        )
+        scheduler.tick()
+        assert scheduler.relief.stop_for_pressure(second.id, "test", never_fits=False)
+        deadline = time.monotonic() + 30  # the stop runs on a side thread of its own
+        while handles[second.id].code is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        scheduler.relief.hold_for_pressure(True)  # so the stopped job waits once queued again
+        # While the reading measures the first job, a round reaps the second and queues it again.
+        handles[first.id].during_footprint = scheduler.tick
+        live = scheduler.relief.live_jobs()
+        assert sorted(j.job_id for j in live) == sorted([first.id, second.id])
+        again = scheduler.get(second.id)
+        assert again.state is JobState.WAITING  # queued again, held with the launches
+        assert [s.state for s in again.history][-2:] == [JobState.RUNNING, JobState.WAITING]
+        assert [j.job_id for j in scheduler.relief.live_jobs()] == [first.id]
+    finally:
+        scheduler.close()
+
+
+def test_a_reading_that_fails_is_tried_again_at_the_next_interval() -> None:
+    """A reading that raises is logged and the next one comes one interval later, not seconds."""
+    times: list[float] = []
+
+    def read() -> Reading | None:
+        times.append(time.monotonic())
+        if len(times) == 1:
+            raise RuntimeError("a reading failed on purpose")
+        return None
+
+    monitor = PressureMonitor(
+        target=FakeTarget([]),
+        read=read,
+        cooldown=Cooldown(FakeClock()),
+        settings=lambda: SETTINGS,
+        interval=0.05,
+    )
+    monitor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(times) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        monitor.close()
+    assert len(times) >= 2
+    # One interval (50 ms), with room for a busy machine; never the seconds a backoff would take.
+    assert times[1] - times[0] < 1.0

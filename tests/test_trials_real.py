@@ -26,10 +26,11 @@ def test_lines_that_do_not_fit_start_on_trial_are_paused_and_all_finish(tmp_path
     nothing (four at their peak hold 1.6 GB: no rung of the ladder is needed)."""
     commands = tmp_path / "commands.txt"
     commands.write_text(f"{sys.executable} {GROW} 400000000 4 1\n" * 4)
-    env = batch_env(tmp_path, ROOMKEEPER_JOB_MEMORY_MB="1600")
+    env = batch_env(tmp_path)
     with child_memory_cgroup(2_000_000_000) as (version, group):
         joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
         argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--quiet"]
+        argv += ["--job-memory", "1600M"]  # stated: a default would be a quarter of the line
         before = machine_oom_kills()
         done = subprocess.run(
             [*joiner, *argv], capture_output=True, text=True, env=env, timeout=300, check=False

@@ -345,6 +345,22 @@ class GatewaySettings:
     history_max_events: int = 500
 
 
+GATEWAY_RESERVE_SHARE = 8  # unstated, the gateway's reserve is at most an eighth of the limit
+
+
+def gateway_reserve_bytes(limit_bytes: int, env: Mapping[str, str] | None = None) -> int:
+    """What the gateway keeps free for its own growth in a container of ``limit_bytes``.
+
+    ROOMKEEPER_GATEWAY_RESERVE_MB when a person set it; else its default (256 MiB), but
+    at most an eighth of the limit, so that a 256 or 512 MiB container still runs work.
+    """
+    env = os.environ if env is None else env
+    reserve = read_gateway_settings(env).gateway_reserve_bytes
+    if env.get("ROOMKEEPER_GATEWAY_RESERVE_MB", "").strip():
+        return reserve
+    return min(reserve, max(0, limit_bytes) // GATEWAY_RESERVE_SHARE)
+
+
 def read_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettings:
     """Read ROOMKEEPER_PORT, _GATEWAY_RESERVE_MB, _SHUTDOWN_S and _HISTORY_MAX_EVENTS now."""
     env = os.environ if env is None else env

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from roomkeeper.config import (
+    gateway_reserve_bytes,
     read_backend_settings,
     read_gateway_settings,
     read_pressure_settings,
@@ -286,8 +287,8 @@ class Gateway:
             return own
         return min(own, read_watchdog_settings(self.env).shutdown_s * 2 / 3)
 
-    def _gateway_reserve(self) -> int:
-        return read_gateway_settings(self.env).gateway_reserve_bytes
+    def _gateway_reserve(self, limit_bytes: int) -> int:
+        return gateway_reserve_bytes(limit_bytes, self.env)
 
     async def start(self, *, port: int | None = None, socket: str | None = None) -> None:
         """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""

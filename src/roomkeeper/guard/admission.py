@@ -57,6 +57,8 @@ from roomkeeper.guard.rule import (
     MemoryRoom,
     Reason,
     decision,
+    default_disk,
+    default_estimate,
     disk_needed,
     disk_rule,
     gb,
@@ -156,9 +158,9 @@ class Guard:
         workspace: the volume to judge; ROOMKEEPER_WORKSPACE (default ROOMKEEPER_HOME/workspace).
         clock: monotonic seconds, for the warm-up window.
         platform: ``sys.platform``; anything but Linux passes.
-        reserve: bytes kept free on top of the headroom, asked on every
-            decision (the gateway keeps ROOMKEEPER_GATEWAY_RESERVE_MB for its
-            own growth; its current footprint is already in "used").
+        reserve: bytes kept free on top of the headroom, asked with the limit on
+            every decision (the gateway keeps room for its own growth; its current
+            footprint is already in "used").
         job_groups: where job cgroups are made, or why none are, in words;
             None while nobody has asked (said in the "guard is on" line).
             The process's own answer where the roots are the real ones.
@@ -173,7 +175,7 @@ class Guard:
         workspace: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         platform: str = sys.platform,
-        reserve: Callable[[], int] | None = None,
+        reserve: Callable[[int], int] | None = None,
         job_groups: Callable[[], str | None] | None = None,
     ) -> None:
         self._env = env
@@ -326,10 +328,19 @@ class Guard:
             self._young[job_id] = _Reservation(max(0, memory_bytes), self._clock() - age_s)
 
     def estimate(self, memory_bytes: int | None) -> int:
-        """The memory a job is expected to hold: its own figure, else ROOMKEEPER_JOB_MEMORY_MB."""
+        """The memory a job is expected to hold: its own figure, else the default, which is
+        ROOMKEEPER_JOB_MEMORY_MB but at most a quarter of the line where a limit is known."""
         if memory_bytes is not None:
             return max(0, memory_bytes)
-        return read_settings(self._env).job_memory_bytes
+        settings = read_settings(self._env)
+        if not settings.guard_on or not self._platform.linux:
+            return settings.job_memory_bytes
+        memory = self._read_memory(settings)
+        if memory.limit_bytes is None:
+            return settings.job_memory_bytes
+        reserve = self._reserve_for(memory.limit_bytes)
+        line = memory_line(memory.limit_bytes, settings.memory_headroom_percent) - reserve
+        return default_estimate(settings.job_memory_bytes, line)
 
     def release(self, job_id: str) -> None:
         """End ``job_id``'s reservation, whatever its outcome; unknown ids are ignored."""
@@ -370,7 +381,7 @@ class Guard:
         memory = inputs.memory
         if memory.used_bytes is None or memory.limit_bytes is None:
             return None
-        reserve = max(0, self._reserve()) if self._reserve is not None else 0
+        reserve = self._reserve_for(memory.limit_bytes)
         line = memory_line(memory.limit_bytes, settings.memory_headroom_percent) - reserve
         with self._lock:
             self._expire(settings.job_warmup_seconds)
@@ -397,6 +408,10 @@ class Guard:
                 last_decision=self._last,
                 decisions=dict(self._counts),
             )
+
+    def _reserve_for(self, limit_bytes: int) -> int:
+        """The caller's reserve in a container of ``limit_bytes`` (none without a caller)."""
+        return max(0, self._reserve(limit_bytes)) if self._reserve is not None else 0
 
     def _expire(self, warmup: float) -> None:
         now = self._clock()
@@ -439,11 +454,16 @@ class Guard:
         if memory.used_bytes is None or memory.limit_bytes is None:
             summary = f"measurements unavailable: memory unknown ({memory.unknown_reason})"
             return decision(ask, admit=False, reason=Reason.UNKNOWN, summary=summary, memory=memory)
-        reserve = max(0, self._reserve()) if self._reserve is not None else 0
+        reserve = self._reserve_for(memory.limit_bytes)
+        if ask.defaulted:
+            line = memory_line(memory.limit_bytes, settings.memory_headroom_percent) - reserve
+            ask = replace(ask, estimate=default_estimate(settings.job_memory_bytes, line))
         room = memory_room(ask, memory, memory.used_bytes, memory.limit_bytes, settings, reserve)
         if room.total > room.line:
             return self._no_room_for_memory(ask, memory, room)
         assert disk is not None
+        if ask.disk_defaulted and disk.total_bytes is not None:
+            ask = replace(ask, job_disk=default_disk(settings.job_disk_bytes, disk.total_bytes))
         reason, summary, never = disk_rule(ask, disk, room, settings.disk_headroom_percent)
         needed = None
         if disk.total_bytes is not None:
@@ -463,7 +483,7 @@ class Guard:
     @staticmethod
     def _no_room_for_memory(ask: Ask, memory: MemoryReading, room: MemoryRoom) -> Decision:
         """Refused for memory: for now, or for ever when the job alone is above the line."""
-        never = ask.estimate > room.line
+        never = ask.estimate > room.line and not ask.defaulted
         if never:
             summary = (
                 f"no room for memory even with nothing else running (GB): job "
@@ -491,6 +511,8 @@ class Guard:
         return Ask(
             job_id=job_id,
             estimate=settings.job_memory_bytes if memory_bytes is None else max(0, memory_bytes),
+            defaulted=memory_bytes is None,
+            disk_defaulted=disk_bytes is None,
             job_disk=settings.job_disk_bytes if disk_bytes is None else max(0, disk_bytes),
             reserved=sum(r.held for r in young),
             young=len(young),

@@ -88,6 +88,25 @@ def memory_line(limit: int, headroom_percent: float) -> int:
     return limit - min(int(limit * headroom_percent / 100), MEMORY_HEADROOM_CAP)
 
 
+DEFAULT_SHARE_OF_LINE = 4  # with nothing stated or learned, a job is at most a quarter of the line
+
+
+def default_estimate(job_memory_bytes: int, line: int) -> int:
+    """A job's estimate when nobody stated or learned one: ROOMKEEPER_JOB_MEMORY_MB, but never
+    more than a quarter of the line, so that a small container still runs unknown work (and
+    its growth, measured, decides the rest)."""
+    return min(job_memory_bytes, max(0, line) // DEFAULT_SHARE_OF_LINE)
+
+
+DEFAULT_SHARE_OF_VOLUME = 2  # with nothing stated, a job's disk ask is at most half the volume
+
+
+def default_disk(job_disk_bytes: int, total: int) -> int:
+    """A job's disk ask when it stated none: ROOMKEEPER_JOB_DISK_MB, but never more than half
+    the volume, so that a small volume (a container's /tmp) still runs work."""
+    return min(job_disk_bytes, max(0, total) // DEFAULT_SHARE_OF_VOLUME)
+
+
 def disk_needed(job_disk: int, total: int, headroom_percent: float) -> int:
     """Free space a start needs: ``job_disk + min(total x headroom%, 10 GB)``."""
     return job_disk + min(int(total * headroom_percent / 100), DISK_HEADROOM_CAP)
@@ -111,6 +130,8 @@ class Ask:
     job_disk: int
     reserved: int  # what the other young jobs hold now
     young: int  # how many other young jobs hold it
+    defaulted: bool = False  # the estimate is a default, not the job's own: never "never fits"
+    disk_defaulted: bool = False  # likewise for the disk ask
 
 
 @dataclass(frozen=True, slots=True)

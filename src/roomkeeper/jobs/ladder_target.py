@@ -15,11 +15,12 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from roomkeeper.errors import SuspendError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.book import JobBook, JobRecord, RemoteHandle
+from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteHandle
 from roomkeeper.jobs.rounds import LaunchRounds
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.relief.ladder import Live
@@ -27,6 +28,20 @@ from roomkeeper.relief.ladder import Live
 log = logging.getLogger("roomkeeper")
 
 SUSPEND_TIMEOUT_S = 2.0  # a tree that does not freeze in this time is let go on and stopped
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """What the ladder needs of one live job, copied under the scheduler's lock."""
+
+    job_id: str
+    handle: Handle
+    started: float
+    estimate: int
+    state: JobState
+    reason: Reason | None
+    restartable: bool
+    stopping: bool
 
 
 class SchedulerRelief:
@@ -63,47 +78,58 @@ class SchedulerRelief:
 
         A job on another machine (the Ray backend) is not in this container's
         reading: its own node's guard watches it, and ours never touches it.
+        What the ladder needs of each job is copied under the lock: a job
+        stopped and queued again meanwhile loses its handle, and a reading must
+        not trip over that (it reads the handle it copied, which is closed at
+        worst: its footprint is then 0).
         """
         with self._lock:
-            jobs = [
-                j
+            seen = [
+                _Seen(
+                    j.id,
+                    j.handle,
+                    j.started or 0.0,
+                    j.estimate.bytes,
+                    j.state,
+                    j.reason,
+                    j.spec.restartable,
+                    j.stop_cause is not None,
+                )
                 for j in self._rounds.running.values()
                 if j.handle is not None and not isinstance(j.handle, RemoteHandle)
             ]
         on_trial = set(self._guard.trials())
-        oldest = min(jobs, key=lambda j: j.started or 0.0, default=None)  # as the ladder ranks
-        if oldest is not None and oldest.id in on_trial:  # the oldest live job is never paused
-            self._guard.end_trial(oldest.id)
-            on_trial.discard(oldest.id)
-        live = []
-        for job in jobs:  # footprints are read outside the lock: they read kernel files
-            handle = job.handle
-            assert handle is not None
-            footprint = 0
-            suspended = job.state is JobState.SUSPENDED
-            with contextlib.suppress(Exception):
-                footprint = handle.footprint_bytes()
-                # Every reading tells the guard: the claims a job on trial is paused and
-                # resumed against must move while launches are held (no round reports then).
-                # A suspended job's stillness is no settling: it is not reported.
-                if not suspended:
-                    self._guard.report_measured(job.id, footprint)
-            live.append(
-                Live(
-                    job_id=job.id,
-                    started=job.started or 0.0,
-                    footprint=footprint,
-                    estimate=job.estimate.bytes,
-                    suspended=suspended,
-                    suspendable=handle.suspendable,
-                    restartable=job.spec.restartable,
-                    stopping=job.stop_cause is not None,
-                    # Paused on trial, it stays the trial rule's to resume even if its
-                    # trial ended meanwhile: a pause is not a ladder suspension.
-                    trial=job.id in on_trial or (suspended and job.reason is Reason.ON_TRIAL),
-                )
-            )
-        return live
+        oldest = min(seen, key=lambda j: j.started, default=None)  # as the ladder ranks
+        if oldest is not None and oldest.job_id in on_trial:  # the oldest is never paused
+            self._guard.end_trial(oldest.job_id)
+            on_trial.discard(oldest.job_id)
+        return [self._live(job, on_trial) for job in seen]
+
+    def _live(self, job: _Seen, on_trial: set[str]) -> Live:
+        """One job as the ladder sees it, its footprint read now (outside the lock: it reads
+        kernel files)."""
+        footprint = 0
+        suspended = job.state is JobState.SUSPENDED
+        with contextlib.suppress(Exception):
+            footprint = job.handle.footprint_bytes()
+            # Every reading tells the guard: the claims a job on trial is paused and
+            # resumed against must move while launches are held (no round reports then).
+            # A suspended job's stillness is no settling: it is not reported.
+            if not suspended:
+                self._guard.report_measured(job.job_id, footprint)
+        return Live(
+            job_id=job.job_id,
+            started=job.started,
+            footprint=footprint,
+            estimate=job.estimate,
+            suspended=suspended,
+            suspendable=job.handle.suspendable,
+            restartable=job.restartable,
+            stopping=job.stopping,
+            # Paused on trial, it stays the trial rule's to resume even if its
+            # trial ended meanwhile: a pause is not a ladder suspension.
+            trial=job.job_id in on_trial or (suspended and job.reason is Reason.ON_TRIAL),
+        )
 
     def hold_for_pressure(self, hold: bool) -> None:
         """Hold launches (reason ``pressure``), or let them go and wake the scheduler."""
@@ -115,18 +141,20 @@ class SchedulerRelief:
     def suspend_for_pressure(self, job_id: str, *, trial: bool = False) -> bool:
         """Suspend the job's whole tree; its state becomes ``suspended``, with reason
         ``memory_pressure``, or ``on_trial`` for the pause of a job on trial."""
-        job = self._live(job_id)
-        if job is None or job.state is JobState.SUSPENDED:
+        found = self._running(job_id)
+        if found is None or found[0].state is JobState.SUSPENDED:
             return False
-        assert job.handle is not None  # _live returns only jobs with a handle
-        if not job.handle.suspendable:
+        job, handle = found
+        if not handle.suspendable:
             return False
         try:
-            job.handle.suspend(timeout=SUSPEND_TIMEOUT_S)
+            handle.suspend(timeout=SUSPEND_TIMEOUT_S)
         except SuspendError as err:
             log.warning("memory pressure: job %s could not be suspended: %s", job_id, err)
             return False
         with self._lock:
+            if job.handle is not handle:  # stopped and queued again meanwhile: a new run
+                return False
             if job.state is not JobState.RUNNING or job.stop_cause is not None:
                 return True  # it ended or is being stopped meanwhile: the stop resumes it
             reason = Reason.ON_TRIAL if trial else Reason.MEMORY_PRESSURE
@@ -136,19 +164,19 @@ class SchedulerRelief:
 
     def resume_after_pressure(self, job_id: str) -> bool:
         """Let a suspended tree go on; its state is ``running`` again."""
-        job = self._live(job_id)
-        if job is None or job.state is not JobState.SUSPENDED:
+        found = self._running(job_id)
+        if found is None or found[0].state is not JobState.SUSPENDED:
             return False
-        assert job.handle is not None  # _live returns only jobs with a handle
-        if not job.handle.suspendable:
+        job, handle = found
+        if not handle.suspendable:
             return False
         try:
-            job.handle.resume()
+            handle.resume()
         except SuspendError as err:
             log.warning("job %s could not be resumed: %s", job_id, err)
             return False
         with self._lock:
-            if job.state is JobState.SUSPENDED:
+            if job.state is JobState.SUSPENDED and job.handle is handle:
                 self._book.record(job, JobState.RUNNING, None)
         self._flush()
         return True
@@ -166,7 +194,10 @@ class SchedulerRelief:
         self._wake()  # the round reaps it as soon as it is gone
         return True
 
-    def _live(self, job_id: str) -> JobRecord | None:
+    def _running(self, job_id: str) -> tuple[JobRecord, Handle] | None:
+        """The running job and its handle as they are now, both taken under the lock."""
         with self._lock:
             job = self._rounds.running.get(job_id)
-            return job if job is not None and job.handle is not None else None
+            if job is None or job.handle is None:
+                return None
+            return job, job.handle

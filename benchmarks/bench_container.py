@@ -1,0 +1,198 @@
+"""A small container, as people run one: ``roomkeeper batch`` with no sizes, and with sizes 4x too
+small under ``--strict``, judged by jobs done, OOM kills and the relief ladder's reaction.
+
+Each job grows to 25..45 % of the container (seeded) over ``--grow`` seconds and holds its
+peak for ``--hold`` seconds.  Two runs:
+
+- (1) no ``--job-memory``, the ``pack`` policy: the default estimate must fit the container
+  (at most a quarter of its line), and measured growth, trials and the ladder do the rest;
+- (2) ``--strict --job-memory S/4``, S the smallest job: every estimate at least 4x too
+  small, so only the relief ladder keeps the kernel's OOM killer out.
+
+Where it runs:
+
+- by default, in a fresh child memory group with ``--limit`` under this process's own group
+  (needs root and a writable cgroup file system; removed afterwards);
+- with ``--here``, in this process's own group as it is: the container itself, read-only
+  cgroup file system included (the layout Docker and Kubernetes give by default).
+
+Prints, per run: jobs done, OOM kills (the group's counter and the machine's), wall time,
+and the ladder's holds, suspensions, stops and reaction p50/max from the batch's summary.
+
+Usage:
+    python benchmarks/bench_container.py [--here] [--limit 1G] [--jobs 8] [--grow 3]
+        [--hold 2] [--seed 7] [--runs 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from roomkeeper.kernel.job_cgroups import job_cgroup_parent
+from roomkeeper.kernel.oom_kills import group_oom_kills, machine_oom_kills
+from roomkeeper.kernel.resources import read_pressure_inputs
+from roomkeeper.units import parse_size
+
+HERE = Path(__file__).resolve().parent
+GROW = HERE / "grow.py"
+SHARES = (0.25, 0.45)  # each job's peak, as a share of the container's limit
+
+
+def pressure_line(stderr_text: str) -> str:
+    """The ladder's counts and reaction times, from ``roomkeeper batch``'s summary."""
+    for line in stderr_text.splitlines():
+        if line.startswith("memory pressure: holds"):
+            return line.removeprefix("memory pressure: ")
+    return "no pressure line in the batch's summary"
+
+
+def own_group() -> tuple[Path | None, int | None, int]:
+    """(this process's memory group, its cgroup version, its limit) as roomkeeper reads them."""
+    inputs = read_pressure_inputs()
+    if inputs.memory.limit_bytes is None:
+        sys.exit(f"no memory limit could be read here: {inputs.memory.unknown_reason}")
+    directory = None if inputs.directory is None else Path(inputs.directory)
+    return directory, inputs.version, inputs.memory.limit_bytes
+
+
+@contextlib.contextmanager
+def child_group(limit: int) -> object:
+    """A fresh child memory group with ``limit`` where roomkeeper makes job groups."""
+    place = job_cgroup_parent()
+    if place is None or os.geteuid() != 0:
+        sys.exit("a child group needs root and a writable cgroup memory controller (or --here)")
+    group = Path(place.directory) / f"rkbench-{os.getpid()}"
+    group.mkdir()
+    try:
+        name = "memory.max" if place.version == 2 else "memory.limit_in_bytes"
+        (group / name).write_text(str(limit))
+        yield group, place.version
+    finally:
+        deadline = time.monotonic() + 30
+        while True:
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)  # what the batch we started left
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def run_batch(
+    argv: list[str],
+    commands: Path,
+    join: Path | None,
+    counter: Path | None,
+    version: int | None,
+    env: dict[str, str],
+) -> tuple[float, int, str]:
+    """Run the batch (moved into ``join`` first, when given); (wall s, OOM kills, stderr).
+
+    The kills are the larger of ``counter``'s own count and the machine's.
+    """
+    joiner = [] if join is None else ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"']
+    if join is not None:
+        joiner.append(str(join / "cgroup.procs"))
+    before_group = 0
+    if counter is not None and version is not None:
+        before_group = group_oom_kills(counter, version)
+    before_machine = machine_oom_kills()
+    start = time.monotonic()
+    done = subprocess.run(
+        [*joiner, *argv, str(commands)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        check=False,
+    )
+    wall = time.monotonic() - start
+    kills = machine_oom_kills() - before_machine
+    if counter is not None and version is not None:
+        kills = max(kills, group_oom_kills(counter, version) - before_group)
+    return wall, kills, done.stderr
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--here", action="store_true", help="run in this process's own group")
+    parser.add_argument("--limit", default="1G", help="the child group's limit (not with --here)")
+    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--grow", type=float, default=3.0, help="seconds each job grows")
+    parser.add_argument("--hold", type=float, default=2.0, help="seconds each job holds its peak")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--runs", default="1,2", help="which runs: 1 (no sizes), 2 (strict)")
+    args = parser.parse_args()
+
+    with contextlib.ExitStack() as stack:
+        if args.here:
+            group, version, limit = own_group()
+            where = f"this container ({group}, cgroup v{version})"
+        else:
+            limit = parse_size(args.limit)
+            group, version = stack.enter_context(child_group(limit))  # type: ignore[misc]
+            where = f"a child group {group} (cgroup v{version})"
+        rng = random.Random(args.seed)
+        sizes = [int(limit * rng.uniform(*SHARES)) for _ in range(args.jobs)]
+        too_small = max(1, min(sizes) // 4)
+        print(
+            f"{where}, limit {limit / 2**20:.0f} MiB; {args.jobs} jobs of "
+            f"{min(sizes) / 1e6:.0f}..{max(sizes) / 1e6:.0f} MB, grow {args.grow} s, "
+            f"hold {args.hold} s",
+            flush=True,
+        )
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+        env.update(ROOMKEEPER_HOME=str(tmp / "home"), ROOMKEEPER_CPU_PRESSURE_PERCENT="100")
+        rk = [sys.executable, "-m", "roomkeeper", "batch", "--quiet"]
+        runs = {
+            "1": ("(1) no sizes", rk),
+            "2": (
+                f"(2) --strict --job-memory {too_small // 2**20}M",
+                [*rk, "--strict", "--job-memory", f"{too_small // 2**20}M"],
+            ),
+        }
+        for key in args.runs.split(","):
+            name, argv = runs[key.strip()]
+            done_dir = tmp / f"done-{key}"
+            done_dir.mkdir()
+            commands = tmp / f"commands-{key}.txt"
+            commands.write_text(
+                "".join(
+                    f"{sys.executable} {GROW} {size} {args.grow} {args.hold} {done_dir / str(i)}\n"
+                    for i, size in enumerate(sizes)
+                )
+            )
+            join = None if args.here else group
+            wall, kills, stderr = run_batch(argv, commands, join, group, version, env)
+            completed = len(list(done_dir.iterdir()))
+            print(
+                f"{name:34s} done {completed}/{args.jobs}  OOM kills {kills}  wall {wall:6.1f} s"
+                f"  {pressure_line(stderr)}",
+                flush=True,
+            )
+            guard_line = re.search(r"roomkeeper guard is on \{.*\}", stderr)
+            wakes = re.search(r"pressure monitor(?: wakes on)?:? [^\n]*", stderr)
+            for found in (guard_line, wakes):
+                if found is not None:
+                    print(f"    {found.group(0)[:300]}", flush=True)
+            if completed < args.jobs:
+                print("    " + "\n    ".join(stderr.splitlines()[-15:]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
