@@ -21,7 +21,7 @@ and the ladder's holds, suspensions, stops and reaction p50/max from the batch's
 
 Usage:
     python benchmarks/bench_container.py [--here] [--limit 1G] [--jobs 8] [--grow 3]
-        [--hold 2] [--seed 7] [--runs 1,2]
+        [--hold 2] [--seed 7] [--runs 1,2] [--env NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -136,6 +136,9 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=2.0, help="seconds each job holds its peak")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--runs", default="1,2", help="which runs: 1 (no sizes), 2 (strict)")
+    parser.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE for the batch (repeatable)"
+    )
     args = parser.parse_args()
 
     with contextlib.ExitStack() as stack:
@@ -158,6 +161,7 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
         env.update(ROOMKEEPER_HOME=str(tmp / "home"), ROOMKEEPER_CPU_PRESSURE_PERCENT="100")
+        env.update(item.split("=", 1) for item in args.env)
         rk = [sys.executable, "-m", "roomkeeper", "batch", "--quiet"]
         runs = {
             "1": ("(1) no sizes", rk),

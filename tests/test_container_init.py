@@ -9,6 +9,7 @@ way ``docker stop`` does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -51,6 +52,7 @@ def pid1(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], psutil.Proce
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("a PID namespace needs root and util-linux's unshare (CI has both)")
     port = free_port()
+    init: psutil.Process | None = None
     env = gateway_env(tmp_path, ROOMKEEPER_SHUTDOWN_S="6")
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
@@ -83,7 +85,21 @@ def pid1(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], psutil.Proce
         init = psutil.Process(proc.pid).children()[0]
         yield proc, init, url, Path(env["ROOMKEEPER_HOME"])
     finally:
-        stop_process(proc)
+        _end_namespace(proc, init)
+
+
+def _end_namespace(proc: subprocess.Popen[bytes], init: psutil.Process | None) -> None:
+    """Stop the namespace we made: SIGTERM to its init (unshare does not pass signals on),
+    then SIGKILL, which takes every process of the namespace with it."""
+    with contextlib.suppress(psutil.Error):
+        if init is None:
+            return
+        init.terminate()
+        try:
+            init.wait(timeout=30)
+        except psutil.TimeoutExpired:
+            init.kill()
+    stop_process(proc)
 
 
 def _gateway(init: psutil.Process) -> psutil.Process | None:

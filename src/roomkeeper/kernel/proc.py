@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -57,6 +59,42 @@ def scan_proc(proc_root: str = PROC_ROOT) -> dict[int, ProcStat]:
         if name.isdigit() and (stat := read_stat(int(name), proc_root)) is not None:
             table[int(name)] = stat
     return table
+
+
+SHARED_SCAN_SECONDS = 0.05  # a walk of /proc this recent serves every tree measured now
+
+
+class _SharedScan:
+    """The latest walk of ``/proc`` and when it was taken (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: tuple[float, str, dict[int, ProcStat]] | None = None
+
+    def get(self, proc_root: str, max_age_s: float) -> dict[int, ProcStat]:
+        with self._lock:
+            now = time.monotonic()
+            latest = self._latest
+            if latest is not None and latest[1] == proc_root and now - latest[0] < max_age_s:
+                return latest[2]
+            table = scan_proc(proc_root)
+            self._latest = (now, proc_root, table)
+            return table
+
+
+_SHARED = _SharedScan()
+
+
+def recent_scan(
+    proc_root: str = PROC_ROOT, *, max_age_s: float = SHARED_SCAN_SECONDS
+) -> dict[int, ProcStat]:
+    """The machine's processes, walked again only when the last walk is older than
+    ``max_age_s``: a reading that measures many trees without job groups (the pressure
+    monitor's, every 100 ms) then costs one walk of ``/proc``, not one per tree.
+
+    Membership may be that old; what each member holds is read fresh by the caller.
+    """
+    return _SHARED.get(proc_root, max_age_s)
 
 
 def cgroup_members(directory: str) -> set[int]:

@@ -36,7 +36,7 @@ from roomkeeper.kernel.proc import (
     ProcStat,
     cgroup_members,
     kill_cgroup,
-    scan_proc,
+    recent_scan,
     tree_members,
 )
 from roomkeeper.trees.lifeline import Lifeline
@@ -164,7 +164,7 @@ class ManagedProcess:
                 # trampoline), and only a privileged process can move one out.
                 table, pids = {}, cgroup_members(self._cgroup.directory)
             else:
-                table = scan_proc() if table is None else table
+                table = recent_scan() if table is None else table
                 seeds = [pid for pid, proc in self._members.items() if proc.is_running()]
                 pids = tree_members(table, self.pid, None, seeds)
             pids.discard(self.pid)
