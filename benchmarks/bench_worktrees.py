@@ -93,7 +93,7 @@ def run(trees: int, files: int, tmp: Path) -> None:
             started = time.perf_counter()
             tree = ws.prepare(job)
             made.append(time.perf_counter() - started)
-            ended = replace(job, state=JobState.EXITED, workspace=tree)
+            ended = replace(job, state=JobState.EXITED, worktree=tree)
             journal.record_launch(ended).result()
             journal.record_job(ended).result()
         started = time.perf_counter()

@@ -430,3 +430,25 @@ def test_a_pending_release_hook_holds_only_its_own_jobs_memory(tmp_path: Path) -
         assert guard.statistics().reserved_bytes == 0
     finally:
         scheduler.close(grace=0)
+
+
+def test_building_or_closing_a_scheduler_moves_no_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler built and closed unused changes nothing outside it; start() (or a first
+    launch) makes this process a subreaper and sets up job groups, once."""
+    from roomkeeper.jobs import rounds
+
+    calls: list[str] = []
+    monkeypatch.setattr(rounds, "become_subreaper", lambda: calls.append("subreaper"))
+    monkeypatch.setattr(rounds, "prepare_job_groups", lambda: calls.append("job groups"))
+    unused = Scheduler(logs_dir=tmp_path / "a", pressure=False)
+    unused.close()
+    assert calls == []
+    started = Scheduler(logs_dir=tmp_path / "b", pressure=False)
+    try:
+        started.prepare()
+        started.start()
+        assert calls == ["subreaper", "job groups"]
+    finally:
+        started.close()

@@ -155,7 +155,7 @@ def test_a_killed_batchs_tree_stops_being_protected_by_its_row(
     view = job_view("1", repo)
     tree = ws.prepare(view)
     assert tree is not None
-    line = replace(view, workspace=tree, state=JobState.RUNNING)
+    line = replace(view, worktree=tree, state=JobState.RUNNING)
     batch = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         journal.record_worktree(line, process_identity(batch.pid)).result(timeout=10)
@@ -200,7 +200,7 @@ def test_the_registry_row_is_written_with_the_launch_in_one_transaction(
 ) -> None:
     """A launch that fails to save saves neither its job row nor its tree's row."""
     tree = Worktree(str(tmp_path / "t"), str(repo), "roomkeeper/x")
-    view = replace(job_view("x", repo), workspace=tree, state=JobState.RUNNING)
+    view = replace(job_view("x", repo), worktree=tree, state=JobState.RUNNING)
     broken = replace(view, spec=replace(view.spec, argv=[object()]))  # spec_json fails
     with pytest.raises(TypeError):
         journal.record_launch(broken).result(timeout=10)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The scheduler's launch path with workspaces: the tree after admission, the disk reap
+"""The scheduler's launch path with worktrees: the tree after admission, the disk reap
 before a refusal, the command inside its tree."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Recorder:
         self.handles: dict[str, FakeHandle] = {}
 
     def before_launch(self, view: JobView) -> None:
-        self.events.append(("marker", view.workspace.path if view.workspace else None))
+        self.events.append(("marker", view.worktree.path if view.worktree else None))
 
     def __call__(self, job_id: str, spec: LaunchSpec) -> FakeHandle:
         self.events.append(("spawn", spec.cwd))
@@ -93,8 +93,8 @@ def test_the_tree_is_made_after_admission_and_before_the_marker_and_the_spawn(
         sched.tick()
         job = sched.get(view.id)
         assert job.state is JobState.RUNNING, job.error
-        assert job.workspace is not None and job.workspace.branch == f"roomkeeper/{view.id}"
-        assert recorder.events == [("marker", job.workspace.path), ("spawn", job.workspace.path)]
+        assert job.worktree is not None and job.worktree.branch == f"roomkeeper/{view.id}"
+        assert recorder.events == [("marker", job.worktree.path), ("spawn", job.worktree.path)]
     finally:
         for handle in recorder.handles.values():
             handle.code = 0
@@ -204,8 +204,8 @@ def test_a_real_command_runs_inside_its_tree_on_its_branch(
         done = sched.wait(view.id, timeout=60)
         assert done.state is JobState.EXITED, done.error
         where, branch, listing = Path(done.log_path).read_text().split("\n", 2)
-        assert done.workspace is not None
-        assert os.path.realpath(where) == os.path.realpath(done.workspace.path)
+        assert done.worktree is not None
+        assert os.path.realpath(where) == os.path.realpath(done.worktree.path)
         assert branch == f"roomkeeper/{view.id}"
         assert "README" in listing
         assert git(where, "status", "--porcelain") == ""

@@ -1,4 +1,4 @@
-"""Real git repositories and a small file system for the workspace tests.
+"""Real git repositories and a small file system for the worktree tests.
 
 A tmpfs of a few hundred MB is mounted as ROOMKEEPER_WORKSPACE and
 unmounted in a finalizer even when the test fails; repositories live in
@@ -118,7 +118,7 @@ def record_running(journal: Journal, view: JobView, tree: Worktree) -> JobView:
     running = replace(
         view,
         state=JobState.RUNNING,
-        workspace=tree,
+        worktree=tree,
         started_at=time.time(),
         history=(*view.history, Transition(JobState.RUNNING, time.time(), None)),
     )

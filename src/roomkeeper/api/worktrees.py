@@ -1,4 +1,4 @@
-"""The workspace routes: ``GET /v1/workspaces``, jobs' git worktrees and why each stays."""
+"""The worktree routes: ``GET /v1/workspaces``, jobs' git worktrees and why each stays."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def batch_worktrees(repo: str, journal: Journal) -> BatchWorktrees:
         journal.record_worktree(view, owner).result(timeout=REGISTER_TIMEOUT_S)
 
     def follow(view: JobView) -> None:
-        if view.workspace is not None:
+        if view.worktree is not None:
             journal.record_worktree_state(view)
 
     return BatchWorktrees(

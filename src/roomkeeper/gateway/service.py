@@ -184,6 +184,9 @@ class Gateway:
             home=home, env=env, token=token, journal=journal, channel=channel, job_user=job_user
         )
         gateway.say_who_jobs_run_as()
+        # Before recovery: on cgroup v2 the last run's job groups are found beside the
+        # leaf this process moves into, so it must be there first.
+        gateway.scheduler.prepare()
         gateway._recover(previous_pid)
         return gateway
 

@@ -67,7 +67,7 @@ class Decision:
             its memory estimate is above the line, or its disk need above the
             volume's total.  Waiting would be for ever: such a job is failed at once.
         disk_needed_bytes: the free space the disk rule asked for (the guard's
-            own line: what a disk reap must reach), when disk was judged.
+            own line: what pruning worktrees must reach), when disk was judged.
     """
 
     job_id: str

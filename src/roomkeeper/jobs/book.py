@@ -121,7 +121,7 @@ class JobRecord:
     stop_reason: Reason | None = None
     reruns: int = 0  # times the relief ladder stopped it and queued it again
     history: list[Transition] = field(default_factory=list)
-    workspace: Worktree | None = None
+    worktree: Worktree | None = None
 
 
 class JobBook:
@@ -275,7 +275,7 @@ class JobBook:
             history=tuple(job.history),
             pid=job.handle.pid if job.handle is not None else None,
             peak_method=job.peak_method,
-            workspace=job.workspace,
+            worktree=job.worktree,
             estimate_bytes=job.estimate.bytes,
             estimate_source=job.estimate.source,
         )

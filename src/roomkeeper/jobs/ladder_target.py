@@ -51,7 +51,7 @@ class SchedulerRelief:
         lock: the scheduler's lock.
         book: its job book.
         rounds: its launch rounds (the running jobs, the launch hold, the stop).
-        guard: asked for a job's estimate when it stated none.
+        guard: told each job's footprint, and asked which jobs are on trial.
         wake: wakes the scheduler's loop (launches may go on again).
         flush: hands recorded changes to ``on_change``, outside the lock.
     """
@@ -108,8 +108,10 @@ class SchedulerRelief:
     def _live(self, job: _Seen, on_trial: set[str]) -> Live:
         """One job as the ladder sees it, its footprint read now (outside the lock: it reads
         kernel files)."""
-        footprint = 0
+        footprint, suspendable = 0, False
         suspended = job.state is JobState.SUSPENDED
+        with contextlib.suppress(Exception):  # one broken handle never blinds the monitor
+            suspendable = job.handle.suspendable
         with contextlib.suppress(Exception):
             footprint = job.handle.footprint_bytes()
             # Every reading tells the guard: the claims a job on trial is paused and
@@ -123,7 +125,7 @@ class SchedulerRelief:
             footprint=footprint,
             estimate=job.estimate,
             suspended=suspended,
-            suspendable=job.handle.suspendable,
+            suspendable=suspendable,
             restartable=job.restartable,
             stopping=job.stopping,
             # Paused on trial, it stays the trial rule's to resume even if its

@@ -125,6 +125,7 @@ class LaunchRounds:
         self._limits = settings.limits
         self._lifeline: Lifeline | None = None
         self._ready = settings.launcher is not None  # a launcher of the caller's needs nothing
+        self._ready_lock = threading.Lock()
         launcher = settings.launcher
         if launcher is None:
             self._lifeline = Lifeline()
@@ -150,15 +151,16 @@ class LaunchRounds:
 
     def start(self) -> None:
         """Make this process ready to launch trees here, and start the lifeline."""
-        self._make_ready()
+        self.prepare()
         if self._lifeline is not None:
             self._lifeline.start()  # now, so the first launch does not wait for it
 
-    def _make_ready(self) -> None:
+    def prepare(self) -> None:
         """Once, before the first launch here: adopt orphans, and set up job groups."""
-        if self._ready:
-            return
-        self._ready = True
+        with self._ready_lock:
+            if self._ready:
+                return
+            self._ready = True
         # Orphans of our jobs reparent to us, so a tree stays findable.
         become_subreaper()
         # Now, before the guard's first decision says where job groups go
@@ -284,7 +286,6 @@ class LaunchRounds:
 
     def launch_round(self) -> None:
         """Launch what fits, in the queue's order, until nothing may or the guard refuses."""
-        self._make_ready()  # a scheduler ticked without start() still launches as one started
         limits = self._limits()
         while True:
             with self._lock:
@@ -297,12 +298,13 @@ class LaunchRounds:
                     for j in self.running.values()
                     if j.handle is not None and j.state is not JobState.SUSPENDED
                 ]  # a suspended job's stillness is no settling
+            self.prepare()  # before the first judgement: it says where job groups go
             for other in young:  # measured reservations: never count a job twice
                 with contextlib.suppress(Exception):
                     assert other.handle is not None
                     self._guard.report_measured(other.id, other.handle.footprint_bytes())
             decision = self._judge(job)
-            tree, unprepared = self._make_tree(job) if decision.admit else (None, None)
+            worktree, unprepared = self._make_worktree(job) if decision.admit else (None, None)
             with self._lock:
                 if job.state is not JobState.WAITING:  # cancelled while it was judged
                     self._guard.release(job.id)
@@ -314,7 +316,7 @@ class LaunchRounds:
                     self._fail_never_fits(job, decision)
                     continue
                 if decision.admit:
-                    job.workspace = tree
+                    job.worktree = worktree
                     self._start(job, limits)
                     continue
                 self.refusals[decision.reason.value] += 1
@@ -352,7 +354,7 @@ class LaunchRounds:
             policy=job.spec.memory_policy,
         )
 
-    def _make_tree(self, job: JobRecord) -> tuple[Worktree | None, Exception | None]:
+    def _make_worktree(self, job: JobRecord) -> tuple[Worktree | None, Exception | None]:
         """The job's git worktree, made or reused after admission (lock not held)."""
         if job.spec.worktree is None:
             return None, None
@@ -423,7 +425,7 @@ class LaunchRounds:
         spec = LaunchSpec(
             argv=job.spec.argv,
             log_path=job.log_path,
-            cwd=job.workspace.path if job.workspace is not None else job.spec.cwd,
+            cwd=job.worktree.path if job.worktree is not None else job.spec.cwd,
             env=job.spec.environment(),
             nice=limits.worker_nice,
             shell=job.spec.shell,

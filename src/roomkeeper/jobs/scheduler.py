@@ -207,6 +207,9 @@ class Scheduler:
         """
         spec.check()
         limits = self._limits()
+        # Read outside the lock (it reads the container), and only when the job has no size.
+        default = self._guard.estimate(None) if spec.memory_estimate is None else 0
+        estimate = spec.resolve_estimate(default)
         with self._lock:
             if self._closing:
                 raise QueueFullError("the scheduler is shutting down", reason="closing")
@@ -217,7 +220,6 @@ class Scheduler:
             now = self._clock()
             deadline = now + spec.timeout_s if spec.timeout_s is not None else None
             log_path = str(self._logs_dir / f"{job_id}.log")
-            estimate = spec.resolve_estimate(self._guard.estimate(None))
             job = JobRecord(job_id, spec, log_path, now, deadline, estimate)
             self._book.add(job)
             self._queue.push(spec.owner, job)
@@ -343,6 +345,12 @@ class Scheduler:
         pending.add_done_callback(offered_again)
 
     # -------------------------------------------------------------- the loop
+
+    def prepare(self) -> None:
+        """Make this process ready to launch trees here (it adopts its jobs' orphans, and on
+        cgroup v2 moves into a leaf so that job groups can be made); :meth:`start` and the
+        first launch do it too.  Idempotent."""
+        self._rounds.prepare()
 
     def start(self) -> None:
         """Run rounds on a thread until :meth:`close`."""

@@ -58,8 +58,11 @@ class EstimateSource(enum.Enum):
 class Estimate:
     """A job's memory estimate, resolved once when it is submitted, and where it came from.
 
-    Every consumer (the guard, the relief ladder, a launch on another machine,
-    the job view) reads this one figure, so none of them can disagree.
+    The relief ladder, placement and a launch on another machine, the hold
+    after a job ends and the job view all read this one figure.  The guard's
+    admission is told the figure when it was stated or learned; for a default
+    it applies its own default of the moment (:attr:`known` is None), which
+    follows the container's line should it have moved since submission.
     """
 
     bytes: int
@@ -249,7 +252,7 @@ class JobView:
         exit_code: the leader's exit status; negative for a signal, as subprocess reports.
         peak_bytes: the highest memory its tree held, when measured.
         peak_method: how ``peak_bytes`` was taken (the journal keeps the bytes only).
-        workspace: the git worktree the job runs in, once made (its spec asked for one).
+        worktree: the git worktree the job runs in, once made (its spec asked for one).
         error: why it could not start (state ``failed``).
         history: every state change, oldest first.
     """
@@ -268,7 +271,7 @@ class JobView:
     history: tuple[Transition, ...]
     pid: int | None = None
     peak_method: PeakMethod | None = None
-    workspace: Worktree | None = None  # the job's git worktree, once made
+    worktree: Worktree | None = None  # the job's git worktree, once made
     estimate_bytes: int | None = None  # the memory estimate it was resolved with at submission
     estimate_source: EstimateSource = EstimateSource.DEFAULT  # where that estimate came from
 

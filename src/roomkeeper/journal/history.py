@@ -53,7 +53,7 @@ class RecoveryCode(enum.Enum):
     PRESSURE_STOPPED = "pressure_stopped"  # a tree was stopped (output kept), cooldown started
     PRESSURE_NEVER_FITS = "pressure_never_fits"  # a job alone outgrew the container: stopped
     WORKSPACES_REAPED = "workspaces_reaped"  # finished jobs' trees removed to free disk
-    REAP_REFUSED = "reap_refused"  # the workspace registry was unreadable: nothing removed
+    REAP_REFUSED = "reap_refused"  # the worktree registry was unreadable: nothing removed
 
 
 # Numbers only, by name: resource evidence and counts.

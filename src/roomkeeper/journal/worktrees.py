@@ -1,4 +1,4 @@
-"""The workspace registry: which git worktree belongs to which job, and that job's state.
+"""The worktree registry: which git worktree belongs to which job, and that job's state.
 
 The pruner's protect set comes from here, never from a guess.  A
 tree's row is written in the same transaction as its job's launch row and
@@ -63,7 +63,7 @@ def register(conn: sqlite3.Connection, view: JobView, at: float, owner: str | No
     ``owner`` names the process that keeps the row's state when no job row
     does (a batch: :func:`roomkeeper.kernel.identity.process_identity`).
     """
-    tree = view.workspace
+    tree = view.worktree
     if tree is None:
         return
     conn.execute(
@@ -85,11 +85,11 @@ def register(conn: sqlite3.Connection, view: JobView, at: float, owner: str | No
 
 def follow(conn: sqlite3.Connection, view: JobView) -> None:
     """The tree's row takes its job's new state (inside that change's transaction)."""
-    if view.workspace is None:
+    if view.worktree is None:
         return
     conn.execute(
         "UPDATE workspaces SET state = :state WHERE path = :path AND job_id = :job_id",
-        {"state": view.state.value, "path": view.workspace.path, "job_id": view.id},
+        {"state": view.state.value, "path": view.worktree.path, "job_id": view.id},
     )
 
 

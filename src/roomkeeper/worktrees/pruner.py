@@ -282,7 +282,7 @@ def prune(
         trees = registry.registered_worktrees()
         protect = registry.protected_paths()
     except Exception as err:  # an unreadable registry protects nobody: prune nothing
-        said = f"the workspace registry could not be read ({type(err).__name__}: {err})"
+        said = f"the worktree registry could not be read ({type(err).__name__}: {err})"
         log.error("reap refused: %s; no tree was removed", said)
         return PruneReport((), (), 0, refused=said, dry_run=dry_run)
     removed: list[WorktreeVerdict] = []

@@ -275,7 +275,7 @@ class Worktrees:
             ]
         except Exception as err:
             raise WorktreeError(
-                f"the workspace registry could not be read ({err}), so whether the tree of "
+                f"the worktree registry could not be read ({err}), so whether the tree of "
                 f"{plan.branch!r} is in use is unknown; try again",
                 reason="worktree_failed",
                 repo=plan.root,
