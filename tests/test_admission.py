@@ -220,7 +220,8 @@ def test_equal_estimates_are_exactly_the_plain_rule(
     young: int,
     per_job_mb: int,
 ) -> None:
-    """With every estimate ROOMKEEPER_JOB_MEMORY_MB, the guard is used + (young + 1) x per_job."""
+    """With every estimate ROOMKEEPER_JOB_MEMORY_MB, the guard is used + (young + 1) x per_job,
+    the next job's default never above a quarter of the line."""
     used = int(limit * used_share)
     per_job = per_job_mb * MIB
     env = {"ROOMKEEPER_JOB_MEMORY_MB": str(per_job_mb), "ROOMKEEPER_GUARD": "off"}
@@ -228,7 +229,8 @@ def test_equal_estimates_are_exactly_the_plain_rule(
     for i in range(young):  # admitted while off: they still reserve
         guard.admit(f"young-{i}")
     guard._env = {**NO_DISK, "ROOMKEEPER_JOB_MEMORY_MB": str(per_job_mb)}  # guard back on
-    plain_refuses = used + (young + 1) * per_job > limit - min(limit * 10 // 100, 8 * GB)
+    line = limit - min(limit * 10 // 100, 8 * GB)
+    plain_refuses = used + young * per_job + min(per_job, line // 4) > line
     decision = guard.admit("next")
     assert decision.admit is not plain_refuses
     assert len(decision.summary) < 200
