@@ -56,7 +56,7 @@ def pressure_figures(stderr_text: str) -> str:
     """(d): the relief ladder's counts and reaction times, from ``roomkeeper batch``'s summary.
 
     The batch prints ``memory pressure: holds N, suspensions N, stops N, re-runs N,
-    reaction p50 X ms, max Y ms`` (:func:`roomkeeper.batch.run.pressure_line`).
+    reaction p50 X ms, max Y ms`` (:func:`roomkeeper.cli.batch_view.pressure_line`).
     """
     for line in stderr_text.splitlines():
         if line.startswith("memory pressure: holds"):
