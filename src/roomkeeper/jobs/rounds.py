@@ -157,15 +157,15 @@ class LaunchRounds:
 
     def prepare(self) -> None:
         """Once, before the first launch here: adopt orphans, and set up job groups."""
-        with self._ready_lock:
+        with self._ready_lock:  # held throughout: a second caller waits until it is done
             if self._ready:
                 return
+            # Orphans of our jobs reparent to us, so a tree stays findable.
+            become_subreaper()
+            # Now, before the guard's first decision says where job groups go
+            # (cgroup v2: roomkeeper first moves into a leaf, where it may).
+            prepare_job_groups()
             self._ready = True
-        # Orphans of our jobs reparent to us, so a tree stays findable.
-        become_subreaper()
-        # Now, before the guard's first decision says where job groups go
-        # (cgroup v2: roomkeeper first moves into a leaf, where it may).
-        prepare_job_groups()
 
     def close(self) -> None:
         """Close the lifeline, if this runner launches with one."""
