@@ -11,8 +11,8 @@ peak for ``--hold`` seconds.  Two runs:
 
 Where it runs:
 
-- by default, in a fresh child memory group with ``--limit`` under this process's own group
-  (needs root and a writable cgroup file system; removed afterwards);
+- by default, in a fresh child memory group with ``--limit`` (one per run) under this
+  process's own group (needs root and a writable cgroup file system; removed afterwards);
 - with ``--here``, in this process's own group as it is: the container itself, read-only
   cgroup file system included (the layout Docker and Kubernetes give by default).
 
@@ -27,16 +27,16 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_swarm import pressure_figures, run_in_group  # one way to run in a group
 
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 from roomkeeper.kernel.oom_kills import group_oom_kills, machine_oom_kills
@@ -48,14 +48,6 @@ GROW = HERE / "grow.py"
 SHARES = (0.25, 0.45)  # each job's peak, as a share of the container's limit
 
 
-def pressure_line(stderr_text: str) -> str:
-    """The ladder's counts and reaction times, from ``roomkeeper batch``'s summary."""
-    for line in stderr_text.splitlines():
-        if line.startswith("memory pressure: holds"):
-            return line.removeprefix("memory pressure: ")
-    return "no pressure line in the batch's summary"
-
-
 def own_group() -> tuple[Path | None, int | None, int]:
     """(this process's memory group, its cgroup version, its limit) as roomkeeper reads them."""
     inputs = read_pressure_inputs()
@@ -65,66 +57,21 @@ def own_group() -> tuple[Path | None, int | None, int]:
     return directory, inputs.version, inputs.memory.limit_bytes
 
 
-@contextlib.contextmanager
-def child_group(limit: int) -> object:
-    """A fresh child memory group with ``limit`` where roomkeeper makes job groups."""
-    place = job_cgroup_parent()
-    if place is None or os.geteuid() != 0:
-        sys.exit("a child group needs root and a writable cgroup memory controller (or --here)")
-    group = Path(place.directory) / f"rkbench-{os.getpid()}"
-    group.mkdir()
-    try:
-        name = "memory.max" if place.version == 2 else "memory.limit_in_bytes"
-        (group / name).write_text(str(limit))
-        yield group, place.version
-    finally:
-        deadline = time.monotonic() + 30
-        while True:
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)  # what the batch we started left
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-
-def run_batch(
-    argv: list[str],
-    commands: Path,
-    join: Path | None,
-    counter: Path | None,
-    version: int | None,
-    env: dict[str, str],
-) -> tuple[float, int, str]:
-    """Run the batch (moved into ``join`` first, when given); (wall s, OOM kills, stderr).
-
-    The kills are the larger of ``counter``'s own count and the machine's.
-    """
-    joiner = [] if join is None else ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"']
-    if join is not None:
-        joiner.append(str(join / "cgroup.procs"))
-    before_group = 0
-    if counter is not None and version is not None:
-        before_group = group_oom_kills(counter, version)
+def run_here(
+    argv: list[str], commands: Path, group: Path | None, version: int | None, stderr: Path
+) -> tuple[float, int]:
+    """Run the batch in this process's own group (the container); (wall s, OOM kills), the
+    kills the larger of the group's own count and the machine's."""
+    before_group = group_oom_kills(group, version) if group and version else 0
     before_machine = machine_oom_kills()
     start = time.monotonic()
-    done = subprocess.run(
-        [*joiner, *argv, str(commands)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        check=False,
-    )
+    with commands.open() as lines, stderr.open("w") as err:
+        subprocess.run(argv, stdin=lines, stdout=subprocess.DEVNULL, stderr=err, check=False)
     wall = time.monotonic() - start
     kills = machine_oom_kills() - before_machine
-    if counter is not None and version is not None:
-        kills = max(kills, group_oom_kills(counter, version) - before_group)
-    return wall, kills, done.stderr
+    if group and version:
+        kills = max(kills, group_oom_kills(group, version) - before_group)
+    return wall, kills
 
 
 def main() -> None:
@@ -141,14 +88,17 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    with contextlib.ExitStack() as stack:
-        if args.here:
-            group, version, limit = own_group()
-            where = f"this container ({group}, cgroup v{version})"
-        else:
-            limit = parse_size(args.limit)
-            group, version = stack.enter_context(child_group(limit))  # type: ignore[misc]
-            where = f"a child group {group} (cgroup v{version})"
+    if args.here:
+        group, version, limit = own_group()
+        where = f"this container ({group}, cgroup v{version})"
+    else:
+        own = job_cgroup_parent()
+        if own is None or os.geteuid() != 0:
+            sys.exit("a child group needs root and a writable cgroup memory controller (or --here)")
+        group, version, limit = Path(own.directory), own.version, parse_size(args.limit)
+        where = f"a fresh child group of {group} per run (cgroup v{version})"
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
         rng = random.Random(args.seed)
         sizes = [int(limit * rng.uniform(*SHARES)) for _ in range(args.jobs)]
         too_small = max(1, min(sizes) // 4)
@@ -158,10 +108,12 @@ def main() -> None:
             f"hold {args.hold} s",
             flush=True,
         )
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
-        env.update(ROOMKEEPER_HOME=str(tmp / "home"), ROOMKEEPER_CPU_PRESSURE_PERCENT="100")
-        env.update(item.split("=", 1) for item in args.env)
+        # The batch inherits this environment (run_in_group passes no other): none of the
+        # caller's ROOMKEEPER_* variables, a fresh home, no CPU gate, then --env.
+        for name in [k for k in os.environ if k.startswith("ROOMKEEPER_")]:
+            del os.environ[name]
+        os.environ.update(ROOMKEEPER_HOME=str(tmp / "home"), ROOMKEEPER_CPU_PRESSURE_PERCENT="100")
+        os.environ.update(item.split("=", 1) for item in args.env)
         rk = [sys.executable, "-m", "roomkeeper", "batch", "--quiet"]
         runs = {
             "1": ("(1) no sizes", rk),
@@ -181,12 +133,17 @@ def main() -> None:
                     for i, size in enumerate(sizes)
                 )
             )
-            join = None if args.here else group
-            wall, kills, stderr = run_batch(argv, commands, join, group, version, env)
+            err = tmp / f"stderr-{key}.txt"
+            if args.here:
+                wall, kills = run_here(argv, commands, group, version, err)
+            else:
+                assert group is not None and version is not None
+                wall, kills = run_in_group(group, version, limit, argv, commands, err)
+            stderr = err.read_text()
             completed = len(list(done_dir.iterdir()))
             print(
                 f"{name:34s} done {completed}/{args.jobs}  OOM kills {kills}  wall {wall:6.1f} s"
-                f"  {pressure_line(stderr)}",
+                f"  {pressure_figures(stderr)}",
                 flush=True,
             )
             guard_line = re.search(r"roomkeeper guard is on \{.*\}", stderr)

@@ -338,9 +338,9 @@ class Guard:
         memory = self._read_memory(settings)
         if memory.limit_bytes is None:
             return settings.job_memory_bytes
-        reserve = self._reserve_for(memory.limit_bytes)
-        line = memory_line(memory.limit_bytes, settings.memory_headroom_percent) - reserve
-        return default_estimate(settings.job_memory_bytes, line)
+        return self._default_for(
+            settings, memory.limit_bytes, self._reserve_for(memory.limit_bytes)
+        )
 
     def release(self, job_id: str) -> None:
         """End ``job_id``'s reservation, whatever its outcome; unknown ids are ignored."""
@@ -409,6 +409,12 @@ class Guard:
                 decisions=dict(self._counts),
             )
 
+    @staticmethod
+    def _default_for(settings: Settings, limit_bytes: int, reserve: int) -> int:
+        """The default estimate in a container of ``limit_bytes`` with the caller's reserve."""
+        line = memory_line(limit_bytes, settings.memory_headroom_percent) - reserve
+        return default_estimate(settings.job_memory_bytes, line)
+
     def _reserve_for(self, limit_bytes: int) -> int:
         """The caller's reserve in a container of ``limit_bytes`` (none without a caller)."""
         return max(0, self._reserve(limit_bytes)) if self._reserve is not None else 0
@@ -456,8 +462,7 @@ class Guard:
             return decision(ask, admit=False, reason=Reason.UNKNOWN, summary=summary, memory=memory)
         reserve = self._reserve_for(memory.limit_bytes)
         if ask.defaulted:
-            line = memory_line(memory.limit_bytes, settings.memory_headroom_percent) - reserve
-            ask = replace(ask, estimate=default_estimate(settings.job_memory_bytes, line))
+            ask = replace(ask, estimate=self._default_for(settings, memory.limit_bytes, reserve))
         room = memory_room(ask, memory, memory.used_bytes, memory.limit_bytes, settings, reserve)
         if room.total > room.line:
             return self._no_room_for_memory(ask, memory, room)

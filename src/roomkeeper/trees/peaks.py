@@ -27,7 +27,7 @@ from typing import Protocol
 
 import psutil
 
-from roomkeeper.kernel.proc import ProcStat, scan_proc
+from roomkeeper.kernel.proc import ProcStat, recent_scan
 
 log = logging.getLogger("roomkeeper")
 
@@ -128,8 +128,9 @@ class PeakSampler:
                     self._thread = None
                     return
             started = time.monotonic()
-            # One /proc scan serves every tree without a group (about 1 ms for 70 processes).
-            table = scan_proc() if any(t.needs_process_table for t in trees) else None
+            # One /proc walk serves every tree without a group, and the pressure monitor's
+            # footprint readings in the same moment (kernel.proc.recent_scan).
+            table = recent_scan() if any(t.needs_process_table for t in trees) else None
             for tree in trees:
                 try:
                     keep = tree.sample(table)
