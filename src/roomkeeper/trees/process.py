@@ -37,6 +37,7 @@ from roomkeeper.kernel.proc import (
     cgroup_members,
     kill_cgroup,
     recent_scan,
+    scan_proc,
     tree_members,
 )
 from roomkeeper.trees.lifeline import Lifeline
@@ -164,7 +165,7 @@ class ManagedProcess:
                 # trampoline), and only a privileged process can move one out.
                 table, pids = {}, cgroup_members(self._cgroup.directory)
             else:
-                table = recent_scan() if table is None else table
+                table = scan_proc() if table is None else table
                 seeds = [pid for pid, proc in self._members.items() if proc.is_running()]
                 pids = tree_members(table, self.pid, None, seeds)
             pids.discard(self.pid)
@@ -195,7 +196,9 @@ class ManagedProcess:
                 return self._cgroup.footprint_bytes()
             except (OSError, KernelFileError):
                 pass  # the group is going away; measure the processes instead
-        members = self.refresh(table)
+        # A measurement may share a walk of /proc taken a moment ago (the sampler's or
+        # another tree's); a stop or a suspension walks afresh (refresh() without a table).
+        members = self.refresh(recent_scan() if table is None else table)
         if self.poll() is None:  # unreaped until close(): its pid is not reused
             with contextlib.suppress(psutil.Error):
                 members.append(psutil.Process(self.pid))
