@@ -21,7 +21,7 @@ and the ladder's holds, suspensions, stops and reaction p50/max from the batch's
 
 Usage:
     python benchmarks/bench_container.py [--here] [--limit 1G] [--jobs 8] [--grow 3]
-        [--hold 2] [--seed 7] [--runs 1,2] [--env NAME=VALUE ...]
+        [--hold 2] [--seed 7] [--runs 1,2] [--log-dir DIR] [--env NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=2.0, help="seconds each job holds its peak")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--runs", default="1,2", help="which runs: 1 (no sizes), 2 (strict)")
+    parser.add_argument("--log-dir", type=Path, help="keep each run's batch stderr here")
     parser.add_argument(
         "--env", action="append", default=[], help="NAME=VALUE for the batch (repeatable)"
     )
@@ -140,6 +141,9 @@ def main() -> None:
                 assert group is not None and version is not None
                 wall, kills = run_in_group(group, version, limit, argv, commands, err)
             stderr = err.read_text()
+            if args.log_dir is not None:
+                args.log_dir.mkdir(parents=True, exist_ok=True)
+                (args.log_dir / f"run-{key}.log").write_text(stderr)
             completed = len(list(done_dir.iterdir()))
             print(
                 f"{name:34s} done {completed}/{args.jobs}  OOM kills {kills}  wall {wall:6.1f} s"

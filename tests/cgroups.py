@@ -1,7 +1,9 @@
 """Real cgroups and file systems for kernel tests: made where job groups go, always removed.
 
 Each helper that cannot do its work skips the test and says where it looked;
-none skips for a reason the cgroup v2 VM that CI runs them in has.
+none skips for a reason the cgroup v2 VM that CI runs them in has.  In the
+read-only layout (a container's), :func:`memory_box` gives the fallback
+roomkeeper takes there instead of a child group.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,8 @@ import pytest
 from roomkeeper.kernel.cgroup_hierarchy import controllers, locate_v2, v1_memory_group
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
+from roomkeeper.kernel.oom_kills import group_oom_kills
+from roomkeeper.kernel.resources import read_pressure_inputs
 
 
 def own_memory_group() -> tuple[int, Path]:
@@ -115,6 +120,77 @@ def child_memory_cgroup(limit_bytes: int) -> Iterator[tuple[int, Path]]:
         yield version, group
     finally:
         kill_and_remove(group)
+
+
+def cgroup_fs_read_only() -> bool:
+    """Whether the cgroup file system is mounted read-only, as Docker and Kubernetes mount it
+    in a container by default: no job group can be made, by design of that layout."""
+    try:
+        return bool(os.statvfs(CGROUP_ROOT).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBox:
+    """Where a test runs work under a memory limit.
+
+    A child group with a real limit where one can be made; in a container whose
+    cgroup file system is read-only, the container itself, with the limit stated
+    to roomkeeper (ROOMKEEPER_MEMORY_LIMIT_MB, below the container's own): the
+    fallback roomkeeper itself takes there, which is what such a test then checks.
+
+    Attributes:
+        version: the cgroup version.
+        group: the child group, or the container's own group.
+        limit: the limit in bytes (the kernel's, or the one stated).
+        made: whether ``group`` is a child group made for the test.
+    """
+
+    version: int
+    group: Path
+    limit: int
+    made: bool
+
+    def argv(self, command: list[str]) -> list[str]:
+        """``command`` run inside the box (joined to the child group first)."""
+        if not self.made:
+            return command
+        return [
+            "/bin/sh",
+            "-c",
+            'echo $$ > "$0" && exec "$@"',
+            str(self.group / "cgroup.procs"),
+            *command,
+        ]
+
+    def env(self) -> dict[str, str]:
+        """What roomkeeper is told in the box: the limit, where the kernel's is larger."""
+        return {} if self.made else {"ROOMKEEPER_MEMORY_LIMIT_MB": str(self.limit >> 20)}
+
+    def oom_kills(self) -> int:
+        """The OOM kills the box's group has counted."""
+        return group_oom_kills(self.group, self.version)
+
+
+@contextlib.contextmanager
+def memory_box(limit_bytes: int) -> Iterator[MemoryBox]:
+    """A :class:`MemoryBox` of ``limit_bytes``: a child group, removed afterwards even when
+    the test fails, or in a read-only layout the container itself (skips when it is
+    smaller than the limit with room to spare)."""
+    if not cgroup_fs_read_only():
+        with child_memory_cgroup(limit_bytes) as (version, group):
+            yield MemoryBox(version, group, limit_bytes, made=True)
+        return
+    version, own = own_memory_group()
+    container = read_pressure_inputs().memory.limit_bytes
+    if container is not None and container < limit_bytes + (limit_bytes >> 2):
+        roomy = (limit_bytes * 5 // 4) >> 20
+        pytest.skip(
+            f"the container's limit ({container >> 20} MiB) leaves no room above a stated "
+            f"{limit_bytes >> 20} MiB; run it in a container of {roomy} MiB or more"
+        )
+    yield MemoryBox(version, own, limit_bytes >> 20 << 20, made=False)
 
 
 @contextlib.contextmanager

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.kernel.oom_kills import group_oom_kills as oom_kills
 from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import batch_env, child_memory_cgroup
+from tests.cgroups import batch_env, memory_box
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
@@ -25,19 +24,18 @@ def test_batch_prints_each_suspension_and_stop_and_counts_them(tmp_path: Path) -
         f"{sys.executable} {GROW} 750000000 16 2\n" * 3
     )  # slow: a busy CI still sees the suspend line
     env = batch_env(tmp_path, ROOMKEEPER_PRESSURE_COOLDOWN="2")
-    with child_memory_cgroup(2_000_000_000) as (version, group):
-        joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
+    with memory_box(2_000_000_000) as box:
         argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--max-running", "3"]
         before = machine_oom_kills()
         done = subprocess.run(
-            [*joiner, *argv, "--job-memory", "100M", "--quiet"],
+            box.argv([*argv, "--job-memory", "100M", "--quiet"]),
             capture_output=True,
             text=True,
-            env=env,
+            env={**env, **box.env()},
             timeout=600,
             check=False,
         )
-        kills = (oom_kills(group, version), machine_oom_kills() - before)
+        kills = (box.oom_kills(), machine_oom_kills() - before)
     err = done.stderr
     assert (done.returncode, *kills) == (0, 0, 0), err[-3000:]
     assert re.search(r"^roomkeeper batch: line 3 suspended for memory pressure", err, re.M), err

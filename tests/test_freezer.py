@@ -101,9 +101,13 @@ def test_a_failed_suspension_lets_the_tree_go_on(monkeypatch: pytest.MonkeyPatch
         sent.append((pid, sig))
 
     def stops_one_of_two(
-        members: Callable[[], set[int]], *, send: Callable[[int, int], None], timeout: float
+        members: Callable[[], set[int]],
+        *,
+        first: set[int],
+        send: Callable[[int, int], None],
+        timeout: float,
     ) -> None:
-        for pid in members():
+        for pid in first | members():
             send(pid, signal.SIGSTOP)
         raise TimeoutError("pids [8] still ran after 0.1 s")
 
@@ -127,3 +131,26 @@ def test_the_way_is_the_kernels_first(tmp_path: Path) -> None:
     assert way(JobCgroup(str(group), 2), None) is FreezeMethod.CGROUP_V2
     assert way(JobCgroup(str(group), 1), FreezerGroup("x")) is FreezeMethod.FREEZER_V1
     assert way(None, None) is FreezeMethod.SIGNALS
+
+
+def test_the_members_known_already_are_stopped_before_the_first_listing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A listing walks /proc, slow on a busy machine: the members known already get SIGSTOP
+    before it runs, so a growing tree is frozen at once."""
+    events: list[tuple[str, int]] = []
+    stopped: set[int] = set()
+
+    def send(pid: int, sig: int) -> None:
+        events.append(("signal", pid))
+        if sig == signal.SIGSTOP:
+            stopped.add(pid)
+
+    def members() -> set[int]:
+        events.append(("listing", 0))
+        return {41, 42}
+
+    monkeypatch.setattr(freezer, "_state", lambda pid, root: "T" if pid in stopped else "R")
+    freezer.stop_processes(members, first={41}, send=send, timeout=1.0)
+    assert events[:2] == [("signal", 41), ("listing", 0)]
+    assert stopped == {41, 42}

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from roomkeeper.config import PressureSettings
 from roomkeeper.guard.lines import Reading
@@ -73,7 +76,7 @@ def test_below_the_line_nothing_is_held_or_touched() -> None:
 
 def test_crossing_the_line_holds_launches_once() -> None:
     """Past the line launches are held; the hold is one step, not one per reading."""
-    plans = run([reading(1000 * MB), reading(LINE + 1), reading(LINE + 2 * MB)])
+    plans = run([reading(LINE - 50 * MB), reading(LINE + 1), reading(LINE + 2 * MB)])
     assert [p.hold for p in plans] == [False, True, True]
     assert steps(plans[1]) == [(Step.HOLD, None)]
     assert plans[1].crossed is Step.HOLD
@@ -106,6 +109,78 @@ def test_stop_takes_the_newest_restartable_first() -> None:
     plans = run([reading(STOP + 1)])  # none restartable: the newest
     assert (Step.STOP, "newest") in steps(plans[0])
     assert plans[0].crossed is Step.STOP
+
+
+def run_moving(readings: Sequence[tuple[Reading, Sequence[Live]]]) -> list[Plan]:
+    """Feed readings through the ladder, each with the live jobs as they were then."""
+    state, plans = LadderState(), []
+    for r, live in readings:
+        plan, state = decide(state, r, live, SETTINGS, cooling=False)
+        plans.append(plan)
+    return plans
+
+
+def grown(**footprints_mb: int) -> list[Live]:
+    """Four jobs by age (a oldest) with the given footprints in MB (300 unless said)."""
+    return [
+        job(name, started, footprint=footprints_mb.get(name, 300) * MB)
+        for started, name in enumerate("abcd", start=1)
+    ]
+
+
+def test_every_newer_tree_that_grew_is_suspended_at_once_newest_first() -> None:
+    """The newest tree and every other newer one that grew are frozen by one reading, never
+    the oldest; a tree that did not grow is left running."""
+    plans = run_moving(
+        [
+            (reading(SUSPEND - 30 * MB), grown()),
+            (reading(SUSPEND + 10 * MB), grown(a=310, b=310, c=300, d=300)),
+        ]
+    )
+    assert steps(plans[1]) == [(Step.SUSPEND, "d"), (Step.SUSPEND, "b")]  # held since the first
+
+
+def test_past_the_line_a_rise_that_would_cross_the_suspend_line_acts_a_reading_early() -> None:
+    """Past the line, used plus its last rise beyond the suspend line suspends now; the same
+    rise below the line does nothing yet, and a small rise past it waits."""
+    early = run_moving(
+        [(reading(LINE + 10 * MB), grown()), (reading(LINE + 60 * MB), grown(d=350))]
+    )
+    assert (Step.SUSPEND, "d") in steps(early[1])
+    assert early[1].crossed is Step.SUSPEND
+    assert "last rise" in early[1].actions[-1].why
+    below = run_moving(
+        [(reading(LINE - 60 * MB), grown()), (reading(LINE - 10 * MB), grown(d=350))]
+    )
+    assert steps(below[1]) == []
+    slow = run_moving([(reading(LINE + 10 * MB), grown()), (reading(LINE + 20 * MB), grown(d=310))])
+    assert all(a.step is not Step.SUSPEND for a in slow[1].actions)
+
+
+def test_a_rise_toward_the_stop_line_freezes_the_growth_before_stopping_anything() -> None:
+    """When the last rise would carry used past the stop line: the newer trees that grew are
+    frozen and nothing is stopped; when only the oldest grows (the rest already frozen), a
+    tree is stopped one reading early."""
+    freeze = run_moving(
+        [(reading(SUSPEND + 5 * MB), grown()), (reading(SUSPEND + 35 * MB), grown(c=330))]
+    )
+    assert steps(freeze[1]) == [(Step.SUSPEND, "c")]
+    frozen = [*grown()[:1], *(replace(j, suspended=True) for j in grown()[1:])]
+    oldest_grows = [replace(frozen[0], footprint=330 * MB), *frozen[1:]]
+    stop = run_moving(
+        [(reading(SUSPEND + 5 * MB), frozen), (reading(SUSPEND + 35 * MB), oldest_grows)]
+    )
+    assert (Step.STOP, "d") in steps(stop[1])
+    assert "last rise" in stop[1].actions[-1].why
+
+
+def test_past_the_stop_line_the_stop_comes_with_freezing_what_still_grows() -> None:
+    """A stop gives memory back only once the tree is gone: meanwhile every other newer tree
+    that grows is frozen in the same plan."""
+    plans = run_moving(
+        [(reading(STOP - 20 * MB), grown()), (reading(STOP + 5 * MB), grown(b=320, c=320))]
+    )
+    assert steps(plans[1]) == [(Step.STOP, "d"), (Step.SUSPEND, "c"), (Step.SUSPEND, "b")]
 
 
 def test_one_victim_at_a_time() -> None:
@@ -410,3 +485,31 @@ def test_a_reading_that_fails_is_tried_again_at_the_next_interval() -> None:
     assert len(times) >= 2
     # One interval (50 ms), with room for a busy machine; never the seconds a backoff would take.
     assert times[1] - times[0] < 1.0
+
+
+def test_a_slow_reading_says_where_its_time_went_now_and_then(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reading that keeps the monitor blind for long is logged with its parts (here the
+    live jobs took 1.2 s), at most once in ten seconds."""
+    clock = FakeClock()
+
+    class SlowTarget(FakeTarget):
+        def live_jobs(self) -> list[Live]:
+            clock.advance(1.2)
+            return super().live_jobs()
+
+    monitor = PressureMonitor(
+        target=SlowTarget([]),
+        read=lambda: reading(LINE - 100 * MB, at=clock()),
+        cooldown=Cooldown(clock),
+        settings=lambda: SETTINGS,
+        clock=clock,
+    )
+    with caplog.at_level("WARNING", logger="roomkeeper"):
+        for _ in range(3):
+            monitor.check()
+    said = [r.getMessage() for r in caplog.records if "pressure reading took" in r.getMessage()]
+    assert said == [
+        "a pressure reading took 1200 ms (the reading 0 ms, the live jobs 1200 ms, the steps 0 ms)"
+    ]

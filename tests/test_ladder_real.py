@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from roomkeeper.kernel.oom_kills import group_oom_kills as oom_kills
 from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import child_memory_cgroup
+from tests.cgroups import MemoryBox, memory_box
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
@@ -23,13 +22,14 @@ LIMIT = 2_000_000_000
 COOLDOWN_S = 3.0  # short, by the variable: the scenario passes it as ROOMKEEPER_PRESSURE_COOLDOWN
 
 
-def run_scenario(group: Path, logs: Path) -> dict[str, Any]:
-    """Run the scenario inside ``group`` (its limit is the scheduler's line); its JSON."""
-    joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
+def run_scenario(box: MemoryBox, logs: Path) -> dict[str, Any]:
+    """Run the scenario inside ``box`` (its limit is the scheduler's line); its JSON."""
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.update(box.env())
+    scenario = [sys.executable, str(SCENARIO), str(logs), "750000000", "8", "2", str(COOLDOWN_S)]
     done = subprocess.run(
-        [*joiner, sys.executable, str(SCENARIO), str(logs), "750000000", "8", "2", str(COOLDOWN_S)],
+        box.argv(scenario),
         capture_output=True,
         text=True,
         env=env,
@@ -46,13 +46,13 @@ def test_newest_is_suspended_then_stopped_the_others_finish_and_no_oom_kill(
     tmp_path: Path,
 ) -> None:
     """3 x 750 MB in 2 GB: newest suspended then stopped, no OOM kill, cooldown held, re-run."""
-    with child_memory_cgroup(LIMIT) as (version, group):
-        if version == 1:  # no swap here; keep it that way where swap exists
+    with memory_box(LIMIT) as box:
+        if box.made and box.version == 1:  # no swap here; keep it that way where swap exists
             with contextlib.suppress(OSError):
-                (group / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
+                (box.group / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
         before = machine_oom_kills()
-        result = run_scenario(group, tmp_path / "logs")
-        kills = (oom_kills(group, version), machine_oom_kills() - before)
+        result = run_scenario(box, tmp_path / "logs")
+        kills = (box.oom_kills(), machine_oom_kills() - before)
     assert kills == (0, 0), result["log"][-3000:]
     jobs = result["jobs"]
     steps = result["steps"]

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.kernel.oom_kills import group_oom_kills as oom_kills
 from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import batch_env, child_memory_cgroup
+from tests.cgroups import batch_env, memory_box
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
@@ -27,15 +26,19 @@ def test_lines_that_do_not_fit_start_on_trial_are_paused_and_all_finish(tmp_path
     commands = tmp_path / "commands.txt"
     commands.write_text(f"{sys.executable} {GROW} 400000000 4 1\n" * 4)
     env = batch_env(tmp_path)
-    with child_memory_cgroup(2_000_000_000) as (version, group):
-        joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
+    with memory_box(2_000_000_000) as box:
         argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--quiet"]
         argv += ["--job-memory", "1600M"]  # stated: a default would be a quarter of the line
         before = machine_oom_kills()
         done = subprocess.run(
-            [*joiner, *argv], capture_output=True, text=True, env=env, timeout=300, check=False
+            box.argv(argv),
+            capture_output=True,
+            text=True,
+            env={**env, **box.env()},
+            timeout=300,
+            check=False,
         )
-        kills = (oom_kills(group, version), machine_oom_kills() - before)
+        kills = (box.oom_kills(), machine_oom_kills() - before)
     err = done.stderr
     assert (done.returncode, *kills) == (0, 0, 0), err[-3000:]
     assert "4 commands, 0 failed" in err, err

@@ -156,6 +156,7 @@ def _send_quietly(send: Callable[[int, int], None], pid: int, sig: int) -> None:
 def stop_processes(
     members: Callable[[], Iterable[int]],
     *,
+    first: Iterable[int] = (),
     send: Callable[[int, int], None] = os.kill,
     proc_root: str = PROC_ROOT,
     timeout: float = FREEZE_TIMEOUT_S,
@@ -168,9 +169,15 @@ def stop_processes(
     uninterruptible sleep (state D) only when its I/O ends: each listing
     checks every state again, and a member forked meanwhile is in the next.
 
+    ``first`` (the members known already) are stopped before the first listing: a
+    listing walks ``/proc``, which on a busy machine takes long enough for a
+    growing tree to reach the limit meanwhile.
+
     Raises:
         TimeoutError: some members still ran after ``timeout`` seconds (named).
     """
+    for pid in first:
+        _send_quietly(send, pid, signal.SIGSTOP)
     deadline, step = clock() + timeout, 0.001
     while True:
         states = {pid: _state(pid, proc_root) for pid in members()}

@@ -6,9 +6,12 @@ memory pressure::
 
     headroom = limit - memory_line(limit, headroom%)      (the guard's headroom)
     hold     when used > line                              (new launches wait: ``pressure``)
-    suspend  when used > memory_line + headroom / 2 and rising: the newest suspendable tree
+    suspend  when used (past the line: or used plus its last rise) > memory_line +
+             headroom / 2 and rising: the newest suspendable tree, and every other
+             newer tree that grew since the last reading
     stop     when used > limit - headroom / 4, or PSI full avg10 > FULL% for SECONDS:
-             the newest tree, restartable work first; then a cooldown holds admission
+             the newest tree, restartable work first, and every other newer tree that
+             grew is suspended; then a cooldown holds admission
     resume   suspended trees, oldest first, once one fits under the line again and
              used is not rising (before anything new is admitted)
     pause    a job on trial (packing), newest first, when used + what the jobs not on
@@ -21,6 +24,14 @@ newer ones, and one that became the oldest while suspended goes on at once;
 when it is the only one left and the stop rule still holds, it alone
 outgrows the container and is stopped as one that can never fit here.
 One victim at a time: while a stopped tree is still going, no other is chosen.
+
+Why every growing tree at once, and why the last rise counts: where the
+monitor reads slowly (a busy or emulated machine, no kernel notification),
+several trees grow together between two readings, and the quarter headroom
+left past the suspend line is gone before a second reading could take a
+second tree.  Freezing loses nothing, so the ladder freezes all the growth
+it saw, and acts one reading early when the rise it saw would carry used
+past the line by the next one.
 
 Nothing here reads the kernel, a clock or a thread: :func:`decide` takes a
 :class:`Reading`, the live jobs and the ladder's :class:`LadderState`, and
@@ -96,7 +107,8 @@ class Plan:
     Attributes:
         hold: whether new launches wait now (past the line, a suspended or paused job,
             the cooldown).
-        actions: the steps to take, in order (at most one suspend, resume or stop).
+        actions: the steps to take, in order (at most one resume or stop; suspensions of
+            every newer tree that grew).
         crossed: the step whose threshold this reading crossed, for the reaction time.
     """
 
@@ -115,12 +127,14 @@ class LadderState:
         holding: whether the previous plan held launches for pressure (a paused trial
             alone does not count).
         above: the highest threshold the previous reading was past.
+        footprints: each live job's footprint at the previous reading (job id, bytes).
     """
 
     last_used: int | None = None
     full_since: float | None = None
     holding: bool = False
     above: Step | None = None
+    footprints: tuple[tuple[str, int], ...] = ()
 
 
 _ORDER = {None: 0, Step.HOLD: 1, Step.SUSPEND: 2, Step.STOP: 3}
@@ -143,16 +157,25 @@ def decide(
         settings: the ROOMKEEPER_PRESSURE_* variables.
         cooling: whether the shared cooldown clock holds admission now.
     """
-    rising = state.last_used is not None and reading.used - state.last_used > RISE_BYTES
+    rise = 0 if state.last_used is None else reading.used - state.last_used
+    rising = rise > RISE_BYTES
     full_since = _full_since(state.full_since, reading, settings)
     critical = full_since is not None and reading.at - full_since >= settings.full_seconds
-    above = _above(reading, critical)
+    above = _above(reading, critical, rise if rising else 0)
     by_age = sorted(live, key=lambda j: j.started)
+    grew = _grew(dict(state.footprints), by_age)
     actions: list[Action] = []
     if above is Step.STOP:
-        actions += _stop(reading, by_age, critical)
+        # What grows is frozen as well: a stop takes time to give memory back.
+        freeze = _suspend(reading, by_age, grew, rise, newest=False) if rising else []
+        if freeze and not critical and reading.used <= reading.stop_line:
+            actions += freeze  # only the rise points past the stop line: freezing it is enough
+        else:
+            actions += _stop(reading, by_age, critical, rise)
+            stopped = {a.job_id for a in actions}
+            actions += [a for a in freeze if a.job_id not in stopped]
     elif above is Step.SUSPEND and rising:
-        actions += _suspend(reading, by_age)
+        actions += _suspend(reading, by_age, grew, rise, newest=True)
     elif by_age and by_age[0].suspended and not by_age[0].stopping:
         actions += [_go_on_oldest(by_age[0])]
     elif pause := _pause_trial(reading, by_age):
@@ -170,7 +193,12 @@ def decide(
     hold = pressure or paused
     crossed = above if _ORDER[above] > _ORDER[state.above] else None
     next_state = replace(
-        state, last_used=reading.used, full_since=full_since, holding=pressure, above=above
+        state,
+        last_used=reading.used,
+        full_since=full_since,
+        holding=pressure,
+        above=above,
+        footprints=tuple((j.job_id, j.footprint) for j in live),
     )
     return Plan(hold=hold, actions=tuple(actions), crossed=crossed), next_state
 
@@ -182,15 +210,18 @@ def _full_since(since: float | None, reading: Reading, settings: PressureSetting
     return reading.at if since is None else since
 
 
-def _above(reading: Reading, critical: bool) -> Step | None:
-    """The highest rung whose threshold this reading is past."""
+def _above(reading: Reading, critical: bool, rise: int) -> Step | None:
+    """The highest rung whose threshold this reading is past, or, once past the line, will be
+    past by the next reading if used rises as it just did (``rise``)."""
     if critical or reading.used > reading.stop_line:
         return Step.STOP
-    if reading.used > reading.suspend_line:
+    if reading.used <= reading.hold_line:
+        return None
+    if reading.used + rise > reading.stop_line:
+        return Step.STOP
+    if reading.used + rise > reading.suspend_line:
         return Step.SUSPEND
-    if reading.used > reading.hold_line:
-        return Step.HOLD
-    return None
+    return Step.HOLD
 
 
 def _figures(reading: Reading, name: str, line: int) -> str:
@@ -201,15 +232,16 @@ def _figures(reading: Reading, name: str, line: int) -> str:
     return text
 
 
-def _stop(reading: Reading, by_age: list[Live], critical: bool) -> list[Action]:
+def _stop(reading: Reading, by_age: list[Live], critical: bool, rise: int) -> list[Action]:
     """Stop the newest tree (restartable first), never the oldest for newer ones."""
     if any(j.stopping for j in by_age):
         return []  # one victim at a time: wait until it is gone
-    why = (
-        f"PSI full avg10 {reading.full_avg10:.1f} % sustained"
-        if critical and reading.used <= reading.stop_line
-        else _figures(reading, "stop line", reading.stop_line)
-    )
+    if reading.used > reading.stop_line:
+        why = _figures(reading, "stop line", reading.stop_line)
+    elif critical:
+        why = f"PSI full avg10 {reading.full_avg10:.1f} % sustained"
+    else:
+        why = _projected(reading, rise, "stop line", reading.stop_line)
     if not by_age:
         return []
     newer = by_age[1:]
@@ -219,13 +251,34 @@ def _stop(reading: Reading, by_age: list[Live], critical: bool) -> list[Action]:
     return [Action(Step.STOP, victim.job_id, why)]
 
 
-def _suspend(reading: Reading, by_age: list[Live]) -> list[Action]:
-    """Suspend the newest suspendable running tree that is not the oldest."""
+def _grew(before: dict[str, int], by_age: list[Live]) -> set[str]:
+    """The jobs whose footprint rose since the previous reading (a job new since then: by
+    all it has)."""
+    return {j.job_id for j in by_age if j.footprint - before.get(j.job_id, 0) > RISE_BYTES}
+
+
+def _projected(reading: Reading, rise: int, name: str, line: int) -> str:
+    """Why a step is taken one reading early, in numbers."""
+    return (
+        f"used {gb(reading.used)} + its last rise {gb(rise)} > {name} {gb(line)} "
+        f"(limit {gb(reading.limit)}, GB)"
+    )
+
+
+def _suspend(
+    reading: Reading, by_age: list[Live], grew: set[str], rise: int, *, newest: bool
+) -> list[Action]:
+    """Suspend the newest suspendable running tree (with ``newest``) and every other one that
+    grew since the last reading, newest first; never the oldest."""
     candidates = [j for j in by_age[1:] if j.suspendable and not j.suspended and not j.stopping]
-    if not candidates:
-        return []
-    victim = candidates[-1]
-    return [Action(Step.SUSPEND, victim.job_id, _figures(reading, "line", reading.suspend_line))]
+    victims = [
+        j for j in reversed(candidates) if j.job_id in grew or (newest and j is candidates[-1])
+    ]
+    if reading.used > reading.suspend_line:
+        why = _figures(reading, "line", reading.suspend_line)
+    else:
+        why = _projected(reading, rise, "line", reading.suspend_line)
+    return [Action(Step.SUSPEND, j.job_id, why) for j in victims]
 
 
 def _go_on_oldest(job: Live) -> Action:

@@ -42,6 +42,8 @@ INTERVAL_S = 0.1  # the pressure monitor reads at least this often
 # between the suspend and stop lines, and the last quarter to the limit, in less than
 # 100 ms.  A reading costs well under a millisecond, so this is cheap while it lasts.
 NEAR_INTERVAL_S = 0.01
+SLOW_READING_S = 0.5  # a reading that takes longer is logged with where its time went
+SLOW_SAID_EVERY_S = 10.0  # ... at most this often
 REACTIONS_KEPT = 1000  # reaction times kept for the percentiles (the latest)
 
 
@@ -180,6 +182,7 @@ class PressureMonitor:
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._near = False  # the last reading was near the line: read again sooner
+        self._slow_said = float("-inf")  # when a slow reading was last logged
 
     # ------------------------------------------------------------ one reading
 
@@ -190,14 +193,18 @@ class PressureMonitor:
             woken_at: when a kernel notification woke the monitor, the crossing's
                 time for the reaction (it is earlier than the reading).
         """
+        began = self._clock()
         reading = self._read()
         if reading is None:
             self._near = False
             return None
+        read_s = self._clock() - began
         self._near = reading.used >= reading.hold_line - reading.headroom // 2
         if self._arm is not None and self._armed_for != (reading.limit, reading.hold_line):
             self._rearm(reading)  # the first reading, or the container's limit moved
+        listed = self._clock()
         live = self._target.live_jobs()
+        live_s = self._clock() - listed
         plan, self._state = decide(
             self._state, reading, live, self._settings(), cooling=self._cooldown.active()
         )
@@ -218,6 +225,17 @@ class PressureMonitor:
         if not self._state.holding:  # no pressure (a paused trial alone holds launches)
             self._crossed.clear()
         self._near = self._near or self._state.holding
+        took = self._clock() - began
+        if took > SLOW_READING_S and began - self._slow_said >= SLOW_SAID_EVERY_S:
+            self._slow_said = began  # blind meanwhile: say where the time went, now and then
+            log.warning(
+                "a pressure reading took %.0f ms (the reading %.0f ms, the live jobs %.0f ms, "
+                "the steps %.0f ms)",
+                took * 1000,
+                read_s * 1000,
+                live_s * 1000,
+                (took - read_s - live_s) * 1000,
+            )
         return plan
 
     def _act(self, action: Action, reading: Reading, footprint: int) -> None:

@@ -36,7 +36,6 @@ from roomkeeper.kernel.proc import (
     ProcStat,
     cgroup_members,
     kill_cgroup,
-    recent_scan,
     scan_proc,
     tree_members,
 )
@@ -120,6 +119,7 @@ class ManagedProcess:
             freezer_group=freezer_group,
             members=self._tree_pids,
             send=self._send,
+            known=self._known_pids,
         )
 
     def poll(self) -> int | None:
@@ -196,9 +196,15 @@ class ManagedProcess:
                 return self._cgroup.footprint_bytes()
             except (OSError, KernelFileError):
                 pass  # the group is going away; measure the processes instead
-        # A measurement may share a walk of /proc taken a moment ago (the sampler's or
-        # another tree's); a stop or a suspension walks afresh (refresh() without a table).
-        members = self.refresh(recent_scan() if table is None else table)
+        if table is None:
+            # A reading between samples (the pressure monitor's, a launch round's) measures
+            # the members the sampler found: a walk of /proc reads a file per process on
+            # the machine and, beside busy threads, each read waits its turn for the
+            # interpreter lock (seconds in all on a slow machine).  A stop or a
+            # suspension walks afresh (refresh() without a table).
+            members = [proc for proc in self._members.values() if proc.pid != self.pid]
+        else:
+            members = self.refresh(table)
         if self.poll() is None:  # unreaped until close(): its pid is not reused
             with contextlib.suppress(psutil.Error):
                 members.append(psutil.Process(self.pid))
@@ -295,6 +301,13 @@ class ManagedProcess:
         """How the tree is suspended now, None while it runs."""
         return self._suspension.method
 
+    def _known_pids(self) -> set[int]:
+        """The unreaped leader and the members seen so far, without a walk of ``/proc``."""
+        pids = set(self._members)
+        if self.poll() is None:
+            pids.add(self.pid)
+        return pids
+
     def _tree_pids(self) -> set[int]:
         """Every live member and the unreaped leader."""
         pids = {proc.pid for proc in self.refresh()}
@@ -326,9 +339,14 @@ class ManagedProcess:
     ) -> int | None:
         """Stop the whole tree: SIGTERM to all, up to ``grace`` seconds, then SIGKILL the rest.
 
-        A suspended tree is resumed just after its SIGTERM, so it dies of
-        that signal instead of running on first (and a v1-frozen task could
-        not die of SIGKILL at all).
+        The leader and its process group get SIGSTOP first: a tree stopped for
+        memory pressure grows no more from that moment, though a walk of
+        ``/proc`` for the members outside the group takes long on a busy
+        machine, and nothing dies before that walk, so a member outside the
+        group is still found through its living parent.  A stopped or
+        suspended tree goes on just after its SIGTERM, so it dies of that
+        signal instead of running on first (and a v1-frozen task could not
+        die of SIGKILL at all).
 
         Returns:
             the leader's exit code.
@@ -336,9 +354,11 @@ class ManagedProcess:
         with self._lock:
             if self._closed:
                 return self._returncode
+            self._signal(signal.SIGSTOP, [])
             members = self.refresh()
             self._signal(signal.SIGTERM, members)
-            self._suspension.resume_quietly()
+            self._signal(signal.SIGCONT, members)
+            self._suspension.resume_quietly(listed={p.pid for p in members} | {self.pid})
             deadline, step = clock() + grace, 0.001
             while (left := deadline - clock()) > 0 and self._alive(members):
                 sleep(min(step, left))

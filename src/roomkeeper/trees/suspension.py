@@ -28,6 +28,8 @@ class Suspension:
         cgroup: the job's memory group, if it has one (a v2 one freezes).
         freezer_group: the job's v1 freezer group, if it has one.
         members: every pid of the tree now (signals only).
+        known: the pids of the tree known without a walk of ``/proc`` (signals only):
+            they are stopped first.
         send: signals one member (signals only); raises ProcessLookupError
             for a process that is gone.
     """
@@ -40,11 +42,13 @@ class Suspension:
         freezer_group: FreezerGroup | None,
         members: Callable[[], set[int]],
         send: Callable[[int, int], None],
+        known: Callable[[], set[int]] = set,
     ) -> None:
         self._job_id = job_id
         self._cgroup = cgroup
         self._freezer = freezer_group
         self._members = members
+        self._known = known
         self._send = send
         self._stopped: set[int] = set()  # every pid SIGSTOP went to, for the SIGCONT
         self.method: FreezeMethod | None = None  # how the tree is suspended now
@@ -76,8 +80,12 @@ class Suspension:
         self.method = method
         return method
 
-    def resume(self) -> FreezeMethod | None:
+    def resume(self, listed: set[int] | None = None) -> FreezeMethod | None:
         """Let the tree go on; how it had been suspended, None if it was not.
+
+        Args:
+            listed: the tree's pids, when the caller has just walked ``/proc`` for them
+                (signals only: spares a second walk).
 
         Raises:
             SuspendError: the kernel refused to thaw it (it stays suspended).
@@ -86,24 +94,26 @@ class Suspension:
         if method is None:
             return None
         try:
-            self._set(method, False, freezer.FREEZE_TIMEOUT_S)
+            self._set(method, False, freezer.FREEZE_TIMEOUT_S, listed)
         except (OSError, KernelFileError, TimeoutError) as err:
             raise SuspendError(self._job_id, f"cannot resume ({method.value}): {err}") from err
         self.method = None
         self._stopped.clear()
         return method
 
-    def resume_quietly(self) -> None:
+    def resume_quietly(self, listed: set[int] | None = None) -> None:
         """Resume before a stop or after a failed suspend, whatever the kernel says."""
         with contextlib.suppress(SuspendError):
-            self.resume()
+            self.resume(listed)
 
     def forget(self) -> None:
         """The tree is gone (its groups removed): nothing is suspended any more."""
         self.method = None
         self._stopped.clear()
 
-    def _set(self, method: FreezeMethod, frozen: bool, timeout: float) -> None:
+    def _set(
+        self, method: FreezeMethod, frozen: bool, timeout: float, listed: set[int] | None = None
+    ) -> None:
         if method is FreezeMethod.CGROUP_V2:
             assert self._cgroup is not None
             freezer.set_v2_frozen(self._cgroup.directory, frozen, timeout=timeout)
@@ -111,9 +121,12 @@ class Suspension:
             assert self._freezer is not None
             self._freezer.set_frozen(frozen, timeout=timeout)
         elif frozen:
-            freezer.stop_processes(self._listed, send=self._send, timeout=timeout)
+            first = self._known()
+            self._stopped |= first
+            freezer.stop_processes(self._listed, first=first, send=self._send, timeout=timeout)
         else:
-            freezer.continue_processes(self._stopped | self._members(), send=self._send)
+            now = self._members() if listed is None else listed
+            freezer.continue_processes(self._stopped | now, send=self._send)
 
     def _listed(self) -> set[int]:
         """The tree's pids now; each is remembered as one to SIGCONT."""
