@@ -64,6 +64,9 @@ class FakeTarget:
         self.done.append(("pause" if trial else "suspend", job_id))
         return True
 
+    def suspend_all_for_pressure(self, job_ids: list[str]) -> list[str]:
+        return [j for j in job_ids if self.suspend_for_pressure(j)]
+
     def resume_after_pressure(self, job_id: str) -> bool:
         self.done.append(("resume", job_id))
         return True

@@ -39,6 +39,9 @@ def test_batch_prints_each_suspension_and_stop_and_counts_them(tmp_path: Path) -
     err = done.stderr
     assert (done.returncode, *kills) == (0, 0, 0), err[-3000:]
     assert re.search(r"^roomkeeper batch: line 3 suspended for memory pressure", err, re.M), err
+    # A job group's freezer where groups are made; in a read-only layout, SIGSTOP to the tree.
+    way = ("v1 freezer" if box.version == 1 else "cgroup.freeze") if box.made else "SIGSTOP"
+    assert re.search(rf"^roomkeeper: INFO job 3 frozen by {way}$", err, re.M), err
     stopped = re.findall(r"^roomkeeper batch: line (\d) stopped for memory pressure", err, re.M)
     assert stopped == ["3"], err
     counts = re.search(

@@ -154,3 +154,31 @@ def test_the_members_known_already_are_stopped_before_the_first_listing(
     freezer.stop_processes(members, first={41}, send=send, timeout=1.0)
     assert events[:2] == [("signal", 41), ("listing", 0)]
     assert stopped == {41, 42}
+
+
+def test_a_halt_stops_the_known_members_and_a_failed_suspension_lets_them_go_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """halt() SIGSTOPs the members known without a walk; the suspension that follows walks for
+    the rest, and when it fails every process halted gets SIGCONT back."""
+    sent: list[tuple[int, int]] = []
+    views = [{7, 8}, {8}]  # the sampler's view of the tree changes between the two calls
+
+    suspension = Suspension(
+        "j",
+        cgroup=None,
+        freezer_group=None,
+        members=lambda: {9},
+        send=lambda pid, sig: sent.append((pid, sig)),
+        known=lambda: views.pop(0) if len(views) > 1 else views[0],
+    )
+    suspension.halt()
+    assert sorted(sent) == [(7, signal.SIGSTOP), (8, signal.SIGSTOP)]
+
+    def never_stops(members: Callable[[], set[int]], **_: object) -> None:
+        raise TimeoutError("pids [9] still ran after 0.1 s")
+
+    monkeypatch.setattr(freezer, "stop_processes", never_stops)
+    with pytest.raises(SuspendError):
+        suspension.suspend(0.1)
+    assert sorted(p for p, sig in sent if sig == signal.SIGCONT) == [7, 8, 9]

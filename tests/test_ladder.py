@@ -513,3 +513,45 @@ def test_a_slow_reading_says_where_its_time_went_now_and_then(
     assert said == [
         "a pressure reading took 1200 ms (the reading 0 ms, the live jobs 1200 ms, the steps 0 ms)"
     ]
+
+
+class _Freezable(Handle):
+    """A tree that can be suspended, recording the order of halts and suspensions."""
+
+    suspendable = True
+
+    def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+        super().__init__(100 * MB)
+        self.name, self.calls = name, calls
+
+    def halt(self) -> None:
+        self.calls.append(("halt", self.name))
+
+    def suspend(self, *, timeout: float = 0.0) -> object:
+        self.calls.append(("suspend", self.name))
+        return "fake"
+
+    def resume(self) -> object:
+        self.calls.append(("resume", self.name))
+        return "fake"
+
+
+def test_the_suspensions_of_one_reading_halt_every_tree_before_any_walk(tmp_path: Path) -> None:
+    """Three trees suspended by one reading: each is halted (its known processes stopped)
+    before the first one is suspended in full, which walks /proc (slow on a busy machine)."""
+    calls: list[tuple[str, str]] = []
+    scheduler = Scheduler(
+        logs_dir=tmp_path,
+        launcher=lambda job_id, spec: _Freezable(job_id, calls),
+        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+        pressure=False,
+        pressure_settings=lambda: SETTINGS,
+    )
+    try:
+        ids = [scheduler.submit(JobSpec(argv=["x"], owner=o, memory_bytes=MB)).id for o in "abc"]
+        scheduler.tick()
+        assert scheduler.relief.suspend_all_for_pressure(ids) == ids
+        assert calls == [("halt", i) for i in ids] + [("suspend", i) for i in ids]
+        assert {scheduler.get(i).state for i in ids} == {JobState.SUSPENDED}
+    finally:
+        scheduler.close()

@@ -13,7 +13,12 @@ import pytest
 
 from roomkeeper.kernel import resources
 from roomkeeper.kernel.notify import Notifier, psi_trigger_line, threshold_line
-from tests.cgroups import child_memory_cgroup
+from tests.cgroups import (
+    cgroup_fs_read_only,
+    child_memory_cgroup,
+    memory_cgroup_version,
+    own_memory_group,
+)
 from tests.kernel_files import Level, fixture_roots, v1_tree, v2_tree
 
 MIB = 2**20
@@ -100,9 +105,9 @@ GROW = (
 @pytest.mark.cgroups
 def test_a_real_v1_threshold_fires_its_eventfd() -> None:
     """A real child memory group with a 64 MiB threshold: a child holding 128 MiB fires it."""
-    with child_memory_cgroup(512 * MIB) as (version, group):
-        if version != 1:
-            pytest.skip("usage thresholds are cgroup v1's (v2 has PSI triggers)")
+    if memory_cgroup_version() != 1:
+        pytest.skip("usage thresholds are cgroup v1's (v2 has PSI triggers)")
+    with child_memory_cgroup(512 * MIB) as (_, group):
         notifier = Notifier()
         notifier.arm_v1_thresholds(str(group), [64 * MIB])
         assert notifier.failures == []
@@ -128,10 +133,22 @@ def test_a_real_v1_threshold_fires_its_eventfd() -> None:
 @pytest.mark.kernel
 @pytest.mark.cgroups
 def test_a_real_v2_group_takes_a_psi_trigger() -> None:
-    """A real v2 group accepts the PSI trigger and the memory.events watch."""
-    with child_memory_cgroup(512 * MIB) as (version, group):
-        if version != 2:
-            pytest.skip("PSI triggers on a group are cgroup v2's")
+    """A real v2 group accepts the PSI trigger and the memory.events watch; in a read-only
+    layout (a container's) its own group takes the memory.events watch alone, and the
+    failure of the trigger says why."""
+    if memory_cgroup_version() != 2:
+        pytest.skip("PSI triggers on a group are cgroup v2's")
+    if cgroup_fs_read_only():
+        _, own = own_memory_group()
+        notifier = Notifier()
+        notifier.arm_v2(str(own))
+        try:
+            assert [a.what for a in notifier.armed] == ["memory.events"], notifier.armed
+            assert any("read-only" in f.lower() for f in notifier.failures), notifier.failures
+        finally:
+            notifier.close()
+        return
+    with child_memory_cgroup(512 * MIB) as (_, group):
         notifier = Notifier()
         notifier.arm_v2(str(group))
         try:

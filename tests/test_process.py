@@ -25,6 +25,7 @@ from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.trees.lifeline import Lifeline, LifelineStatistics
 from roomkeeper.trees.orphans import become_subreaper
 from roomkeeper.trees.process import ManagedProcess
+from tests.cgroups import cgroup_fs_read_only
 from tests.kernel_files import FIXTURES
 from tests.processes import Reaper, gone, python, read_log
 
@@ -97,12 +98,17 @@ def subreaper() -> Iterator[None]:
 
 
 @pytest.fixture
-def cgroup_ok() -> None:
-    """Skips the test where a job cgroup cannot be made (not root, no memory controller)."""
+def cgroup_ok() -> bool:
+    """Whether a job cgroup is made here: False in a read-only cgroup layout (a container's),
+    where the test checks the fallback instead; skips where none can be made for another
+    reason (not root, no memory controller)."""
+    if cgroup_fs_read_only():
+        return False
     made = create_job_cgroup("probe")
     if isinstance(made, str):
         pytest.skip(f"no job cgroup on this machine: {made}")
     made.remove()
+    return True
 
 
 def test_argv_runs_without_a_shell(tmp_path: Path, reaper: Reaper) -> None:
@@ -175,11 +181,11 @@ def test_stop_kills_the_whole_tree(
     request: pytest.FixtureRequest,
 ) -> None:
     """SIGTERM, the grace period, then SIGKILL reach a setsid() grandchild and an orphan."""
-    if use_cgroup:
-        request.getfixturevalue("cgroup_ok")
+    grouped = use_cgroup and request.getfixturevalue("cgroup_ok")
     log = tmp_path / "tree.log"
-    args = ("escapee",) if use_cgroup else ()  # only a cgroup finds a parentless setsid()
+    args = ("escapee",) if grouped else ()  # only a cgroup finds a parentless setsid()
     job = reaper.launch("tree", LaunchSpec(python(TREE, *args), str(log), use_cgroup=use_cgroup))
+    assert (job.cgroup_dir is not None) == grouped, job.cgroup_note  # read-only: no group
     members = pids_in(read_log(log, "ready"))
     assert set(members) == {"kept", "orphan", *args}
     reaper.watch(*members.values())
@@ -367,13 +373,13 @@ HOLD_100_MIB = "import time; block = b'x' * (100 << 20); print('ready', flush=Tr
 def test_footprint_of_a_job_holding_100_mib(
     tmp_path: Path, reaper: Reaper, use_cgroup: bool, request: pytest.FixtureRequest
 ) -> None:
-    """A job holding 100 MiB of anonymous memory measures 90-200 MiB, by cgroup or psutil."""
-    if use_cgroup:
-        request.getfixturevalue("cgroup_ok")
+    """A job holding 100 MiB of anonymous memory measures 90-200 MiB, by cgroup or psutil
+    (psutil too where a read-only cgroup file system gives it no group)."""
+    grouped = use_cgroup and request.getfixturevalue("cgroup_ok")
     log = tmp_path / "job.log"
     spec = LaunchSpec(python(HOLD_100_MIB), str(log), use_cgroup=use_cgroup)
     job = reaper.launch("hold", spec)
-    assert (job.cgroup_dir is not None) == use_cgroup
+    assert (job.cgroup_dir is not None) == grouped, job.cgroup_note
     read_log(log, "ready")
     footprint = job.footprint_bytes()
     assert 90 * MIB <= footprint <= 200 * MIB
@@ -401,9 +407,16 @@ def test_bad_cwd_is_a_failed_launch(tmp_path: Path, reaper: Reaper) -> None:
 
 @pytest.mark.kernel
 @pytest.mark.cgroups
-def test_cgroup_is_removed_after_close(tmp_path: Path, reaper: Reaper, cgroup_ok: None) -> None:
-    """The job's own cgroup sits under ours while it runs and is gone after close()."""
+def test_cgroup_is_removed_after_close(tmp_path: Path, reaper: Reaper, cgroup_ok: bool) -> None:
+    """The job's own cgroup sits under ours while it runs and is gone after close(); in a
+    read-only cgroup layout the job runs without one and says why."""
     job = reaper.launch("cg", LaunchSpec(["sleep", "60"], str(tmp_path / "cg.log")))
+    if not cgroup_ok:
+        assert job.cgroup_dir is None and "read-only" in (job.cgroup_note or ""), job.cgroup_note
+        assert job.poll() is None  # it runs all the same
+        job.close()
+        assert job.poll() is not None
+        return
     own = job_cgroup_parent()
     assert own is not None and job.cgroup_dir is not None
     assert os.path.dirname(job.cgroup_dir) == own.directory

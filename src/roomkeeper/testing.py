@@ -27,6 +27,9 @@ class CannotSuspend:
 
     suspendable = False
 
+    def halt(self) -> None:
+        """Nothing, as for a remote tree."""
+
     def suspend(self, *, timeout: float = 0.0) -> object:
         """Refuse, as a remote tree does."""
         from roomkeeper.errors import SuspendError

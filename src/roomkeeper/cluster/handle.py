@@ -146,6 +146,9 @@ class RayHandle:
         """Never: the tree runs on another machine, where its node's guard watches it."""
         return False
 
+    def halt(self) -> None:
+        """Nothing: a tree on another machine is never suspended from here."""
+
     def suspend(self, *, timeout: float = 0.0) -> object:
         """A tree on another machine cannot be suspended from here.
 

@@ -48,6 +48,12 @@ class Handle(Protocol):
     def stop(self, grace: float = ...) -> int | None: ...
     def close(self) -> None: ...
 
+    def halt(self) -> None:
+        """Stop the tree's growth at once where that needs no walk of ``/proc`` (SIGSTOP to
+        the processes known already); :meth:`suspend` must follow.  Nothing where a
+        suspension is as quick (a group's freezer) or impossible."""
+        ...
+
     def suspend(self, *, timeout: float = ...) -> object:
         """Suspend the whole tree (the relief ladder).
 

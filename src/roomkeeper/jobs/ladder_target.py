@@ -23,6 +23,7 @@ from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteHandle
 from roomkeeper.jobs.rounds import LaunchRounds
 from roomkeeper.jobs.spec import JobState
+from roomkeeper.kernel.freezer import FreezeMethod
 from roomkeeper.relief.ladder import Live
 
 log = logging.getLogger("roomkeeper")
@@ -143,17 +144,41 @@ class SchedulerRelief:
     def suspend_for_pressure(self, job_id: str, *, trial: bool = False) -> bool:
         """Suspend the job's whole tree; its state becomes ``suspended``, with reason
         ``memory_pressure``, or ``on_trial`` for the pause of a job on trial."""
+        found = self._suspendable(job_id)
+        return found is not None and self._suspend(job_id, *found, trial=trial)
+
+    def suspend_all_for_pressure(self, job_ids: list[str]) -> list[str]:
+        """Suspend several trees, each as :meth:`suspend_for_pressure` does; the ones suspended.
+
+        Every tree is halted first (the processes known already get SIGSTOP, no
+        walk of ``/proc``), then each is suspended in full: on a busy machine a
+        walk takes long, and the last tree would otherwise grow through the
+        walks of all the others.
+        """
+        found = [(job_id, f) for job_id in job_ids if (f := self._suspendable(job_id)) is not None]
+        for _, (_, handle) in found:
+            with contextlib.suppress(Exception):  # a halt only speeds the suspension up
+                handle.halt()
+        return [job_id for job_id, f in found if self._suspend(job_id, *f, trial=False)]
+
+    def _suspendable(self, job_id: str) -> tuple[JobRecord, Handle] | None:
+        """The running job and its handle, when its tree can be suspended now."""
         found = self._running(job_id)
-        if found is None or found[0].state is JobState.SUSPENDED:
-            return False
-        job, handle = found
-        if not handle.suspendable:
-            return False
+        if found is None or found[0].state is JobState.SUSPENDED or not found[1].suspendable:
+            return None
+        return found
+
+    def _suspend(self, job_id: str, job: JobRecord, handle: Handle, *, trial: bool) -> bool:
+        """Suspend one tree found suspendable, and record it (a halted tree always comes here:
+        a failed suspension lets it go on)."""
         try:
-            handle.suspend(timeout=SUSPEND_TIMEOUT_S)
+            method = handle.suspend(timeout=SUSPEND_TIMEOUT_S)
         except SuspendError as err:
             log.warning("memory pressure: job %s could not be suspended: %s", job_id, err)
             return False
+        # How, in words: a job group's freezer, or SIGSTOP to every process of the tree.
+        way = method.value if isinstance(method, FreezeMethod) else str(method)
+        log.info("job %s frozen by %s", job_id, way)
         with self._lock:
             if job.handle is not handle:  # stopped and queued again meanwhile: a new run
                 return False

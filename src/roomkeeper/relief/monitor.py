@@ -63,6 +63,10 @@ class Target(Protocol):
         suspended now."""
         ...
 
+    def suspend_all_for_pressure(self, job_ids: list[str]) -> list[str]:
+        """Suspend several trees, each halted before any is walked; the ones suspended now."""
+        ...
+
     def resume_after_pressure(self, job_id: str) -> bool:
         """Let the job's tree go on; whether it runs now."""
         ...
@@ -217,11 +221,19 @@ class PressureMonitor:
                     self._crossed.setdefault(step, seen)
         self._target.hold_for_pressure(plan.hold)
         footprints = {j.job_id: j.footprint for j in live}
+        # The ladder's suspensions of one reading go together: every tree is halted before
+        # any is walked for its escaped processes (slow on a busy machine).
+        asked = [
+            a.job_id
+            for a in plan.actions
+            if a.step is Step.SUSPEND and not a.trial and a.job_id is not None
+        ]
+        frozen = set(self._target.suspend_all_for_pressure(asked)) if asked else set()
         for action in plan.actions:
             if action.trial:
                 self._act_on_trial(action)
             else:
-                self._act(action, reading, footprints.get(action.job_id or "", 0))
+                self._act(action, reading, footprints.get(action.job_id or "", 0), frozen)
         if not self._state.holding:  # no pressure (a paused trial alone holds launches)
             self._crossed.clear()
         self._near = self._near or self._state.holding
@@ -238,13 +250,14 @@ class PressureMonitor:
             )
         return plan
 
-    def _act(self, action: Action, reading: Reading, footprint: int) -> None:
-        """Carry out one step; log it, count it, and tell ``on_step``."""
+    def _act(self, action: Action, reading: Reading, footprint: int, frozen: set[str]) -> None:
+        """Carry out one step (a suspension is done already: ``frozen``, the ones that took);
+        log it, count it, and tell ``on_step``."""
         step, job_id = action.step, action.job_id
         if step is Step.HOLD:
             done = True
         elif step is Step.SUSPEND:
-            done = job_id is not None and self._target.suspend_for_pressure(job_id)
+            done = job_id in frozen
         elif step is Step.RESUME:
             done = job_id is not None and self._target.resume_after_pressure(job_id)
         else:

@@ -268,6 +268,14 @@ class ManagedProcess:
         """Always: a tree here can be frozen (its group) or stopped by signals."""
         return True
 
+    def halt(self) -> None:
+        """SIGSTOP the processes of the tree known already, without a walk of ``/proc``, where
+        the tree is suspended by signals; :meth:`suspend` must follow (it finds the rest,
+        and a failed one lets these go on too)."""
+        with self._lock:
+            if not self._closed:
+                self._suspension.halt()
+
     def suspend(self, *, timeout: float = FREEZE_TIMEOUT_S) -> FreezeMethod:
         """Suspend the whole tree; returns how.  Idempotent: a suspended tree stays so.
 

@@ -12,6 +12,7 @@ suspends the newest tree before it stops one: nothing is lost.
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Callable
 
 from roomkeeper.errors import KernelFileError, SuspendError
@@ -61,6 +62,17 @@ class Suspension:
         if self._freezer is not None:
             return FreezeMethod.FREEZER_V1
         return FreezeMethod.SIGNALS
+
+    def halt(self) -> None:
+        """SIGSTOP the members known already (signals only; nothing once suspended): the
+        tree grows no more while :meth:`suspend`, which must follow, walks for the rest."""
+        if self.method is not None or self.way() is not FreezeMethod.SIGNALS:
+            return
+        first = self._known()
+        self._stopped |= first
+        for pid in first:
+            with contextlib.suppress(ProcessLookupError):
+                self._send(pid, signal.SIGSTOP)
 
     def suspend(self, timeout: float) -> FreezeMethod:
         """Suspend the tree (see :meth:`ManagedProcess.suspend`); how it was suspended.
