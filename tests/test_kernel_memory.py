@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,15 +64,7 @@ def test_reading_inside_a_limited_group_reports_its_limit_and_leaves_out_the_cac
     if cgroup_fs_read_only():
         return _check_the_container_itself(tmp_path)
     with ext4_scratch(tmp_path) as disk, child_memory_cgroup(GIB) as (version, group):
-        result = subprocess.run(
-            [sys.executable, "-c", INSIDE, str(group / "cgroup.procs"), str(disk / "cache")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        reading = json.loads(result.stdout)
+        reading = _inside(str(group / "cgroup.procs"), str(disk / "cache"))
     assert reading["reason"] is None
     assert reading["source"] == f"cgroup v{version}"
     assert reading["limit"] == GIB
@@ -80,21 +73,22 @@ def test_reading_inside_a_limited_group_reports_its_limit_and_leaves_out_the_cac
     assert reading["charged"] >= reading["used"] + 250 * MB, reading
 
 
+def _inside(*args: str) -> dict[str, Any]:
+    """Run :data:`INSIDE` with ``args``; the reading it printed."""
+    argv = [sys.executable, "-c", INSIDE, *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    reading: dict[str, Any] = json.loads(result.stdout)
+    return reading
+
+
 def _check_the_container_itself(tmp_path: Path) -> None:
     """In a read-only cgroup layout no child group can be made: the container's own group is
     read, and what the same work adds to it is measured: about 200 MB more used, though
     about 500 MB more are charged."""
     version, own = own_memory_group()
     with ext4_scratch(tmp_path) as disk:
-        result = subprocess.run(
-            [sys.executable, "-c", INSIDE, "-", str(disk / "cache"), str(own)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    assert result.returncode == 0, result.stderr
-    reading = json.loads(result.stdout)
+        reading = _inside("-", str(disk / "cache"), str(own))
     assert reading["reason"] is None
     assert reading["source"] == f"cgroup v{version}"
     assert reading["limit"] == int((own / "memory.max").read_text())

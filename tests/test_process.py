@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from roomkeeper.errors import LaunchError, UsageError
@@ -21,6 +22,7 @@ from roomkeeper.kernel.proc import (
     read_stat,
 )
 from roomkeeper.testing import FakeClock
+from roomkeeper.trees import process as process_module
 from roomkeeper.trees.launch import LaunchSpec
 from roomkeeper.trees.lifeline import Lifeline, LifelineStatistics
 from roomkeeper.trees.orphans import become_subreaper
@@ -483,3 +485,40 @@ def test_lifeline_refuses_registrations_that_would_reach_init() -> None:
     with pytest.raises(ValueError, match=r"pid and sid must be > 1 \(got 1, 1\)"):
         lifeline.register(1, 1, None)
     assert lifeline.pid is None  # refused before any helper was started
+
+
+def test_a_footprint_between_samples_measures_known_members_without_walking_proc(
+    tmp_path: Path, reaper: Reaper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pressure monitor's footprint of a tree without a group reads the processes the
+    sampler found, never a walk of /proc (seconds beside busy threads on a slow machine)."""
+    log = tmp_path / "job.log"
+    job = reaper.launch("hold", LaunchSpec(python(HOLD_100_MIB), str(log), use_cgroup=False))
+    read_log(log, "ready")
+
+    def no_walk(*_: object, **__: object) -> object:
+        raise AssertionError("a footprint walked /proc")
+
+    monkeypatch.setattr(process_module, "scan_proc", no_walk)
+    assert 90 * MIB <= job.footprint_bytes() <= 200 * MIB
+
+
+def test_a_stop_freezes_the_tree_before_it_walks_proc(tmp_path: Path, reaper: Reaper) -> None:
+    """A stop's walk of /proc for the members outside the group is slow on a busy machine: the
+    leader's process group is already stopped (SIGSTOP) when the walk runs, so a tree stopped
+    for pressure grows no more meanwhile; then it dies of its SIGTERM."""
+    log = tmp_path / "job.log"
+    code = "import time; print('ready', flush=True); time.sleep(60)"
+    job = reaper.launch("frozen", LaunchSpec(python(code), str(log), use_cgroup=False))
+    read_log(log, "ready")
+    seen: list[str] = []
+    walk = job.refresh
+
+    def refresh(table: object = None) -> list[psutil.Process]:
+        stat = read_stat(job.pid)
+        seen.append(stat.state if stat else "gone")
+        return walk()
+
+    job.refresh = refresh  # type: ignore[method-assign]
+    assert job.stop(grace=10.0) == -signal.SIGTERM
+    assert seen[:1] == ["T"]
