@@ -555,3 +555,30 @@ def test_the_suspensions_of_one_reading_halt_every_tree_before_any_walk(tmp_path
         assert {scheduler.get(i).state for i in ids} == {JobState.SUSPENDED}
     finally:
         scheduler.close()
+
+
+def test_a_reading_lists_the_live_jobs_before_it_reads_the_container() -> None:
+    """A stopped job that leaves the live list has given its memory back before the reading
+    that follows: read the other way round, a reading taken just before its exit and a list
+    taken just after it would choose a second victim for memory already freed."""
+    calls: list[str] = []
+
+    class Recording(FakeTarget):
+        def live_jobs(self) -> list[Live]:
+            calls.append("live jobs")
+            return super().live_jobs()
+
+    def read() -> Reading:
+        calls.append("reading")
+        return reading(LINE - 100 * MB)
+
+    monitor = PressureMonitor(
+        target=Recording([]),
+        read=read,
+        cooldown=Cooldown(FakeClock()),
+        settings=lambda: SETTINGS,
+        clock=FakeClock(),
+    )
+    monitor.check()
+    monitor.check()
+    assert calls == ["live jobs", "reading"] * 2

@@ -198,17 +198,19 @@ class PressureMonitor:
                 time for the reaction (it is earlier than the reading).
         """
         began = self._clock()
+        # The live jobs first, then the reading: a stopped job that leaves the list gave its
+        # memory back before the reading, so the reading never shows memory of a job the
+        # list has lost (a second victim would be chosen for it).
+        live = self._target.live_jobs()
+        live_s = self._clock() - began
         reading = self._read()
         if reading is None:
             self._near = False
             return None
-        read_s = self._clock() - began
+        read_s = self._clock() - began - live_s
         self._near = reading.used >= reading.hold_line - reading.headroom // 2
         if self._arm is not None and self._armed_for != (reading.limit, reading.hold_line):
             self._rearm(reading)  # the first reading, or the container's limit moved
-        listed = self._clock()
-        live = self._target.live_jobs()
-        live_s = self._clock() - listed
         plan, self._state = decide(
             self._state, reading, live, self._settings(), cooling=self._cooldown.active()
         )
