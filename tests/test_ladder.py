@@ -582,3 +582,15 @@ def test_a_reading_lists_the_live_jobs_before_it_reads_the_container() -> None:
     monitor.check()
     monitor.check()
     assert calls == ["live jobs", "reading"] * 2
+
+
+def test_a_guessed_crossing_never_stops_the_oldest_alone_nor_below_the_suspend_line() -> None:
+    """The last rise may point past the stop line; that guess alone never stops the oldest job
+    as one that can never fit, and stops nothing while used is under the suspend line."""
+    alone = [job("oldest", 1)]
+    plans = run_moving([(reading(LINE + 10 * MB), alone), (reading(SUSPEND + 10 * MB), alone)])
+    assert all(a.step is not Step.STOP for p in plans for a in p.actions)
+    below = run_moving(
+        [(reading(LINE + 5 * MB), grown()), (reading(SUSPEND - 5 * MB), grown(a=400))]
+    )
+    assert all(a.step is not Step.STOP for p in below for a in p.actions)

@@ -515,7 +515,10 @@ def test_a_stop_freezes_the_tree_before_it_walks_proc(tmp_path: Path, reaper: Re
     walk = job.refresh
 
     def refresh(table: object = None) -> list[psutil.Process]:
-        stat = read_stat(job.pid)
+        # A SIGSTOP takes hold when the process is next scheduled: late on a busy machine.
+        deadline = time.monotonic() + (0 if seen else 10)  # the first walk is the one in question
+        while (stat := read_stat(job.pid)) and stat.state != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
         seen.append(stat.state if stat else "gone")
         return walk()
 

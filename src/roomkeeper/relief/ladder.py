@@ -168,8 +168,10 @@ def decide(
     if above is Step.STOP:
         # What grows is frozen as well: a stop takes time to give memory back.
         freeze = _suspend(reading, by_age, grew, rise, newest=False) if rising else []
-        if freeze and not critical and reading.used <= reading.stop_line:
-            actions += freeze  # only the rise points past the stop line: freezing it is enough
+        if not critical and reading.used <= reading.stop_line and (freeze or len(by_age) < 2):
+            # Only the rise points past the stop line: freezing it is enough, and a guess
+            # never stops the oldest job alone as one that can never fit.
+            actions += freeze
         else:
             actions += _stop(reading, by_age, critical, rise)
             stopped = {a.job_id for a in actions}
@@ -217,7 +219,7 @@ def _above(reading: Reading, critical: bool, rise: int) -> Step | None:
         return Step.STOP
     if reading.used <= reading.hold_line:
         return None
-    if reading.used + rise > reading.stop_line:
+    if reading.used > reading.suspend_line and reading.used + rise > reading.stop_line:
         return Step.STOP
     if reading.used + rise > reading.suspend_line:
         return Step.SUSPEND
@@ -276,8 +278,10 @@ def _suspend(
     ]
     if reading.used > reading.suspend_line:
         why = _figures(reading, "line", reading.suspend_line)
-    else:
+    elif reading.used + rise > reading.suspend_line:
         why = _projected(reading, rise, "line", reading.suspend_line)
+    else:  # frozen beside a stop for sustained PSI pressure, below the line
+        why = f"it grows beside a stop: {_figures(reading, 'line', reading.suspend_line)}"
     return [Action(Step.SUSPEND, j.job_id, why) for j in victims]
 
 

@@ -222,20 +222,7 @@ class PressureMonitor:
                 if _RANK[step] <= _RANK[plan.crossed]:
                     self._crossed.setdefault(step, seen)
         self._target.hold_for_pressure(plan.hold)
-        footprints = {j.job_id: j.footprint for j in live}
-        # The ladder's suspensions of one reading go together: every tree is halted before
-        # any is walked for its escaped processes (slow on a busy machine).
-        asked = [
-            a.job_id
-            for a in plan.actions
-            if a.step is Step.SUSPEND and not a.trial and a.job_id is not None
-        ]
-        frozen = set(self._target.suspend_all_for_pressure(asked)) if asked else set()
-        for action in plan.actions:
-            if action.trial:
-                self._act_on_trial(action)
-            else:
-                self._act(action, reading, footprints.get(action.job_id or "", 0), frozen)
+        self._carry_out(plan, reading, {j.job_id: j.footprint for j in live})
         if not self._state.holding:  # no pressure (a paused trial alone holds launches)
             self._crossed.clear()
         self._near = self._near or self._state.holding
@@ -251,6 +238,24 @@ class PressureMonitor:
                 (took - read_s - live_s) * 1000,
             )
         return plan
+
+    def _carry_out(self, plan: Plan, reading: Reading, footprints: dict[str, int]) -> None:
+        """Take the plan's steps in order: a hold and a stop first (a stop gives memory back,
+        the most urgent step), then the reading's suspensions together, every tree halted
+        before any is walked for its escaped processes (slow on a busy machine)."""
+        asked = [
+            a.job_id
+            for a in plan.actions
+            if a.step is Step.SUSPEND and not a.trial and a.job_id is not None
+        ]
+        frozen: set[str] | None = None
+        for action in plan.actions:
+            if action.trial:
+                self._act_on_trial(action)
+                continue
+            if action.step is Step.SUSPEND and frozen is None:
+                frozen = set(self._target.suspend_all_for_pressure(asked))
+            self._act(action, reading, footprints.get(action.job_id or "", 0), frozen or set())
 
     def _act(self, action: Action, reading: Reading, footprint: int, frozen: set[str]) -> None:
         """Carry out one step (a suspension is done already: ``frozen``, the ones that took);

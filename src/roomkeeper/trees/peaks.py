@@ -128,8 +128,8 @@ class PeakSampler:
                     self._thread = None
                     return
             started = time.monotonic()
-            # One /proc walk serves every tree without a group, and the pressure monitor's
-            # footprint readings in the same moment (kernel.proc.recent_scan).
+            # One /proc walk serves every tree without a group (another sampler's walk of
+            # this moment too); the monitor's readings measure the members it found.
             table = recent_scan() if any(t.needs_process_table for t in trees) else None
             for tree in trees:
                 try:

@@ -202,7 +202,8 @@ class ManagedProcess:
             # the machine and, beside busy threads, each read waits its turn for the
             # interpreter lock (seconds in all on a slow machine).  A stop or a
             # suspension walks afresh (refresh() without a table).
-            members = [proc for proc in self._members.values() if proc.pid != self.pid]
+            # is_running() compares start times: a pid reused since is never counted.
+            members = [p for p in self._members.values() if p.pid != self.pid and p.is_running()]
         else:
             members = self.refresh(table)
         if self.poll() is None:  # unreaped until close(): its pid is not reused
@@ -335,6 +336,8 @@ class ManagedProcess:
             proc.send_signal(sig)
         except psutil.NoSuchProcess as err:
             raise ProcessLookupError(pid) from err
+        except psutil.AccessDenied as err:  # a setuid member: the suspension fails cleanly
+            raise PermissionError(f"pid {pid}: {err}") from err
 
     # ---------------------------------------------------------------- ending
 
