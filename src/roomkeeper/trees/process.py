@@ -350,14 +350,9 @@ class ManagedProcess:
     ) -> int | None:
         """Stop the whole tree: SIGTERM to all, up to ``grace`` seconds, then SIGKILL the rest.
 
-        The leader and its process group get SIGSTOP first: a tree stopped for
-        memory pressure grows no more from that moment, though a walk of
-        ``/proc`` for the members outside the group takes long on a busy
-        machine, and nothing dies before that walk, so a member outside the
-        group is still found through its living parent.  A stopped or
-        suspended tree goes on just after its SIGTERM, so it dies of that
-        signal instead of running on first (and a v1-frozen task could not
-        die of SIGKILL at all).
+        A suspended tree is resumed just after its SIGTERM, so it dies of
+        that signal instead of running on first (and a v1-frozen task could
+        not die of SIGKILL at all).
 
         Returns:
             the leader's exit code.
@@ -365,10 +360,8 @@ class ManagedProcess:
         with self._lock:
             if self._closed:
                 return self._returncode
-            self._signal(signal.SIGSTOP, [])
             members = self.refresh()
             self._signal(signal.SIGTERM, members)
-            self._signal(signal.SIGCONT, members)
             self._suspension.resume_quietly(listed={p.pid for p in members} | {self.pid})
             deadline, step = clock() + grace, 0.001
             while (left := deadline - clock()) > 0 and self._alive(members):
