@@ -74,7 +74,7 @@ def run_here(
     return wall, kills
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--here", action="store_true", help="run in this process's own group")
     parser.add_argument("--limit", default="1G", help="the child group's limit (not with --here)")
@@ -87,8 +87,28 @@ def main() -> None:
     parser.add_argument(
         "--env", action="append", default=[], help="NAME=VALUE for the batch (repeatable)"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def report(name: str, jobs: int, completed: int, kills: int, wall: float, stderr: str) -> None:
+    """Print one run's figures, the guard's and monitor's own lines, and the batch's last
+    words when a job did not finish."""
+    print(
+        f"{name:34s} done {completed}/{jobs}  OOM kills {kills}  wall {wall:6.1f} s"
+        f"  {pressure_figures(stderr)}",
+        flush=True,
+    )
+    guard_line = re.search(r"roomkeeper guard is on \{.*\}", stderr)
+    wakes = re.search(r"pressure monitor(?: wakes on)?:? [^\n]*", stderr)
+    for found in (guard_line, wakes):
+        if found is not None:
+            print(f"    {found.group(0)[:300]}", flush=True)
+    if completed < jobs:
+        print("    " + "\n    ".join(stderr.splitlines()[-15:]), flush=True)
+
+
+def main() -> None:
+    args = parse_args()
     if args.here:
         group, version, limit = own_group()
         where = f"this container ({group}, cgroup v{version})"
@@ -144,19 +164,7 @@ def main() -> None:
             if args.log_dir is not None:
                 args.log_dir.mkdir(parents=True, exist_ok=True)
                 (args.log_dir / f"run-{key}.log").write_text(stderr)
-            completed = len(list(done_dir.iterdir()))
-            print(
-                f"{name:34s} done {completed}/{args.jobs}  OOM kills {kills}  wall {wall:6.1f} s"
-                f"  {pressure_figures(stderr)}",
-                flush=True,
-            )
-            guard_line = re.search(r"roomkeeper guard is on \{.*\}", stderr)
-            wakes = re.search(r"pressure monitor(?: wakes on)?:? [^\n]*", stderr)
-            for found in (guard_line, wakes):
-                if found is not None:
-                    print(f"    {found.group(0)[:300]}", flush=True)
-            if completed < args.jobs:
-                print("    " + "\n    ".join(stderr.splitlines()[-15:]), flush=True)
+            report(name, args.jobs, len(list(done_dir.iterdir())), kills, wall, stderr)
 
 
 if __name__ == "__main__":
