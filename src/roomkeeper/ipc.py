@@ -35,6 +35,10 @@ ENV_FD = "ROOMKEEPER_IPC_FD"
 # Set by the supervisor on a child it starts while recovery mode is latched.
 RECOVERY_MODE_VARIABLE = "ROOMKEEPER_RECOVERY_MODE"
 MAX_LINE = 64 * 1024
+# The gateway's exit status when it cannot start for a reason a restart will not mend (a
+# damaged journal): the supervisor says so and stops instead of restarting it in a loop.
+# sysexits' EX_CONFIG.
+EXIT_CANNOT_START = 78
 
 
 class Channel:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -54,9 +55,21 @@ def serve(port: int | None, socket_path: str | None) -> None:
     socket_path = socket_path or os.environ.get("ROOMKEEPER_SOCKET") or None
     chosen = _port(port)
     _check_port_free(chosen, socket_path)
+    _check_journal()
     from roomkeeper.supervisor.service import run_supervisor
 
     sys.exit(run_supervisor(chosen, socket_path))
+
+
+def _check_journal() -> None:
+    """Refuse to start over a damaged journal: say which file and what to run, start nothing."""
+    from roomkeeper.journal.integrity import JournalDamagedError, check_journal
+
+    path = home_dir(create=False) / "journal.db"
+    with contextlib.suppress(OSError, sqlite3.OperationalError):  # the gateway reports those
+        problems = check_journal(path)
+        if problems:
+            raise JournalDamagedError(path, problems)
 
 
 @click.command()
@@ -87,10 +100,17 @@ def gateway(port: int | None, socket_path: str | None) -> None:
 
 
 def _run(start: Any) -> None:
+    from roomkeeper.ipc import EXIT_CANNOT_START
+    from roomkeeper.journal.integrity import JournalDamagedError
+
     try:
         start()
     except UsageError as err:
         raise click.UsageError(str(err)) from None
+    except JournalDamagedError as err:
+        # A restart would find the same file: the supervisor stops on this status.
+        click.echo(f"roomkeeper gateway: cannot start: {err}", err=True)
+        sys.exit(EXIT_CANNOT_START)
 
 
 def _check_port_free(port: int, socket_path: str | None) -> None:

@@ -12,7 +12,10 @@
    that were pending are uncertain.  Work a person cancelled or stopped stays
    so, even when the crash came before its new state was saved (the request
    itself is saved first, as ``stop_requested``).
-3. Every step is a recovery event in the history: codes and numbers only.
+3. Records lost: a job log with no job record means the journal lost the
+   writes that named it (a damaged WAL keeps only what was written before
+   the damage).  Those jobs are reported, by log file, never silently dropped.
+4. Every step is a recovery event in the history: codes and numbers only.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -49,6 +53,20 @@ class RecoveryReport:
     uncertain_jobs: int
     deferred_jobs: int
     uncertain_calls: int
+    lost_records: int = 0
+
+
+def logs_without_records(known_ids: set[str], logs_dir: Path) -> list[Path]:
+    """The job logs in ``logs_dir`` whose job the journal has no record of, oldest first.
+
+    A deleted job's log goes with its record, so a log alone is a record lost.
+    """
+    try:
+        logs = [p for p in logs_dir.iterdir() if p.suffix == ".log" and p.is_file()]
+    except OSError:
+        return []
+    lost = [p for p in logs if p.stem not in known_ids]
+    return sorted(lost, key=lambda p: p.stat().st_mtime)
 
 
 def _kill_recorded_leader(pid: int, started: float) -> int:
@@ -96,13 +114,31 @@ def _kill_stale_groups(previous_pid: int | None) -> tuple[int, int]:
     return len(pids), groups
 
 
-def recover(journal: Journal, *, crashed: bool, previous_pid: int | None = None) -> RecoveryReport:
-    """Stop orphans, then settle the previous run's work in flight; record what happened."""
+def recover(
+    journal: Journal,
+    *,
+    crashed: bool,
+    previous_pid: int | None = None,
+    logs_dir: Path | None = None,
+) -> RecoveryReport:
+    """Stop orphans, settle the previous run's work in flight, find records lost; record
+    what happened."""
     now = time.time()
     orphan_pids, groups = _stop_orphans(journal, previous_pid)
     uncertain, deferred, writes = _settle_jobs_in_flight(journal, now)
     calls = journal.mark_calls_uncertain()
-    report = RecoveryReport(crashed, orphan_pids, groups, uncertain, deferred, calls.result())
+    lost = [] if logs_dir is None else logs_without_records(journal.job_ids(), logs_dir)
+    if lost:
+        log.error(
+            "the journal has no record of %d job(s) whose logs remain (its last writes were "
+            "lost, e.g. a damaged WAL): %s; their outcome is unknown: read the logs, and "
+            "`roomkeeper journal check` lists them",
+            len(lost),
+            ", ".join(str(p) for p in lost[:10]) + (" …" if len(lost) > 10 else ""),
+        )
+    report = RecoveryReport(
+        crashed, orphan_pids, groups, uncertain, deferred, calls.result(), len(lost)
+    )
     history = [journal.record_history(e) for e in _events(report, now)]
     for future in [*writes, *history]:
         future.result()  # start-up waits: what it decided must be durable (or it raises)
@@ -156,6 +192,9 @@ def _events(report: RecoveryReport, now: float) -> list[HistoryEvent]:
         events.append(HistoryEvent(now, RecoveryCode.MARKED_UNCERTAIN, numbers))
     if report.deferred_jobs:
         events.append(HistoryEvent(now, RecoveryCode.DEFERRED, {"jobs": report.deferred_jobs}))
+    if report.lost_records:
+        numbers = {"jobs": report.lost_records}
+        events.append(HistoryEvent(now, RecoveryCode.RECORDS_LOST, numbers))
     return events
 
 

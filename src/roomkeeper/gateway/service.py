@@ -70,6 +70,7 @@ from roomkeeper.trees.job_user import JobUser, read_job_user
 if TYPE_CHECKING:
     from roomkeeper.cluster.backend import NodeView, RayBackend
 from roomkeeper.journal.database import Journal
+from roomkeeper.journal.integrity import is_damage
 from roomkeeper.kernel.resources import cpu_pressure_percent
 from roomkeeper.paths import check_home, home_dir, load_token, workspace_dir
 
@@ -265,7 +266,12 @@ class Gateway:
         self.durable_leases.restore()
         # Orphans stopped and interrupted work settled before anything new launches.
         try:
-            recover(self.journal, crashed=previous_pid is not None, previous_pid=previous_pid)
+            recover(
+                self.journal,
+                crashed=previous_pid is not None,
+                previous_pid=previous_pid,
+                logs_dir=self.home / "logs",
+            )
         except Exception as err:  # e.g. a full disk: report it and keep serving
             log.error("start-up recovery could not be saved: %s", err)
             self.note_persistence_error(err)
@@ -374,6 +380,12 @@ class Gateway:
     def needs_you(self) -> dict[str, str]:
         """A headline from a closed vocabulary and the guard's summary: no path, no command."""
         if self._persistence_error is not None:
+            if is_damage(self._persistence_error):
+                return {
+                    "headline": "journal damaged",
+                    "body": "the journal file is damaged (SQLite finds it malformed); new work "
+                    "is refused: stop roomkeeper and run roomkeeper journal recover",
+                }
             return {
                 "headline": "persistence failed",
                 "body": "the journal cannot save (the disk may be full); new work is refused",

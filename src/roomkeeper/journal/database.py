@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from roomkeeper.journal import calls, history, jobs, leases, markers, sizes, worktrees
 from roomkeeper.journal.calls import CallsTable
 from roomkeeper.journal.history import MAX_EVENTS, HistoryTable
+from roomkeeper.journal.integrity import JournalDamagedError, check_journal
 from roomkeeper.journal.jobs import JobsTable
 from roomkeeper.journal.leases import LeasesTable
 from roomkeeper.journal.sizes import SizesTable
@@ -82,6 +83,9 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         synchronous: ``FULL`` (default) or ``NORMAL``/``OFF``, for benchmarks
             that measure what durability costs.
         history_max_events: how many recovery events are kept (and 256 KiB).
+
+    Raises:
+        JournalDamagedError: the file at ``path`` is damaged; nothing was written to it.
     """
 
     def __init__(
@@ -90,14 +94,23 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         self.path = str(path)
         self.history_max_events = history_max_events
         Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # A damaged file is named before anything is written to it (the bounded check).
+        problems = check_journal(self.path)
+        if problems:
+            raise JournalDamagedError(self.path, problems)
         Path(self.path).touch(mode=0o600, exist_ok=True)
         # SQLite gives the -wal and -shm files the database's own mode: keep it 0600.
         os.chmod(self.path, 0o600)
-        self._writer = _connect(self.path)
-        self._writer.execute(f"PRAGMA synchronous={synchronous}")
-        self._writer.executescript(SCHEMA)
-        for added in migrate(self._writer):
-            log.info("journal: added column %s (a journal from an earlier version)", added)
+        try:
+            self._writer = _connect(self.path)
+            self._writer.execute(f"PRAGMA synchronous={synchronous}")
+            self._writer.executescript(SCHEMA)
+            for added in migrate(self._writer):
+                log.info("journal: added column %s (a journal from an earlier version)", added)
+        except sqlite3.OperationalError:
+            raise  # the disk, a lock: not the file's fault
+        except sqlite3.DatabaseError as err:  # damage the check did not reach
+            raise JournalDamagedError(self.path, [str(err)]) from err
         self._queue: queue.Queue[
             tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | None
         ] = queue.Queue()

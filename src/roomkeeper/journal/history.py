@@ -44,6 +44,7 @@ class RecoveryCode(enum.Enum):
     DEFERRED = "deferred"  # resumable work set aside to resume with headroom
     RESUMED = "resumed"  # one deferred job started again
     ORPHANS_STOPPED = "orphans_stopped"  # managed trees of an earlier run, stopped at start
+    RECORDS_LOST = "records_lost"  # job logs with no record: the journal lost its last writes
     RESOLVED = "resolved"  # a person or client resolved uncertain work
     REPAIRED = "repaired"  # a repair passed its checks: the restart budget is cleared
     # The relief ladder: memory pressure after admission.

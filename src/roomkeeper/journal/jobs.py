@@ -369,6 +369,11 @@ class JobsTable(Store):
 
         return self._read(read)
 
+    def job_ids(self) -> set[str]:
+        """Every job id the journal holds a record of."""
+        sql = "SELECT id FROM jobs"
+        return self._read(lambda conn: {str(row[0]) for row in conn.execute(sql)})
+
     def uncertain_jobs(self) -> int:
         """How many jobs are uncertain (in flight at a crash, not resolved yet)."""
         sql = "SELECT count(*) FROM jobs WHERE state = 'uncertain'"

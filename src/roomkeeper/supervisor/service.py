@@ -56,7 +56,7 @@ from roomkeeper.config import (
     WatchdogSettings,
     read_watchdog_settings,
 )
-from roomkeeper.ipc import PROTOCOL
+from roomkeeper.ipc import EXIT_CANNOT_START, PROTOCOL
 from roomkeeper.paths import home_dir
 from roomkeeper.supervisor.child import Child, kill_tree, start_gateway
 from roomkeeper.supervisor.child import gateway_command as roomkeeper_gateway
@@ -102,6 +102,7 @@ class Supervisor:
                 raise ValueError(f"{name} must be > 0 seconds (got {value})")
         self.command = list(command)
         self.backoff_s = backoff_s
+        self.exit_code = 0  # the gateway's status when it cannot start at all
         self.backoff_max_s = backoff_max_s
         self.env = dict(os.environ if env is None else env)
         self.home = home_dir(self.env)
@@ -129,7 +130,8 @@ class Supervisor:
     # --------------------------------------------------------------- the loop
 
     def run(self) -> int:
-        """Supervise until an explicit stop; the exit status (0)."""
+        """Supervise until an explicit stop; the exit status (0; the gateway's own status
+        when it cannot start at all)."""
         handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         self.record("supervisor_started", pid=os.getpid(), reason=self.reason.value)
@@ -152,7 +154,7 @@ class Supervisor:
             self.notifier.stopping()
             remove_record(self.home)
             self.record("supervisor_stopped", pid=os.getpid())
-        return 0
+        return self.exit_code
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._events.put(("signal", 0, signum))  # SimpleQueue.put is safe in a signal handler
@@ -388,6 +390,15 @@ class Supervisor:
         child.channel.close()
         self.record("exited", gen=child.gen, exit_code=code, stage=child.watchdog.stage.value)
         if self.stopping or child.stop_said:
+            return None
+        if code == EXIT_CANNOT_START:
+            self.record(
+                "cannot_start",
+                "the gateway cannot start (it said why above); a restart would not mend it: "
+                "stopping",
+                exit_code=code,
+            )
+            self.exit_code = code
             return None
         if child.restart_said and not child.watchdog.escalated:
             return RestartReason.REQUESTED, child.watchdog.healthy_for(now)
