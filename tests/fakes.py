@@ -53,6 +53,7 @@ class FakeTarget:
         self.live = live
         self.held: list[bool] = []
         self.done: list[tuple[str, str]] = []
+        self.stopping = False  # a stopped tree still going, its job no longer listed
 
     def live_jobs(self) -> list[Live]:
         return list(self.live)
@@ -70,6 +71,9 @@ class FakeTarget:
     def resume_after_pressure(self, job_id: str) -> bool:
         self.done.append(("resume", job_id))
         return True
+
+    def stop_in_progress(self) -> bool:
+        return self.stopping
 
     def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
         self.done.append(("stop", job_id))

@@ -191,6 +191,32 @@ def test_one_victim_at_a_time() -> None:
     assert all(p.hold for p in plans)
 
 
+def test_no_second_victim_while_a_stopped_tree_whose_job_left_the_list_is_still_going() -> None:
+    """A leader can die of its SIGTERM, and its job leave the list, before the members that
+    hold the memory are gone: until they are, no other tree is stopped."""
+    live = [job("oldest", 1), job("middle", 2), job("newest", 3)]
+    state, stopping_plans = LadderState(), []
+    for r in (reading(STOP + 1), reading(STOP + 2 * MB)):
+        plan, state = decide(state, r, live, SETTINGS, cooling=True, stopping=True)
+        stopping_plans.append(plan)
+    assert all(a.step is not Step.STOP for p in stopping_plans for a in p.actions)
+    assert all(p.hold for p in stopping_plans)
+    plan, _ = decide(state, reading(STOP + 2 * MB), live, SETTINGS, cooling=True)
+    assert (Step.STOP, "newest") in steps(plan)
+
+
+def test_the_monitor_asks_whether_a_stop_is_still_going_before_it_reads() -> None:
+    clock = FakeClock()
+    target = FakeTarget(list(THREE))
+    target.stopping = True
+    m = monitor(clock, [reading(STOP + 1), reading(STOP + 1)], target, Cooldown(clock))
+    m.check()
+    assert not [d for d in target.done if d[0] == "stop"]
+    target.stopping = False
+    m.check()
+    assert ("stop", "newest") in target.done
+
+
 def test_sustained_full_pressure_stops_after_its_seconds() -> None:
     """PSI full avg10 above 20 % stops a tree only once it has lasted 5 s; a dip starts over."""
     below_lines = 1000 * MB

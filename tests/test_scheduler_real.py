@@ -174,3 +174,40 @@ def test_failed_spawn_is_failed_and_releases_its_reservation(tmp_path: Path) -> 
     assert final.state is JobState.FAILED
     assert final.error and "/no/such/program" in final.error
     assert guard.statistics().young == 0
+
+
+# A leader that dies of the SIGTERM at once, and a child that takes its time to go.
+SLOW_CHILD = (
+    "{py} -c 'import signal, sys, time; "
+    "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0))); "
+    'open(sys.argv[1], "w").close(); time.sleep(60)\' {marker} & wait'
+)
+
+
+@pytest.mark.cgroups
+def test_a_stop_is_in_progress_until_the_whole_tree_is_gone(tmp_path: Path) -> None:
+    """The relief ladder waits for a stopped tree, not its leader: the job is reaped when its
+    leader dies, and the stop counts as still going until the last member is gone."""
+    scheduler = Scheduler(
+        logs_dir=tmp_path / "logs", guard=Guard(env=NO_DISK), limits=limits, pressure=False
+    )
+    scheduler.start()
+    marker = tmp_path / "child-ready"
+    try:
+        view = scheduler.submit(
+            JobSpec(argv=[SLOW_CHILD.format(py=sys.executable, marker=marker)], shell=True)
+        )
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.02)
+        assert not scheduler.relief.stop_in_progress()
+        assert scheduler.relief.stop_for_pressure(view.id, "test", never_fits=False)
+        final = scheduler.wait(view.id, timeout=20)  # reaped: its leader is gone
+        assert final.state is JobState.STOPPED
+        assert scheduler.relief.stop_in_progress()  # the child still holds on for 2 s
+        while scheduler.relief.stop_in_progress():
+            assert time.monotonic() < deadline + 30, "the stop never ended"
+            time.sleep(0.05)
+    finally:
+        scheduler.close()

@@ -208,6 +208,11 @@ class SchedulerRelief:
         self._flush()
         return True
 
+    def stop_in_progress(self) -> bool:
+        """Whether a stopped tree here is still going, its job listed or not."""
+        with self._lock:
+            return self._rounds.stop_in_progress()
+
     def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
         """Stop the job's tree (output kept); ``stopped`` with reason ``memory_pressure``."""
         with self._lock:

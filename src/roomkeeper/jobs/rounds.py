@@ -145,6 +145,9 @@ class LaunchRounds:
         self.launched = 0
         self.last_refusal: str | None = None
         self._stoppers: list[threading.Thread] = []
+        # Local trees being stopped: a leader may die of its SIGTERM before the members that
+        # hold the memory do, so its job can be reaped while memory is still going back.
+        self._local_stoppers: list[threading.Thread] = []
         self._retries = settings.retries
         self.pressure_hold = False  # the relief ladder holds launches (reason "pressure")
         self.reruns = 0  # restartable jobs queued again after a stop for pressure
@@ -495,6 +498,14 @@ class LaunchRounds:
         )
         stopper.start()
         self._stoppers.append(stopper)
+        if not isinstance(handle, RemoteHandle):
+            self._local_stoppers.append(stopper)
+
+    def stop_in_progress(self) -> bool:
+        """Whether a local tree is being stopped and is not gone yet (its job may have been
+        reaped already: the stop returns only when every member of the tree is gone)."""
+        self._local_stoppers = [t for t in self._local_stoppers if t.is_alive()]
+        return bool(self._local_stoppers)
 
     def stop_all(self, grace: float | None) -> list[threading.Thread]:
         """Stop every running tree for a shutdown; the stopper threads to join."""

@@ -147,6 +147,7 @@ def decide(
     settings: PressureSettings,
     *,
     cooling: bool,
+    stopping: bool = False,
 ) -> tuple[Plan, LadderState]:
     """The plan for one reading, and the ladder's next state.
 
@@ -156,6 +157,8 @@ def decide(
         live: every live job (running or suspended), any order.
         settings: the ROOMKEEPER_PRESSURE_* variables.
         cooling: whether the shared cooldown clock holds admission now.
+        stopping: whether a tree stopped earlier is still going, its job in ``live`` or
+            not (a leader can die before the members that hold the memory).
     """
     rise = 0 if state.last_used is None else reading.used - state.last_used
     rising = rise > RISE_BYTES
@@ -173,7 +176,7 @@ def decide(
             # never stops the oldest job alone as one that can never fit.
             actions += freeze
         else:
-            actions += _stop(reading, by_age, critical, rise)
+            actions += [] if stopping else _stop(reading, by_age, critical, rise)
             stopped = {a.job_id for a in actions}
             actions += [a for a in freeze if a.job_id not in stopped]
     elif above is Step.SUSPEND and rising:

@@ -71,6 +71,10 @@ class Target(Protocol):
         """Let the job's tree go on; whether it runs now."""
         ...
 
+    def stop_in_progress(self) -> bool:
+        """Whether a tree stopped earlier is still going (its job may have left the list)."""
+        ...
+
     def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
         """Stop the job's tree, keeping its output; whether a stop was started."""
         ...
@@ -198,9 +202,10 @@ class PressureMonitor:
                 time for the reaction (it is earlier than the reading).
         """
         began = self._clock()
-        # The live jobs first, then the reading: a stopped job that leaves the list gave its
-        # memory back before the reading, so the reading never shows memory of a job the
-        # list has lost (a second victim would be chosen for it).
+        # A stop still going, then the live jobs, then the reading: a stopped tree that is
+        # gone gave its memory back before the reading, so the reading never shows memory
+        # of a stop the ladder no longer waits for (a second victim would be chosen for it).
+        stopping = self._target.stop_in_progress()
         live = self._target.live_jobs()
         live_s = self._clock() - began
         reading = self._read()
@@ -212,7 +217,12 @@ class PressureMonitor:
         if self._arm is not None and self._armed_for != (reading.limit, reading.hold_line):
             self._rearm(reading)  # the first reading, or the container's limit moved
         plan, self._state = decide(
-            self._state, reading, live, self._settings(), cooling=self._cooldown.active()
+            self._state,
+            reading,
+            live,
+            self._settings(),
+            cooling=self._cooldown.active(),
+            stopping=stopping,
         )
         with self._lock:
             self._readings += 1
