@@ -361,6 +361,47 @@ def test_a_full_disk_is_reported_never_presented_as_saved(tmp_path: Path, tiny_d
     assert "the journal could not save" in log_text
 
 
+def _fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with contextlib.suppress(OSError), filler.open("wb") as f:
+        while True:
+            f.write(b"x" * 65536)
+    return filler
+
+
+def test_a_gateway_starts_and_serves_on_a_full_disk_and_saves_once_space_is_back(
+    tmp_path: Path, tiny_disk: Path
+) -> None:
+    """A full home volume at start: /health, reads and 507 on writes, never a crash loop;
+    once space is back the journal saves, start-up recovery runs and gateway.json is written."""
+    home = tiny_disk / "home"
+    with running_gateway(tmp_path / "first", ROOMKEEPER_HOME=str(home)) as gw:
+        earlier = gw.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
+        wait_until(
+            lambda: gw.client.get(f"/v1/jobs/{earlier}").json()["state"] == "exited",
+            "the first job's end",
+        )
+    filler = _fill(tiny_disk)
+    with running_gateway(tmp_path / "second", ROOMKEEPER_HOME=str(home)) as gw:
+        assert gw.anonymous.get("/health").status_code == 200
+        assert earlier in {j["id"] for j in gw.client.get("/v1/jobs").json()}
+        refused = gw.client.post("/v1/jobs", json={"argv": ["true"]})
+        assert refused.status_code == 507, refused.text
+        assert gw.client.get("/v1/needs-you").json()["headline"] == "persistence failed"
+        assert not (home / "gateway.json").exists()
+        filler.unlink()
+        wait_until(
+            lambda: gw.client.get("/v1/needs-you").json()["headline"] != "persistence failed",
+            "the journal saving again",
+        )
+        assert gw.client.post("/v1/jobs", json={"argv": ["true"]}).status_code == 201
+        wait_until((home / "gateway.json").exists, "gateway.json written")
+        assert gw.proc.poll() is None  # the same process served throughout
+    log_text = "".join(p.read_text() for p in (tmp_path / "second").glob("gateway-*.log"))
+    assert "cannot be opened for writing" in log_text
+    assert "start-up recovery ran once the journal could save again" in log_text
+
+
 def test_history_cap_follows_its_variable(tmp_path: Path) -> None:
     """ROOMKEEPER_HISTORY_MAX_EVENTS sets how many recovery events a gateway keeps."""
     for _ in range(3):

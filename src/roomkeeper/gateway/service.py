@@ -142,6 +142,7 @@ class Gateway:
         self._shutdown_lock = asyncio.Lock()
         self._shut = False
         self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
+        self._run_record_due: tuple[int | None, str | None] | None = None  # refused at start
         self.worktrees = gateway_worktrees(
             journal=journal, workspace=self.workspace, env=env, watch=self._watch
         )
@@ -185,10 +186,15 @@ class Gateway:
             home=home, env=env, token=token, journal=journal, channel=channel, job_user=job_user
         )
         gateway.say_who_jobs_run_as()
+        if journal.unwritable is not None:
+            gateway.note_persistence_error(journal.unwritable)
         # Before recovery: on cgroup v2 the last run's job groups are found beside the
         # leaf this process moves into, so it must be there first.
         gateway.scheduler.prepare()
-        gateway._recover(previous_pid)
+        if not gateway._recover(previous_pid):
+            # Saved nothing (a full disk): run again once the journal can save, before
+            # anything new launches (new work is refused meanwhile).
+            journal.on_writable(lambda: gateway._recover_late(previous_pid))
         return gateway
 
     # ---------------------------------------------------------------- setup
@@ -257,13 +263,16 @@ class Gateway:
             watch=self._watch,
         )
 
-    def _recover(self, previous_pid: int | None) -> None:
-        """Restore live leases and settle what the previous run left, before anything launches.
+    def _recover(self, previous_pid: int | None, *, restore: bool = True) -> bool:
+        """Restore live leases and settle what the previous run left, before anything launches;
+        whether it was saved.
 
         Args:
             previous_pid: the previous gateway's pid when it did not stop cleanly, else None.
+            restore: restore the leases too (not again when recovery runs late).
         """
-        self.durable_leases.restore()
+        if restore:
+            self.durable_leases.restore()
         # Orphans stopped and interrupted work settled before anything new launches.
         try:
             recover(
@@ -275,6 +284,14 @@ class Gateway:
         except Exception as err:  # e.g. a full disk: report it and keep serving
             log.error("start-up recovery could not be saved: %s", err)
             self.note_persistence_error(err)
+            return False
+        return True
+
+    def _recover_late(self, previous_pid: int | None) -> None:
+        """The journal can save again after a start on a full disk: recover now."""
+        if self._recover(previous_pid, restore=False):
+            log.warning("start-up recovery ran once the journal could save again")
+            self._persistence_error = None
 
     def _limits(self) -> Limits:
         """The bounds from the variables, with the gateway's holds on top."""
@@ -308,7 +325,17 @@ class Gateway:
             asyncio.create_task(self._resume_loop()),
         ]
         self._tasks += self.link.start(port=port, socket=socket)
-        write_run_record(self.home, boot_id=self.boot_id, port=port, socket=socket)
+        try:
+            write_run_record(self.home, boot_id=self.boot_id, port=port, socket=socket)
+        except OSError as err:  # a full disk: serve anyway, and say what the CLI lacks
+            log.error(
+                "could not write %s (%s): the roomkeeper commands cannot find this gateway "
+                "until it is written; the API answers on its address",
+                self.home / "gateway.json",
+                err,
+            )
+            self.note_persistence_error(err)
+            self._run_record_due = (port, socket)  # written by the resume loop once it can be
 
     def _watch(self, write: concurrent.futures.Future[None]) -> None:
         """Remember whether the journal can save: a failed write is reported, never hidden."""
@@ -369,7 +396,18 @@ class Gateway:
         while True:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.resume_next)
+            if self._run_record_due is not None:
+                self._write_run_record_late()
             await asyncio.sleep(RESUME_CHECK_S)
+
+    def _write_run_record_late(self) -> None:
+        """Write ``gateway.json`` that a full disk refused at start, once it can be."""
+        assert self._run_record_due is not None
+        port, socket = self._run_record_due
+        with contextlib.suppress(OSError):
+            write_run_record(self.home, boot_id=self.boot_id, port=port, socket=socket)
+            self._run_record_due = None
+            log.warning("wrote %s: the roomkeeper commands find this gateway now", "gateway.json")
 
     # ------------------------------------------------------------- answers
 

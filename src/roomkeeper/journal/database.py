@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from roomkeeper.journal import calls, history, jobs, leases, markers, sizes, worktrees
 from roomkeeper.journal.calls import CallsTable
 from roomkeeper.journal.history import MAX_EVENTS, HistoryTable
-from roomkeeper.journal.integrity import JournalDamagedError, check_journal
+from roomkeeper.journal.integrity import JournalDamagedError, check_journal, read_only
 from roomkeeper.journal.jobs import JobsTable
 from roomkeeper.journal.leases import LeasesTable
 from roomkeeper.journal.sizes import SizesTable
@@ -39,6 +39,8 @@ log = logging.getLogger("roomkeeper")
 
 _T = TypeVar("_T")
 _GROUP_MAX = 512  # writes per transaction at most
+REOPEN_EVERY_S = 2.0  # a journal read-only for want of space tries to write again this often
+NO_SPACE_BYTES = 64 * 1024  # below this free, a disk counts as full
 
 # Each table's schema lives with its SQL, in its own module.  A table added later
 # (worktrees, sizes) is its own migration: CREATE TABLE IF NOT EXISTS on open.
@@ -70,6 +72,15 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
+def _no_space(path: Path) -> bool:
+    """Whether the disk under ``path`` is full (less than a few pages free)."""
+    try:
+        found = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return found.f_bavail * found.f_frsize < NO_SPACE_BYTES
+
+
 class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, SizesTable):
     """Durable records, written off the caller's thread with group commit.
 
@@ -95,28 +106,87 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         self.history_max_events = history_max_events
         Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # A damaged file is named before anything is written to it (the bounded check).
-        problems = check_journal(self.path)
+        try:
+            problems = check_journal(self.path)
+        except sqlite3.OperationalError as err:
+            if not _no_space(Path(self.path)):
+                raise
+            log.error("the journal %s could not be checked (%s): its disk is full", path, err)
+            problems = []
         if problems:
             raise JournalDamagedError(self.path, problems)
-        Path(self.path).touch(mode=0o600, exist_ok=True)
-        # SQLite gives the -wal and -shm files the database's own mode: keep it 0600.
-        os.chmod(self.path, 0o600)
+        self._synchronous = synchronous
+        self._writer: sqlite3.Connection | None = None
+        self._generation = 0  # bumped when the writer opens late: readers reconnect
+        self.unwritable: str | None = None  # why the journal cannot save at all, while so
+        self._writable_callbacks: list[Callable[[], None]] = []
         try:
-            self._writer = _connect(self.path)
-            self._writer.execute(f"PRAGMA synchronous={synchronous}")
-            self._writer.executescript(SCHEMA)
-            for added in migrate(self._writer):
-                log.info("journal: added column %s (a journal from an earlier version)", added)
-        except sqlite3.OperationalError:
-            raise  # the disk, a lock: not the file's fault
-        except sqlite3.DatabaseError as err:  # damage the check did not reach
-            raise JournalDamagedError(self.path, [str(err)]) from err
+            self._open_writer()
+        except sqlite3.OperationalError as err:
+            if not _no_space(Path(self.path)) or not Path(self.path).exists():
+                raise  # a lock, or a journal that never existed: nothing to serve from
+            # A full disk: SQLite cannot make the WAL's files, so nothing can be written,
+            # but what was saved can still be read, and the writer tries again.
+            self.unwritable = f"{err}: no space left on the journal's disk"
+            log.error(
+                "the journal %s cannot be opened for writing (%s); it is read-only until space "
+                "comes back (tried every %g s)",
+                self.path,
+                self.unwritable,
+                REOPEN_EVERY_S,
+            )
         self._queue: queue.Queue[
             tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | None
         ] = queue.Queue()
         self._local = threading.local()
         self._thread = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
         self._thread.start()
+
+    def _open_writer(self) -> None:
+        """Open the writing connection: WAL, the schema, the migrations.
+
+        Raises:
+            sqlite3.OperationalError: the disk or a lock refused it.
+            JournalDamagedError: the file is damaged.
+        """
+        Path(self.path).touch(mode=0o600, exist_ok=True)
+        # SQLite gives the -wal and -shm files the database's own mode: keep it 0600.
+        os.chmod(self.path, 0o600)
+        conn = None
+        try:
+            conn = _connect(self.path)
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            conn.executescript(SCHEMA)
+            for added in migrate(conn):
+                log.info("journal: added column %s (a journal from an earlier version)", added)
+        except sqlite3.OperationalError:
+            if conn is not None:
+                conn.close()
+            raise  # the disk, a lock: not the file's fault
+        except sqlite3.DatabaseError as err:  # damage the check did not reach
+            if conn is not None:
+                conn.close()
+            raise JournalDamagedError(self.path, [str(err)]) from err
+        self._writer = conn
+
+    def on_writable(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on a thread of its own) once a journal opened read-only can
+        save again."""
+        self._writable_callbacks.append(callback)
+
+    def _try_reopen(self) -> bool:
+        """While read-only for want of space: open the writer if the disk takes it now."""
+        try:
+            self._open_writer()
+        except (sqlite3.OperationalError, OSError) as err:
+            self.unwritable = f"{err}: no space left on the journal's disk"
+            return False
+        self.unwritable = None
+        self._generation += 1
+        log.warning("the journal %s can save again", self.path)
+        for callback in self._writable_callbacks:
+            threading.Thread(target=callback, name="journal-writable", daemon=True).start()
+        return True
 
     # ------------------------------------------------------------- writing
 
@@ -136,7 +206,14 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
 
     def _write_round(self) -> bool:
         """Commit one batch; False once the journal is closing."""
-        item = self._queue.get()
+        if self._writer is None:
+            try:
+                item = self._queue.get(timeout=REOPEN_EVERY_S)
+            except queue.Empty:
+                self._try_reopen()
+                return True
+        else:
+            item = self._queue.get()
         if item is None:
             return False
         batch = [item]
@@ -157,7 +234,13 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         batch: list[tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]]],
     ) -> None:
         results: list[tuple[concurrent.futures.Future[Any], Any, BaseException | None]] = []
+        if self._writer is None and not self._try_reopen():
+            refused = sqlite3.OperationalError(f"database or disk is full ({self.unwritable})")
+            for _, future in batch:
+                _settle(future, None, refused)
+            return
         conn = self._writer
+        assert conn is not None
         try:
             conn.execute("BEGIN IMMEDIATE")
             for write, future in batch:
@@ -184,10 +267,14 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
 
     def _reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "generation", 0) != self._generation:
+            conn.close()  # opened read-only while the disk was full: the writer is back
+            conn = None
         if conn is None:
-            conn = _connect(self.path)
+            conn = _connect(self.path) if self._writer is not None else read_only(self.path)
             conn.row_factory = sqlite3.Row
             self._local.conn = conn
+            self._local.generation = self._generation
         return conn
 
     def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -202,7 +289,8 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         """Finish queued writes, then close every connection."""
         self._queue.put(None)
         self._thread.join()
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 def _settle(

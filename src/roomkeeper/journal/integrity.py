@@ -68,6 +68,20 @@ def _problems_of(conn: sqlite3.Connection) -> list[str]:
     return [line for line in lines if line and not line.startswith("***")]
 
 
+def read_only(path: Path | str) -> sqlite3.Connection:
+    """A connection that writes nothing, not even SQLite's shared-memory file.
+
+    With writes in a WAL beside the file (a crash, or a gateway running) SQLite
+    must read it, through its index; without (no WAL, or an empty one) the file
+    is all there is, and ``immutable`` opens it without the ``-shm`` file a full
+    disk cannot take.
+    """
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    holds_writes = wal.exists() and wal.stat().st_size > 0 and shm.exists()
+    mode = "mode=ro" if holds_writes else "immutable=1"
+    return sqlite3.connect(f"file:{path}?{mode}", uri=True, check_same_thread=False, timeout=30)
+
+
 def check_journal(path: Path | str) -> list[str]:
     """What is wrong with the journal at ``path``; empty when it is whole or not there yet.
 
@@ -79,7 +93,7 @@ def check_journal(path: Path | str) -> list[str]:
     if not path.exists() or path.stat().st_size == 0:
         return []
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        conn = read_only(path)
     except sqlite3.DatabaseError as err:
         if isinstance(err, sqlite3.OperationalError) and not is_damage(err):
             raise
