@@ -84,3 +84,16 @@ def test_a_job_that_can_never_fit_is_refused_at_once(module_gw: RunningGateway) 
         module_gw, "/v1/jobs", {"argv": ["true"], "memory_bytes": 0, "disk_bytes": 2**52}
     )
     assert "no room on disk even when it is empty" in text
+
+
+def test_an_empty_program_is_refused_and_the_document_says_so(module_gw: RunningGateway) -> None:
+    """argv[0] must be non-empty, and the OpenAPI document says it (later items may be
+    empty: ``printf ''`` is a real command)."""
+    text = refused(module_gw, "/v1/jobs", {"argv": [""]})
+    assert "argv[0] is empty" in text
+    assert module_gw.client.post("/v1/jobs", json={"argv": ["printf", ""]}).status_code == 201
+    document = module_gw.anonymous.get("/openapi.json")
+    if document.status_code != 200:
+        document = module_gw.client.get("/openapi.json")
+    argv = document.json()["components"]["schemas"]["JobIn"]["properties"]["argv"]
+    assert argv["prefixItems"][0]["minLength"] == 1

@@ -204,7 +204,19 @@ class JobIn(BaseModel):
         allow_inf_nan=False,
         json_schema_extra={"not": {"required": ["cwd", "worktree"]}},
     )
-    argv: Annotated[list[Text], Field(min_length=1, max_length=4096)]
+    # The program (argv[0]) is never empty; later arguments may be ("printf ''").
+    argv: Annotated[
+        list[Text],
+        Field(
+            min_length=1,
+            max_length=4096,
+            json_schema_extra={
+                "prefixItems": [
+                    {"type": "string", "minLength": 1, "maxLength": 65536, "pattern": NO_NUL}
+                ]
+            },
+        ),
+    ]
     owner: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] = "default"
     # Absolute: the schema says so, the validator below says it in words.
     cwd: (
@@ -235,6 +247,15 @@ class JobIn(BaseModel):
                 "give cwd or worktree, not both: a job with a worktree runs inside its tree"
             )
         return self
+
+    @field_validator("argv")
+    @classmethod
+    def _program_named(cls, argv: list[str]) -> list[str]:
+        if argv and not argv[0]:
+            raise ValueError(
+                "argv[0] is empty: give the program to run, a path or a name on PATH"
+            )
+        return argv
 
     @field_validator("cwd")
     @classmethod
