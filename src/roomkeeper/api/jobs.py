@@ -11,10 +11,20 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, params
+from fastapi import APIRouter, Query, Response, params
 
 from roomkeeper.api.models import NAME, CallIn, Id, JobIn, OutcomeIn, ResolveIn
 from roomkeeper.api.output import output_routes
+from roomkeeper.api.paging import (
+    DEFAULT_LIMIT,
+    PAGED_RESPONSES,
+    Cursor,
+    Limit,
+    SortKey,
+    decode_cursor,
+    newest_first_page,
+    say_next,
+)
 from roomkeeper.api.responses import SENT_AS_BUILT, CallOut, HistoryEventOut, JobCreated, JobOut
 from roomkeeper.api.views import job_json, row_json
 from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
@@ -57,13 +67,29 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
         )
         return {"id": view.id, "state": view.state.value}
 
-    @router.get("/v1/jobs", dependencies=auth, response_model=list[JobOut], **SENT_AS_BUILT)
+    @router.get(
+        "/v1/jobs",
+        dependencies=auth,
+        response_model=list[JobOut],
+        responses=PAGED_RESPONSES,
+        **SENT_AS_BUILT,
+    )
     def list_jobs(
+        response: Response,
         owner: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME)] = None,
         state: JobState | None = None,
+        limit: Limit = DEFAULT_LIMIT,
+        cursor: Cursor = None,
     ) -> list[dict[str, Any]]:
-        """Jobs of this run and earlier ones, newest first."""
-        return _listed_jobs(gateway, owner=owner, state=state.value if state else None)
+        """Jobs of this run and earlier ones, newest first, ``limit`` a page; when more
+        follow, ``X-Next-Cursor`` and ``Link`` name the next page."""
+        chosen = state.value if state else None
+        page, next_key = _listed_jobs(
+            gateway, owner=owner, state=chosen, limit=limit, after=decode_cursor(cursor)
+        )
+        query = {"owner": owner, "state": chosen, "limit": limit}
+        say_next(response, "/v1/jobs", query, next_key)
+        return page
 
     @router.get("/v1/jobs/{job_id}", dependencies=auth, response_model=JobOut, **SENT_AS_BUILT)
     def get_job(job_id: Id) -> dict[str, Any]:
@@ -133,10 +159,19 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
     return spec
 
 
-def _listed_jobs(gateway: Gateway, *, owner: str | None, state: str | None) -> list[dict[str, Any]]:
-    """This run's jobs over the journal's rows of the same ids, filtered, newest first."""
+def _listed_jobs(
+    gateway: Gateway,
+    *,
+    owner: str | None,
+    state: str | None,
+    limit: int = DEFAULT_LIMIT,
+    after: SortKey | None = None,
+) -> tuple[list[dict[str, Any]], SortKey | None]:
+    """One page of this run's jobs over the journal's rows of the same ids, filtered,
+    newest first; and the next page's key, if more follow."""
     live = {v.id: job_json(v) for v in gateway.scheduler.jobs()}
-    rows = {r.id: row_json(r) for r in gateway.journal.jobs(owner=owner, state=state)}
+    found = gateway.journal.jobs(owner=owner, state=state, limit=limit + 1, before=after)
+    rows = {r.id: row_json(r) for r in found}
     rows.update(
         {
             i: j
@@ -147,7 +182,10 @@ def _listed_jobs(gateway: Gateway, *, owner: str | None, state: str | None) -> l
     # A journal row whose live job is now in another state (one the filter leaves out) is stale.
     for i in [i for i, j in rows.items() if i in live and live[i]["state"] != j["state"]]:
         del rows[i]
-    return sorted(rows.values(), key=lambda j: j["submitted_at"], reverse=True)
+    page, next_key = newest_first_page(list(rows.values()), "submitted_at", limit, after)
+    if next_key is None and len(found) > limit and page:
+        next_key = (page[-1]["submitted_at"], page[-1]["id"])  # the journal holds more
+    return page, next_key
 
 
 def _find_job(gateway: Gateway, job_id: str) -> dict[str, Any]:

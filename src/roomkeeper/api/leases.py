@@ -13,6 +13,15 @@ from fastapi import APIRouter, params
 from fastapi.responses import JSONResponse, Response
 
 from roomkeeper.api.models import HeartbeatIn, Id, LeaseIn
+from roomkeeper.api.paging import (
+    DEFAULT_LIMIT,
+    PAGED_RESPONSES,
+    Cursor,
+    Limit,
+    decode_cursor,
+    newest_first_page,
+    say_next,
+)
 from roomkeeper.api.responses import SENT_AS_BUILT, LeaseOut
 from roomkeeper.api.views import lease_json
 from roomkeeper.gateway.service import Gateway
@@ -67,9 +76,21 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
             await gateway.durable_leases.heartbeat(lease_id, body.ttl_s if body else None)
         )
 
-    @router.get("/v1/leases", dependencies=auth, response_model=list[LeaseOut], **SENT_AS_BUILT)
-    def list_leases() -> list[dict[str, Any]]:
-        """Leases of this run."""
-        return [lease_json(v) for v in gateway.leases.views()]
+    @router.get(
+        "/v1/leases",
+        dependencies=auth,
+        response_model=list[LeaseOut],
+        responses=PAGED_RESPONSES,
+        **SENT_AS_BUILT,
+    )
+    def list_leases(
+        response: Response, limit: Limit = DEFAULT_LIMIT, cursor: Cursor = None
+    ) -> list[dict[str, Any]]:
+        """Leases of this run, newest first, ``limit`` a page; when more follow,
+        ``X-Next-Cursor`` and ``Link`` name the next page."""
+        leases = [lease_json(v) for v in gateway.leases.views()]
+        page, next_key = newest_first_page(leases, "granted_at", limit, decode_cursor(cursor))
+        say_next(response, "/v1/leases", {"limit": limit}, next_key)
+        return page
 
     return router

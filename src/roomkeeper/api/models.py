@@ -252,9 +252,7 @@ class JobIn(BaseModel):
     @classmethod
     def _program_named(cls, argv: list[str]) -> list[str]:
         if argv and not argv[0]:
-            raise ValueError(
-                "argv[0] is empty: give the program to run, a path or a name on PATH"
-            )
+            raise ValueError("argv[0] is empty: give the program to run, a path or a name on PATH")
         return argv
 
     @field_validator("cwd")

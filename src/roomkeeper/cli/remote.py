@@ -25,6 +25,9 @@ from roomkeeper.cli.worktrees import parse_worktree
 from roomkeeper.errors import NoGatewayError, UsageError
 from roomkeeper.units import format_bytes, format_gb, parse_duration
 
+JOBS_SHOWN = 100  # roomkeeper jobs, by default
+PAGE_MAX = 1000  # the API's largest page
+
 EXIT_CODES = {"failed": 127, "timed_out": 124, "expired": 124, "cancelled": 130, "stopped": 143}
 
 
@@ -195,12 +198,21 @@ def status() -> None:
 @click.option(
     "--state", default=None, help="Only jobs in this state (waiting, running, exited...)."
 )
-def jobs(owner: str | None, state: str | None) -> None:
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=JOBS_SHOWN,
+    show_default=True,
+    help="Show at most this many (the newest).",
+)
+@click.option("--all", "every", is_flag=True, help="Show every job, page after page.")
+def jobs(owner: str | None, state: str | None, limit: int, every: bool) -> None:
     """List jobs, newest first."""
     params = {k: v for k, v in {"owner": owner, "state": state}.items() if v}
     with _client() as client:
-        rows = _check(client.get("/v1/jobs", params=params))
-    table = Table(title=f"roomkeeper jobs ({len(rows)})", title_justify="left")
+        rows, more = _pages(client, "/v1/jobs", params, None if every else limit)
+    title = f"roomkeeper jobs ({len(rows)}{', more: --all or --limit' if more else ''})"
+    table = Table(title=title, title_justify="left")
     table.add_column("id", no_wrap=True)
     table.add_column("owner", no_wrap=True)
     table.add_column("state", no_wrap=True)
@@ -226,6 +238,25 @@ def jobs(owner: str | None, state: str | None) -> None:
             started = time.strftime("%H:%M:%S", time.localtime(c["created_at"]))
             table.add_row(c["id"], c["owner"], "uncertain", f"call {c['kind']}", started, "", "")
     _console().print(table)
+
+
+def _pages(
+    client: httpx.Client, path: str, params: dict[str, Any], most: int | None
+) -> tuple[list[dict[str, Any]], bool]:
+    """Items of a paged list, following its next-page cursors until ``most`` (None: all);
+    and whether more were left."""
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        size = PAGE_MAX if most is None else min(PAGE_MAX, most - len(items))
+        query = {**params, "limit": size, **({"cursor": cursor} if cursor else {})}
+        answer = client.get(path, params=query)
+        items += _check(answer)
+        cursor = answer.headers.get("X-Next-Cursor")
+        if cursor is None:
+            return items, False
+        if most is not None and len(items) >= most:
+            return items, True
 
 
 def _estimate(job: dict[str, Any]) -> str:

@@ -319,16 +319,25 @@ class JobsTable(Store):
     # ------------------------------------------------------------- reading
 
     def jobs(
-        self, *, owner: str | None = None, state: str | None = None, limit: int = 500
+        self,
+        *,
+        owner: str | None = None,
+        state: str | None = None,
+        limit: int = 500,
+        before: tuple[float, str] | None = None,
     ) -> list[JobRow]:
-        """Jobs from every run, newest first, filtered by owner and state."""
+        """Jobs from every run, newest first (then by id), filtered by owner and state;
+        with ``before``, only those after that (submitted_at, id) in this order."""
         sql = "SELECT * FROM jobs WHERE 1=1"
         if owner is not None:  # a filter only when asked, so the (owner, state) index serves
             sql += " AND owner = :owner"
         if state is not None:
             sql += " AND state = :state"
-        sql += " ORDER BY submitted_at DESC LIMIT :limit"
-        args = {"owner": owner, "state": state, "limit": limit}
+        if before is not None:
+            sql += " AND (submitted_at < :at OR (submitted_at = :at AND id < :id))"
+        sql += " ORDER BY submitted_at DESC, id DESC LIMIT :limit"
+        at, ident = before if before is not None else (None, None)
+        args = {"owner": owner, "state": state, "limit": limit, "at": at, "id": ident}
         return self._read(lambda conn: [_job_row(r) for r in conn.execute(sql, args)])
 
     def job(self, job_id: str) -> JobRow | None:
