@@ -15,7 +15,7 @@ from roomkeeper.gateway.calls import CallView
 from roomkeeper.gateway.samples import Sample
 from roomkeeper.gateway.service import HEADLINES, Gateway
 from roomkeeper.guard.leases import LeaseView
-from roomkeeper.guard.rule import Decision
+from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.jobs import JobRow
 
@@ -113,15 +113,18 @@ def feed_json(gateway: Gateway) -> dict[str, Any]:
     decision = gateway.check()
     latest = gateway.samples[-1] if gateway.samples else gateway.sample()
     stats = gateway.scheduler.statistics()
+    held = gateway.held_after_pressure()
     return {
         "boot_id": gateway.boot_id,
         "uptime_s": gateway.uptime(),
         "now": time.time(),
         "guard": {
-            "admit": decision.admit,
-            "reason": decision.reason.value,
-            "headline": HEADLINES.get(decision.reason, "ok"),
-            "summary": decision.summary,
+            "admit": decision.admit and held is None,
+            "reason": Reason.PRESSURE.value if held else decision.reason.value,
+            "headline": HEADLINES[Reason.PRESSURE]
+            if held
+            else HEADLINES.get(decision.reason, "ok"),
+            "summary": f"{held}; {decision.summary}" if held else decision.summary,
         },
         "memory": _feed_memory(decision, latest),
         "disk": {"free_bytes": latest.disk_free_bytes, "total_bytes": latest.disk_total_bytes},

@@ -73,6 +73,7 @@ from roomkeeper.journal.database import Journal
 from roomkeeper.journal.integrity import is_damage
 from roomkeeper.kernel.resources import cpu_pressure_percent
 from roomkeeper.paths import check_home, home_dir, load_token, workspace_dir
+from roomkeeper.relief.cooldown import CooldownCause
 
 log = logging.getLogger("roomkeeper")
 
@@ -86,6 +87,7 @@ HEADLINES = {
     Reason.CPU: "no room: cpu",
     Reason.UNKNOWN: "measurements unavailable",
     Reason.OFF: "guard off",
+    Reason.PRESSURE: "admission held after pressure",
 }
 
 
@@ -412,8 +414,27 @@ class Gateway:
     # ------------------------------------------------------------- answers
 
     def check(self) -> Decision:
-        """The guard's answer for one more job of the default size, now."""
-        return self.guard.check()
+        """The guard's answer, now, for the next waiting job's own estimate (the default
+        size when nothing waits): the job admission will judge next."""
+        following = self.scheduler.next_waiting()
+        if following is None:
+            return self.guard.check()
+        return self.guard.check(
+            memory_bytes=following.estimate_bytes, disk_bytes=following.spec.disk_bytes
+        )
+
+    def held_after_pressure(self) -> str | None:
+        """While the cooldown holds admission: why, and for how long, in words; else None."""
+        cooldown = self.scheduler.cooldown
+        left = cooldown.remaining()
+        if left <= 0:
+            return None
+        if cooldown.cause() is CooldownCause.RELIEF:
+            return f"admission is held {left:.0f} s more: the supervisor asked for relief"
+        return (
+            f"admission is held {left:.0f} s more after a tree was stopped for memory "
+            "pressure (ROOMKEEPER_PRESSURE_COOLDOWN)"
+        )
 
     def needs_you(self) -> dict[str, str]:
         """A headline from a closed vocabulary and the guard's summary: no path, no command."""
@@ -441,6 +462,9 @@ class Gateway:
                 "body": f"{doubt} job(s) or call(s) were in flight when the gateway stopped; "
                 "resolve each as succeeded, failed or rerun",
             }
+        held = self.held_after_pressure()
+        if held is not None:
+            return {"headline": HEADLINES[Reason.PRESSURE], "body": held}
         decision = self.check()
         if decision.admit and self.scheduler.statistics().running:
             cpu = cpu_pressure_percent()

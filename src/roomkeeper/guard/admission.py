@@ -465,7 +465,7 @@ class Guard:
             ask = replace(ask, estimate=self._default_for(settings, memory.limit_bytes, reserve))
         room = memory_room(ask, memory, memory.used_bytes, memory.limit_bytes, settings, reserve)
         if room.total > room.line:
-            return self._no_room_for_memory(ask, memory, room)
+            return self._no_room_for_memory(ask, memory, room, disk)
         assert disk is not None
         if ask.disk_defaulted and disk.total_bytes is not None:
             ask = replace(ask, job_disk=default_disk(settings.job_disk_bytes, disk.total_bytes))
@@ -486,8 +486,14 @@ class Guard:
         )
 
     @staticmethod
-    def _no_room_for_memory(ask: Ask, memory: MemoryReading, room: MemoryRoom) -> Decision:
-        """Refused for memory: for now, or for ever when the job alone is above the line."""
+    def _no_room_for_memory(
+        ask: Ask, memory: MemoryReading, room: MemoryRoom, disk: DiskReading | None
+    ) -> Decision:
+        """Refused for memory: for now, or for ever when the job alone is above the line.
+
+        The disk reading goes with it, though not judged: a panel showing the volume
+        must not go blank because memory refused first.
+        """
         never = ask.estimate > room.line and not ask.defaulted
         if never:
             summary = (
@@ -502,6 +508,7 @@ class Guard:
             reason=Reason.MEMORY,
             summary=summary,
             memory=memory,
+            disk=disk,
             room=room,
             never_fits=never,
         )

@@ -268,6 +268,12 @@ class Scheduler:
         """Every job this scheduler knows, in submission order."""
         return self._book.jobs()
 
+    def next_waiting(self) -> JobView | None:
+        """The waiting job whose turn comes first (the head of the first owner's line)."""
+        with self._lock:
+            head = next(self._queue.heads(), None)
+            return None if head is None else self._book.view(head[1])
+
     def wait(self, job_id: str, timeout: float | None = None) -> JobView:
         """Block until the job reaches a final state (or ``timeout`` passes); return its view."""
         return self._book.wait(job_id, timeout)

@@ -1,0 +1,63 @@
+"""The Health page and needs-you say what holds admission now, for the job that waits next."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from roomkeeper.api.views import feed_json
+from roomkeeper.gateway.service import Gateway
+from roomkeeper.jobs.spec import JobSpec
+from roomkeeper.journal.database import Journal
+from roomkeeper.relief.cooldown import CooldownCause
+
+GB = 10**9
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
+    """A gateway wired in this process, never started: its answers are read directly."""
+    env = {
+        "ROOMKEEPER_HOME": str(tmp_path / "home"),
+        "ROOMKEEPER_WORKSPACE": str(tmp_path / "no" / "such" / "workspace"),
+        "ROOMKEEPER_MEMORY_LIMIT_MB": "100000",
+        "ROOMKEEPER_CPU_PRESSURE_PERCENT": "100",
+    }
+    journal = Journal(tmp_path / "home" / "journal.db")
+    built = Gateway(home=tmp_path / "home", env=env, token="t" * 32, journal=journal)
+    try:
+        yield built
+    finally:
+        built.scheduler.close()
+        journal.close()
+
+
+def test_a_cooldown_is_the_headline_with_how_long_it_holds(gateway: Gateway) -> None:
+    gateway.scheduler.cooldown.start(60, CooldownCause.PRESSURE)
+    said = gateway.needs_you()
+    assert said["headline"] == "admission held after pressure"
+    assert "held 60 s more" in said["body"] or "held 59 s more" in said["body"]
+    guard = feed_json(gateway)["guard"]
+    assert guard["headline"] == "admission held after pressure" and not guard["admit"]
+    assert guard["summary"].startswith("admission is held")
+    gateway.scheduler.cooldown.clear()
+    assert gateway.needs_you()["headline"] != "admission held after pressure"
+
+
+def test_the_summary_judges_the_next_waiting_jobs_own_estimate(gateway: Gateway) -> None:
+    """Nothing waiting: the default size; a job waiting: its stated 100 MB."""
+    assert gateway.check().estimate_bytes != 100 * 10**6
+    gateway.scheduler.submit(JobSpec(argv=["true"], memory_bytes=100 * 10**6))
+    assert gateway.check().estimate_bytes == 100 * 10**6
+
+
+def test_the_disk_panel_reads_the_volume_before_the_workspace_exists(gateway: Gateway) -> None:
+    """Also when memory refuses first: the volume is read all the same."""
+    disk = feed_json(gateway)["disk"]
+    assert disk["total_bytes"] and disk["free_bytes"] is not None
+    gateway.env["ROOMKEEPER_MEMORY_LIMIT_MB"] = "1"  # type: ignore[index]  # below what is used
+    assert gateway.check().reason.value == "memory"
+    disk = feed_json(gateway)["disk"]
+    assert disk["total_bytes"] and disk["free_bytes"] is not None
