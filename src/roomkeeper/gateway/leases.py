@@ -15,11 +15,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from roomkeeper.errors import UsageError
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.hooks import HookRunner, ReleaseHook
+from roomkeeper.guard.hooks import HOOK_DUE, HookRunner, ReleaseHook
 from roomkeeper.guard.leases import Leases, LeaseState, LeaseView, guard_key
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.journal.database import Journal
@@ -66,11 +67,18 @@ class DurableLeases:
         self._refusals = refusals
         self._closing = closing
         self._watch = watch
+        self._due: list[tuple[str, ReleaseHook]] = []  # hooks owed since before this start
 
     def restore(self) -> None:
-        """Leases granted before a restart and not yet past their ttl keep their reservation."""
+        """Leases granted before a restart and not yet past their ttl keep their reservation;
+        the hooks of those that ended meanwhile, or whose hook a crash interrupted, are due
+        (:meth:`run_due_hooks`)."""
         now = time.time()
-        self._journal.expire_leases(now=now)
+        try:
+            self._journal.expire_leases(now=now).result()
+        except Exception as err:  # a full disk: the expiry is saved by the next start
+            log.error("leases past their ttl could not be saved as expired: %s", err)
+        self._due = self._journal.leases_with_hooks_due()
         for row in self._journal.live_leases(now=now):
             lease, _ = self.leases.restore(
                 row.id,
@@ -150,18 +158,47 @@ class DurableLeases:
             return False
 
     async def end(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView:
-        """End a lease: run its hook, then give its memory back, and record both."""
+        """End a lease: save its end with its hook due, run the hook, then give its memory
+        back, and record how the hook went.
+
+        Saved before the call: a crash during the hook leaves an ended lease (never
+        granted again) whose hook the next start makes again, with the same key.
+        """
         lease = self.leases.end(lease_id, state)
         if lease is None:  # it had ended already: releasing twice is not an error
             return self.leases.get(lease_id)
-        outcome = await self._run_hook(lease.release) if lease.release else None
+        outcome = None
+        if lease.release is not None:
+            try:
+                due = replace(lease, hook_outcome=HOOK_DUE)
+                await asyncio.wrap_future(self._record(due))
+            except Exception as err:  # a full disk: the hook still runs, memory comes back
+                log.error("lease %s: its end could not be saved before its hook: %s", lease_id, err)
+            outcome = await self._run_hook(lease.release, lease_id)
         lease = self.leases.complete(lease_id, outcome)
         await asyncio.wrap_future(self._record(lease))
         return lease
 
-    async def _run_hook(self, hook: ReleaseHook) -> str:
-        """The hook on its own pool; this request waits for it, nothing else does."""
-        return await asyncio.wrap_future(self._hooks.submit(hook))
+    async def _run_hook(self, hook: ReleaseHook, lease_id: str) -> str:
+        """The hook on its own pool, keyed by the lease; this request waits for it, nothing
+        else does."""
+        keyed = replace(hook, key=f"lease-{lease_id}")
+        return await asyncio.wrap_future(self._hooks.submit(keyed))
+
+    async def run_due_hooks(self) -> None:
+        """Make the hooks owed since before this start (once each), and record how they went."""
+        due, self._due = self._due, []
+        for lease_id, hook in due:
+            outcome = await self._run_hook(hook, lease_id)
+            with contextlib.suppress(Exception):  # a failed save is reported by the watch
+                write = self._journal.settle_lease_hook(lease_id, outcome)
+                self._watch(write)
+                await asyncio.wrap_future(write)
+            log.warning(
+                "lease %s: its release hook, due since before this start, ran: %s",
+                lease_id,
+                outcome,
+            )
 
     async def heartbeat(self, lease_id: str, ttl_s: float | None) -> LeaseView:
         """Extend a lease's ttl from now."""

@@ -324,6 +324,7 @@ class Gateway:
         self._tasks = [
             asyncio.create_task(self.sampler.loop()),
             asyncio.create_task(self.durable_leases.expiry_loop()),
+            asyncio.create_task(self.durable_leases.run_due_hooks()),
             asyncio.create_task(self._resume_loop()),
         ]
         self._tasks += self.link.start(port=port, socket=socket)

@@ -2,8 +2,10 @@
 
 A finished turn must give its session back: a lease or job may carry
 ``{"method": "DELETE", "url": "http://127.0.0.1:PORT/chat/<id>"}``.  It runs
-once when the lease or job ends, whatever the outcome; its failure is
-recorded and never retried forever.  Only loopback addresses are allowed:
+when the lease or job ends, whatever the outcome: at least once, since the
+call is saved as due before it is made and a restart makes a due call again,
+each time with the same ``Idempotency-Key``.  Its failure is recorded and never
+retried forever.  Only loopback addresses are allowed:
 roomkeeper never calls out of the machine, and no proxy variable
 (``HTTP_PROXY``, ``ALL_PROXY``) is ever read for a hook.
 
@@ -28,7 +30,7 @@ import threading
 import time
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpcore
@@ -42,12 +44,21 @@ HOOK_WORKERS = 8  # hooks running at once; more wait their turn on the pool
 METHODS = frozenset({"DELETE", "POST", "PUT", "PATCH", "GET"})
 
 
+HOOK_DUE = "due"  # a hook's outcome while the call is owed: saved before it is made
+
+
 @dataclass(frozen=True, slots=True)
 class ReleaseHook:
-    """One loopback HTTP call."""
+    """One loopback HTTP call.
+
+    ``key`` travels as the ``Idempotency-Key`` header (``lease-<id>``, ``job-<id>``): a
+    hook runs at least once, and after a crash mid-call it runs again with the same key,
+    so a server can make the repeat harmless.
+    """
 
     method: str
     url: str
+    key: str | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, str]:
         """The hook as the API shows it."""
@@ -157,7 +168,12 @@ def run_hook(
     try:
         with (
             httpcore.ConnectionPool(network_backend=backend, max_connections=1) as pool,
-            pool.stream(hook.method, hook.url, extensions={"timeout": per_step}) as response,
+            pool.stream(
+                hook.method,
+                hook.url,
+                headers=[(b"Idempotency-Key", hook.key.encode())] if hook.key else None,
+                extensions={"timeout": per_step},
+            ) as response,
         ):
             _read_capped(response)
             status = response.status

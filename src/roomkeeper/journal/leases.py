@@ -13,7 +13,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from roomkeeper.guard.hooks import ReleaseHook
+from roomkeeper.guard.hooks import HOOK_DUE, ReleaseHook
 from roomkeeper.guard.leases import LeaseView
 from roomkeeper.journal.store import Store
 
@@ -96,13 +96,39 @@ class LeasesTable(Store):
         return self.submit(write)
 
     def expire_leases(self, *, now: float) -> Future[None]:
-        """Every granted lease past its ttl at ``now`` is expired, ended at ``now``."""
+        """Every granted lease past its ttl at ``now`` is expired, ended at ``now``; its
+        release hook, if it has one, is due."""
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "UPDATE leases SET state = 'expired', ended_at = :now "
+                "UPDATE leases SET state = 'expired', ended_at = :now, "
+                "hook_outcome = CASE WHEN release IS NULL THEN hook_outcome ELSE :due END "
                 "WHERE state = 'granted' AND expires_at <= :now",
-                {"now": now},
+                {"now": now, "due": HOOK_DUE},
+            )
+
+        return self.submit(write)
+
+    def leases_with_hooks_due(self) -> list[tuple[str, ReleaseHook]]:
+        """Ended leases whose release hook was saved as due and has no outcome yet."""
+        sql = "SELECT id, release FROM leases WHERE hook_outcome = :due AND release IS NOT NULL"
+
+        def read(conn: sqlite3.Connection) -> list[tuple[str, ReleaseHook]]:
+            found = []
+            for row in conn.execute(sql, {"due": HOOK_DUE}):
+                release = json.loads(row["release"])
+                found.append((row["id"], ReleaseHook(release["method"], release["url"])))
+            return found
+
+        return self._read(read)
+
+    def settle_lease_hook(self, lease_id: str, outcome: str) -> Future[None]:
+        """Record how a due release hook went."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE leases SET hook_outcome = :outcome WHERE id = :id",
+                {"id": lease_id, "outcome": outcome},
             )
 
         return self.submit(write)

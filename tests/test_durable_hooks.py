@@ -1,0 +1,121 @@
+"""Release hooks survive a crash: at least once, with one key, and an ended lease stays ended.
+
+Real gateway processes, a real SIGKILL in the middle of a hook, and a real loopback
+server that records every call with its Idempotency-Key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateways import kill_whole_tree, running_gateway, wait_until
+
+pytestmark = pytest.mark.kernel
+
+
+class SlowHooks:
+    """A loopback server that records (method, path, Idempotency-Key) and answers after
+    ``delay_s``."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.calls: list[tuple[str, str, str | None]] = []
+        calls, self.delay_s = self.calls, delay_s
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_DELETE(self) -> None:
+                calls.append((self.command, self.path, self.headers.get("Idempotency-Key")))
+                time.sleep(owner.delay_s)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+
+@pytest.fixture
+def hooks() -> Iterator[SlowHooks]:
+    server = SlowHooks()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+def lease_row(home: Path, lease_id: str) -> tuple[str, str | None]:
+    conn = sqlite3.connect(home / "journal.db")
+    try:
+        row = conn.execute(
+            "SELECT state, hook_outcome FROM leases WHERE id = ?", (lease_id,)
+        ).fetchone()
+        return str(row[0]), row[1]
+    finally:
+        conn.close()
+
+
+def test_a_crash_during_a_lease_hook_never_grants_the_lease_again(
+    tmp_path: Path, hooks: SlowHooks
+) -> None:
+    """DELETE of a lease whose hook takes 2.5 s, SIGKILL 1 s in: after the restart the lease
+    is released (its memory free), and the hook is made again once, with the same key."""
+    hooks.delay_s = 2.5
+    lease = {"id": "turn-1", "memory_bytes": 10**6, "release": {"url": hooks.url("/chat/1")}}
+    home = tmp_path / "home"
+    with running_gateway(tmp_path) as gw:
+        assert gw.client.post("/v1/leases", json=lease).status_code == 201
+
+        def release() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the gateway dies mid-answer
+                gw.client.delete("/v1/leases/turn-1", timeout=10)
+
+        releasing = threading.Thread(target=release)
+        releasing.start()
+        wait_until(lambda: len(hooks.calls) == 1, "the hook's first call")
+        time.sleep(1.0)
+        kill_whole_tree(gw)
+        releasing.join(timeout=15)
+    assert lease_row(home, "turn-1") == ("released", "due")
+    hooks.delay_s = 0.0
+    with running_gateway(tmp_path) as gw:
+        wait_until(lambda: len(hooks.calls) == 2, "the due hook made again")
+        wait_until(lambda: lease_row(home, "turn-1")[1] == "ok 204", "its outcome saved")
+        assert lease_row(home, "turn-1")[0] == "released"
+        assert "turn-1" not in {x["id"] for x in gw.client.get("/v1/leases").json()}
+        status = gw.client.get("/v1/status").json()
+        assert status["leases"].get("granted", 0) == 0
+    assert [c[2] for c in hooks.calls] == ["lease-turn-1", "lease-turn-1"]
+
+
+def test_a_lease_that_expired_while_the_gateway_was_down_gets_its_hook(
+    tmp_path: Path, hooks: SlowHooks
+) -> None:
+    lease = {
+        "id": "turn-2",
+        "memory_bytes": 10**6,
+        "ttl_s": 1,
+        "release": {"url": hooks.url("/chat/2")},
+    }
+    home = tmp_path / "home"
+    with running_gateway(tmp_path) as gw:
+        assert gw.client.post("/v1/leases", json=lease).status_code == 201
+        kill_whole_tree(gw)
+    time.sleep(1.5)  # past its ttl while nothing runs
+    with running_gateway(tmp_path):
+        wait_until(lambda: len(hooks.calls) == 1, "the expired lease's hook")
+        wait_until(lambda: lease_row(home, "turn-2") == ("expired", "ok 204"), "its outcome")
+    assert hooks.calls == [("DELETE", "/chat/2", "lease-turn-2")]
