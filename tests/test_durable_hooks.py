@@ -119,3 +119,39 @@ def test_a_lease_that_expired_while_the_gateway_was_down_gets_its_hook(
         wait_until(lambda: len(hooks.calls) == 1, "the expired lease's hook")
         wait_until(lambda: lease_row(home, "turn-2") == ("expired", "ok 204"), "its outcome")
     assert hooks.calls == [("DELETE", "/chat/2", "lease-turn-2")]
+
+
+def test_job_hooks_survive_a_crash_and_run_once_their_jobs_end(
+    tmp_path: Path, hooks: SlowHooks
+) -> None:
+    """An ended job's hook (made before the crash), a running job's and a waiting job's,
+    then SIGKILL: after the restart the running job (its tree stopped, uncertain) gets its
+    hook, the waiting one gets its own when it has run, and the ended one's is not repeated."""
+
+    def job(argv: list[str], name: str) -> str:
+        body = {"argv": argv, "release": {"url": hooks.url(f"/chat/{name}")}}
+        answer = gw.client.post("/v1/jobs", json=body)
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["id"])
+
+    with running_gateway(tmp_path, ROOMKEEPER_MAX_RUNNING="1") as gw:
+        ended = job(["true"], "ended")
+        wait_until(lambda: len(hooks.calls) == 1, "the ended job's hook")
+        running = job(["sleep", "60"], "running")
+        wait_until(
+            lambda: gw.client.get(f"/v1/jobs/{running}").json()["state"] == "running",
+            "the second job running",
+        )
+        waiting = job(["true"], "waiting")
+        assert gw.client.get(f"/v1/jobs/{waiting}").json()["state"] == "waiting"
+        kill_whole_tree(gw)
+    with running_gateway(tmp_path, ROOMKEEPER_MAX_RUNNING="1") as gw:
+        wait_until(lambda: len(hooks.calls) == 3, "the owed hooks", timeout=30)
+        assert gw.client.get(f"/v1/jobs/{running}").json()["state"] == "uncertain"
+        wait_until(
+            lambda: gw.client.get(f"/v1/jobs/{waiting}").json()["state"] == "exited",
+            "the waiting job resumed and ended",
+        )
+        time.sleep(0.5)  # nothing more comes
+    keys = sorted(c[2] or "" for c in hooks.calls)
+    assert keys == sorted(f"job-{i}" for i in (ended, running, waiting))

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from roomkeeper.errors import (
 )
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.hooks import HookRunner, ReleaseHook
+from roomkeeper.guard.hooks import HOOK_DUE, HookRunner, ReleaseHook
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.queue import Limits
@@ -215,15 +216,41 @@ class DurableJobs:
         hook = self.hooks.pop(view.id, None)
         if hook is None:
             return None
-        pending = self._hooks.submit(hook)
+        return self._make_hook(view.id, hook)
+
+    def _make_hook(self, job_id: str, hook: ReleaseHook) -> concurrent.futures.Future[str]:
+        """Save the hook as due, make the call (keyed by the job) on the hook pool, and save
+        its outcome.  The journal writes in order, so ``due`` is never saved after it."""
+        self._watch(self._journal.settle_job_hook(job_id, HOOK_DUE))
+        pending = self._hooks.submit(replace(hook, key=f"job-{job_id}"))
 
         def report(done: concurrent.futures.Future[str]) -> None:
             outcome = done.result() if done.exception() is None else f"failed: {done.exception()}"
+            self._watch(self._journal.settle_job_hook(job_id, outcome))
             if not outcome.startswith("ok"):
-                log.warning("release hook of job %s %s", view.id, outcome)
+                log.warning("release hook of job %s %s", job_id, outcome)
 
         pending.add_done_callback(report)
         return pending
+
+    def restore_hooks(self) -> list[tuple[str, ReleaseHook]]:
+        """At start: hooks of jobs that will run again go back with them; the hooks owed by
+        jobs that ended (or a crash ended) are returned, to be made now."""
+        due = []
+        for job_id, hook, state in self._journal.job_hooks_owed():
+            if state is JobState.DEFERRED or not state.final:
+                self.hooks[job_id] = hook
+            else:
+                due.append((job_id, hook))
+        return due
+
+    async def run_due_hooks(self, due: list[tuple[str, ReleaseHook]]) -> None:
+        """Make the hooks owed since before this start, once each, recording each outcome."""
+        for job_id, hook in due:
+            outcome = await asyncio.wrap_future(self._make_hook(job_id, hook))
+            log.warning(
+                "job %s: its release hook, due since before this start, ran: %s", job_id, outcome
+            )
 
     async def submit(self, spec: JobSpec, release: ReleaseHook | None) -> JobView:
         """Queue a job; returns once its record is durable.  Never blocks the event loop."""
@@ -233,6 +260,10 @@ class DurableJobs:
         spec = await self._refuse_what_never_fits(spec)
         job_id = uuid.uuid4().hex[:12]
         if release is not None:
+            # Saved before the job is: a crash from here on leaves a hook owed, not lost.
+            saved = self._journal.save_job_hook(job_id, release)
+            self._watch(saved)
+            await asyncio.wrap_future(saved)
             self.hooks[job_id] = release  # before the job exists: it may end at once
         try:
             view = await asyncio.to_thread(self.scheduler.submit, spec, job_id=job_id)

@@ -60,7 +60,7 @@ from roomkeeper.gateway.refusals import REFUSALS_KEPT, Refusal
 from roomkeeper.gateway.samples import Sample, Sampler
 from roomkeeper.gateway.worktrees import gateway_worktrees
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.hooks import HookRunner
+from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.leases import Leases
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.ipc import Channel
@@ -145,6 +145,7 @@ class Gateway:
         self._shut = False
         self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
         self._run_record_due: tuple[int | None, str | None] | None = None  # refused at start
+        self._hooks_due: list[tuple[str, ReleaseHook]] = []  # job hooks owed since before
         self.worktrees = gateway_worktrees(
             journal=journal, workspace=self.workspace, env=env, watch=self._watch
         )
@@ -197,6 +198,9 @@ class Gateway:
             # Saved nothing (a full disk): run again once the journal can save, before
             # anything new launches (new work is refused meanwhile).
             journal.on_writable(lambda: gateway._recover_late(previous_pid))
+        # Release hooks of jobs the last run ended (or its crash did) without a recorded
+        # outcome are made once the gateway serves; deferred jobs get theirs back.
+        gateway._hooks_due = gateway.durable_jobs.restore_hooks()
         return gateway
 
     # ---------------------------------------------------------------- setup
@@ -325,6 +329,7 @@ class Gateway:
             asyncio.create_task(self.sampler.loop()),
             asyncio.create_task(self.durable_leases.expiry_loop()),
             asyncio.create_task(self.durable_leases.run_due_hooks()),
+            asyncio.create_task(self.durable_jobs.run_due_hooks(self._hooks_due)),
             asyncio.create_task(self._resume_loop()),
         ]
         self._tasks += self.link.start(port=port, socket=socket)

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from roomkeeper.guard.hooks import HOOK_DUE, ReleaseHook
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.markers import MarkerKind, clear, is_marked, mark, marked
 from roomkeeper.journal.store import Store
@@ -56,6 +57,11 @@ CREATE TABLE IF NOT EXISTS job_events (
     at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS job_events_job ON job_events (job_id);
+CREATE TABLE IF NOT EXISTS job_hooks (
+    job_id TEXT PRIMARY KEY,
+    release TEXT NOT NULL,
+    outcome TEXT
+);
 """
 
 # Added after the table first shipped: ``database.migrate`` adds them to an older file.
@@ -299,6 +305,7 @@ class JobsTable(Store):
             if not conn.execute(sql, {"id": job_id, **states}).rowcount:
                 return False
             conn.execute("DELETE FROM job_events WHERE job_id = :id", {"id": job_id})
+            conn.execute("DELETE FROM job_hooks WHERE job_id = :id", {"id": job_id})
             return True
 
         return self.submit(write)
@@ -375,6 +382,48 @@ class JobsTable(Store):
                 )
                 for r in rows
             ]
+
+        return self._read(read)
+
+    def save_job_hook(self, job_id: str, hook: ReleaseHook) -> Future[None]:
+        """Keep a job's release hook with it, before the job is queued (no outcome yet)."""
+        release = json.dumps(hook.to_json())
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO job_hooks (job_id, release, outcome) "
+                "VALUES (:id, :release, NULL)",
+                {"id": job_id, "release": release},
+            )
+
+        return self.submit(write)
+
+    def settle_job_hook(self, job_id: str, outcome: str) -> Future[None]:
+        """Record a job hook's outcome (``due`` before the call, then how it went)."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE job_hooks SET outcome = :outcome WHERE job_id = :id",
+                {"id": job_id, "outcome": outcome},
+            )
+
+        return self.submit(write)
+
+    def job_hooks_owed(self) -> list[tuple[str, ReleaseHook, JobState]]:
+        """The job hooks not made yet, or made without a recorded outcome (a crash), with
+        their job's state."""
+        sql = (
+            "SELECT h.job_id, h.release, j.state FROM job_hooks h JOIN jobs j ON j.id = h.job_id "
+            "WHERE h.outcome IS NULL OR h.outcome = :due"
+        )
+
+        def read(conn: sqlite3.Connection) -> list[tuple[str, ReleaseHook, JobState]]:
+            found = []
+            for job_id, release, state in conn.execute(sql, {"due": HOOK_DUE}):
+                saved = json.loads(release)
+                hook = ReleaseHook(saved["method"], saved["url"])
+                found.append((str(job_id), hook, JobState(state)))
+            return found
 
         return self._read(read)
 
