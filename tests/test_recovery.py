@@ -356,7 +356,11 @@ def test_a_full_disk_is_reported_never_presented_as_saved(tmp_path: Path, tiny_d
         filler.unlink()
         again = gw.client.post("/v1/jobs", json={"argv": ["true"]})
         assert again.status_code == 201
-        assert gw.client.get("/v1/needs-you").json()["headline"] != "persistence failed"
+        # Changes that failed to save meanwhile are saved again within a moment.
+        wait_until(
+            lambda: gw.client.get("/v1/needs-you").json()["headline"] != "persistence failed",
+            "every failed save made again",
+        )
     log_text = "".join(p.read_text() for p in tmp_path.glob("gateway-*.log"))
     assert "the journal could not save" in log_text
 
@@ -400,6 +404,65 @@ def test_a_gateway_starts_and_serves_on_a_full_disk_and_saves_once_space_is_back
     log_text = "".join(p.read_text() for p in (tmp_path / "second").glob("gateway-*.log"))
     assert "cannot be opened for writing" in log_text
     assert "start-up recovery ran once the journal could save again" in log_text
+
+
+def test_a_failed_save_undoes_what_it_promised_and_is_saved_once_space_is_back(
+    tmp_path: Path, tiny_disk: Path
+) -> None:
+    """On a full disk: a refused lease holds nothing and its retry is judged again; a
+    refused job is never listed; a cancel stops the tree; a delete of an ended job frees
+    its output first.  Once space is back, the cancelled job is saved as ended."""
+    home = tiny_disk / "home"
+    with running_gateway(tmp_path, ROOMKEEPER_HOME=str(home)) as gw:
+        talker = gw.client.post(
+            "/v1/jobs", json={"argv": ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x"]}
+        ).json()["id"]
+        runner = gw.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
+        wait_until(
+            lambda: (
+                gw.client.get(f"/v1/jobs/{runner}").json()["state"] == "running"
+                and gw.client.get(f"/v1/jobs/{talker}").json()["state"] == "exited"
+            ),
+            "one job running, one ended",
+        )
+        sleeper = [
+            c
+            for c in psutil.Process(gw.proc.pid).children(recursive=True)
+            if c.cmdline()[:2] == ["sleep", "60"]
+        ]
+        assert len(sleeper) == 1
+        pid = sleeper[0].pid
+        filler = _fill(tiny_disk)
+        lease = {"id": "full", "memory_bytes": 10**6}
+        for _ in range(2):  # the retry is judged and saved afresh, never a 200 for nothing
+            assert gw.client.post("/v1/leases", json=lease).status_code == 507
+            assert gw.client.get("/v1/status").json()["leases"].get("granted", 0) == 0
+        refused = gw.client.post("/v1/jobs", json={"argv": ["true"]})
+        assert refused.status_code == 507
+        listed = {j["id"] for j in gw.client.get("/v1/jobs").json()}
+        assert listed == {talker, runner}
+        cancelled = gw.client.post(f"/v1/jobs/{runner}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        wait_until(lambda: not psutil.pid_exists(pid) or _zombie(pid), "the tree stopped")
+        assert gw.client.get("/v1/needs-you").json()["headline"] == "persistence failed"
+        assert gw.client.delete(f"/v1/jobs/{talker}").status_code == 204
+        filler.unlink()
+        wait_until(
+            lambda: gw.client.get("/v1/needs-you").json()["headline"] != "persistence failed",
+            "every change saved",
+        )
+        with db(home) as conn:
+            state = conn.execute("SELECT state FROM jobs WHERE id = ?", (runner,)).fetchone()[0]
+            assert state == "stopped"
+            assert (
+                conn.execute("SELECT count(*) FROM jobs WHERE id = ?", (talker,)).fetchone()[0] == 0
+            )
+
+
+def _zombie(pid: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    return True
 
 
 def test_history_cap_follows_its_variable(tmp_path: Path) -> None:

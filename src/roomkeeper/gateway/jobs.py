@@ -123,6 +123,10 @@ class DurableJobs:
         self._watch = watch
         self._resuming: str | None = None  # the deferred job resumed now (one at a time)
         self.hooks: dict[str, ReleaseHook] = {}
+        self.unsaved: dict[str, float] = {}  # jobs whose latest change failed to save, since
+        self._withdrawn: set[str] = (
+            set()
+        )  # jobs answered 507 (not saved): never listed, never saved
         # Cumulative, as Prometheus histograms must be: counts per bucket, sum, count.
         self.wait_buckets = [0] * len(WAIT_BUCKETS)
         self.wait_sum = 0.0
@@ -168,6 +172,8 @@ class DurableJobs:
         write.result(timeout=MARKER_TIMEOUT_S)  # a stuck disk fails the launch, not the scheduler
 
     def _job_changed(self, view: JobView) -> None:
+        if view.id in self._withdrawn:
+            return  # answered 507: it never was
         pid_started = None
         if view.state is JobState.RUNNING and view.pid is not None:
             with contextlib.suppress(psutil.Error):
@@ -183,22 +189,27 @@ class DurableJobs:
         job_id = view.id
 
         def forget(done: concurrent.futures.Future[None]) -> None:
-            # A failed write is kept: DurableJobs.submit must see it and answer 507.
-            if (
-                self.writes.get(job_id) is done
-                and not done.cancelled()
-                and done.exception() is None
-            ):
+            # A failed write is kept: DurableJobs.submit must see it and answer 507, and
+            # the job is saved again (retry_unsaved) until a save of it succeeds.
+            if self.writes.get(job_id) is not done or done.cancelled():
+                return
+            if done.exception() is None:
                 self.writes.pop(job_id, None)
+                self.unsaved.pop(job_id, None)
+            else:
+                self.unsaved[job_id] = time.time()
 
         write.add_done_callback(forget)
         if view.state is JobState.RUNNING and view.started_at is not None:
-            wait = max(0.0, view.started_at - view.submitted_at)
-            self.wait_sum += wait
-            self.wait_count += 1
-            for i, bound in enumerate(WAIT_BUCKETS):
-                if wait <= bound:
-                    self.wait_buckets[i] += 1
+            self._count_wait(max(0.0, view.started_at - view.submitted_at))
+
+    def _count_wait(self, wait: float) -> None:
+        """One job's wait before its start, into the histogram /metrics shows."""
+        self.wait_sum += wait
+        self.wait_count += 1
+        for i, bound in enumerate(WAIT_BUCKETS):
+            if wait <= bound:
+                self.wait_buckets[i] += 1
 
     def _job_refused(self, job_id: str, decision: Decision) -> None:
         """Keep a refusal for the Health page once, not once per retried round."""
@@ -275,7 +286,7 @@ class DurableJobs:
             try:
                 await asyncio.wrap_future(write)
             except Exception as err:  # not saved: it must not run, and must not look saved
-                await asyncio.to_thread(self.scheduler.cancel, job_id)
+                await asyncio.to_thread(self._withdraw, job_id)
                 raise PersistenceError(f"the job was not saved, so it will not run: {err}") from err
         return view
 
@@ -317,12 +328,51 @@ class DurableJobs:
         """
         view = self.scheduler.get(job_id)
         if not view.state.final:
-            self._journal.request_stop(job_id).result()
+            asked = self._journal.request_stop(job_id)
+            self._watch(asked)
+            try:
+                asked.result()
+            except Exception as err:
+                # The tree is stopped all the same (a full disk must not keep it running);
+                # its end is saved once the journal can (a failed save is retried).
+                log.error(
+                    "job %s: its cancel could not be saved first (%s); stopping it", job_id, err
+                )
         view = self.scheduler.cancel(job_id)
         write = self.writes.get(job_id)
         if write is not None and view.state.final:
-            write.result(timeout=MARKER_TIMEOUT_S)
+            with contextlib.suppress(Exception):  # failed: kept unsaved, retried, reported
+                write.result(timeout=MARKER_TIMEOUT_S)
         return view
+
+    def _withdraw(self, job_id: str) -> None:
+        """A job answered 507: cancelled before it can run, then forgotten, so it is never
+        listed (as failed or cancelled) nor saved later by a retry."""
+        self._withdrawn.add(job_id)
+        self.scheduler.cancel(job_id)
+        with contextlib.suppress(UnknownJobError, NotEndedError):
+            self.scheduler.forget(job_id)
+        self.writes.pop(job_id, None)
+        self.unsaved.pop(job_id, None)
+        self.hooks.pop(job_id, None)
+
+    def retry_unsaved(self) -> int:
+        """Save again each job whose latest change could not be saved; how many still are not.
+
+        Called on a timer: a job that ended while the disk was full is saved as ended once
+        the disk takes it, never left ``running`` in the journal.
+        """
+        for job_id in list(self.unsaved):
+            try:
+                view = self.scheduler.get(job_id)
+            except UnknownJobError:
+                self.unsaved.pop(job_id, None)
+                continue
+            write = self.writes.get(job_id)
+            if write is not None and not write.done():
+                continue  # a save is on its way
+            self._job_changed(view)
+        return len(self.unsaved)
 
     def remove(self, job_id: str) -> None:
         """Forget an ended job: its record, its state changes and its kept output.
@@ -355,6 +405,15 @@ class DurableJobs:
         write = self.writes.get(job_id)
         if write is not None:
             write.result(timeout=MARKER_TIMEOUT_S)
+        if job_id in self.unsaved:
+            raise NotEndedError(
+                f"job {job_id!r} is not saved as ended yet; try again in a moment",
+                work_id=job_id,
+                reason="not_ended",
+            )
+        # Its output first: on a full disk that is the space the journal's delete needs.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(log_path)
         if not self._journal.forget_job(job_id).result():
             raise NotEndedError(
                 f"job {job_id!r} is not saved as ended yet; try again in a moment",
@@ -362,8 +421,6 @@ class DurableJobs:
                 reason="not_ended",
             )
         self.scheduler.forget(job_id)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(log_path)
 
     def _state_and_log(self, job_id: str) -> tuple[JobState, str]:
         """The job's state (this run's view over the journal's) and its output file.

@@ -128,7 +128,13 @@ class DurableLeases:
             )
             if lease is not None:
                 if decision is not None:  # a new grant, not a retried request
-                    await asyncio.wrap_future(self._record(lease))
+                    try:
+                        await asyncio.wrap_future(self._record(lease))
+                    except BaseException:
+                        # Not saved, so not granted: it holds nothing, and a retry of the
+                        # same request tries to save it again.
+                        self.leases.withdraw(lease_id)
+                        raise
                 return lease, decision, decision is not None
             assert decision is not None
             if not pruned and self._may_prune(decision):

@@ -368,7 +368,10 @@ class Gateway:
 
     @property
     def persistence_error(self) -> str | None:
-        """Why the journal cannot save, while it cannot (new work is refused); else None."""
+        """Why the journal cannot save, while it cannot or a job's change is still unsaved
+        (new work is refused); else None."""
+        if self._persistence_error is None and self.durable_jobs.unsaved:
+            return f"{len(self.durable_jobs.unsaved)} job change(s) not saved yet"
         return self._persistence_error
 
     def note_persistence_error(self, error: BaseException | str) -> None:
@@ -396,7 +399,7 @@ class Gateway:
 
     def resume_next(self) -> str | None:
         """Resume the oldest deferred job if none is resuming now (one at a time)."""
-        if self._closing or self._persistence_error is not None or self.link.recovery_mode:
+        if self._closing or self.persistence_error is not None or self.link.recovery_mode:
             return None  # recovery mode holds automatic resumption
         return self.durable_jobs.resume_next()
 
@@ -406,6 +409,9 @@ class Gateway:
                 await asyncio.to_thread(self.resume_next)
             if self._run_record_due is not None:
                 self._write_run_record_late()
+            if self.durable_jobs.unsaved:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.durable_jobs.retry_unsaved)
             await asyncio.sleep(RESUME_CHECK_S)
 
     def _write_run_record_late(self) -> None:
@@ -444,8 +450,8 @@ class Gateway:
 
     def needs_you(self) -> dict[str, str]:
         """A headline from a closed vocabulary and the guard's summary: no path, no command."""
-        if self._persistence_error is not None:
-            if is_damage(self._persistence_error):
+        if self.persistence_error is not None:
+            if is_damage(self.persistence_error):
                 return {
                     "headline": "journal damaged",
                     "body": "the journal file is damaged (SQLite finds it malformed); new work "

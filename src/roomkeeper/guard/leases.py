@@ -224,6 +224,14 @@ class Leases:
             self._leases[lease_id] = lease
             return lease
 
+    def withdraw(self, lease_id: str) -> None:
+        """Undo a grant whose record could not be saved: the lease never was, its room is
+        free again, and a retry of the same request is judged afresh."""
+        with self._lock:
+            self._leases.pop(lease_id, None)
+            self._deadlines.pop(lease_id, None)
+        self._guard.release(guard_key(lease_id))
+
     def end(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView | None:
         """Mark a granted lease ended; returns it (its hook still to run), None if it had ended.
 
