@@ -184,6 +184,13 @@ def main() -> None:
         print(f"API answers:    {dict(sorted(statuses.items()))}")
         if statuses.get("5xx"):
             print("DEFECT: the API answered 5xx", flush=True)
+        said = [
+            line
+            for line in (tmp / "serve.log").read_text(errors="replace").splitlines()
+            if "WARNING" in line or "ERROR" in line
+        ]
+        if said:
+            print("the gateway said:\n  " + "\n  ".join(said[-10:]), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from importlib import resources as package_files
 from typing import Annotated, Any
 
@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from roomkeeper import __version__
 from roomkeeper.api.bodylimit import BodyLimit
 from roomkeeper.api.contract import allowed_methods, install_links, no_unknown_query
+from roomkeeper.api.fairway import HealthFirst
 from roomkeeper.api.hosts import LoopbackOnly
 from roomkeeper.api.jobs import work_routes
 from roomkeeper.api.leases import lease_routes
@@ -94,6 +95,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     app.include_router(worktree_routes(gateway, auth))
     _add_service_routes(app, gateway, auth)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(HealthFirst)
     app.add_middleware(LoopbackOnly)  # outermost: a rebound page is refused before anything
     install_links(app)
     return app
@@ -115,10 +117,10 @@ def _lifespan(
     return lifespan
 
 
-def _token_check(gateway: Gateway) -> Callable[[Credentials], None]:
+def _token_check(gateway: Gateway) -> Callable[[Credentials], Coroutine[Any, Any, None]]:
     """The dependency every authorized route has: the gateway's bearer token, or 401."""
 
-    def authorized(credentials: Credentials) -> None:
+    async def authorized(credentials: Credentials) -> None:  # on the loop: no thread hop
         given = credentials.credentials if credentials else ""
         if not hmac.compare_digest(given.encode(), gateway.token.encode()):
             raise HTTPException(

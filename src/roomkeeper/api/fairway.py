@@ -1,0 +1,51 @@
+"""Health first: the API's work waits its turn, ``/health`` never does.
+
+Under a flood of API requests the event loop would otherwise hold hundreds of
+them at once, each a slice of Python work on the one loop, and a health
+probe's answer would wait behind all of them.  This ASGI middleware lets at
+most :data:`API_AT_ONCE` API requests be worked on at once; the rest wait in
+line costing nothing, and ``/health`` and the Health page pass straight
+through.  A request's turn ends when its answer starts, so a long output
+stream holds no place in line while it streams; a lease grant that waits for
+room (``wait_s``) does hold its place while it waits, bounded by that wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+API_AT_ONCE = 16  # API requests worked on at once; more wait in line
+FIRST = frozenset({"/health", "/"})  # never wait
+
+
+class HealthFirst:
+    """Bound how many API requests are worked on at once; ``/health`` goes first."""
+
+    def __init__(self, app: Any, *, at_once: int = API_AT_ONCE) -> None:
+        self.app = app
+        self.at_once = at_once
+        self._turns: asyncio.Semaphore | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") in FIRST:
+            await self.app(scope, receive, send)
+            return
+        if self._turns is None:  # made on the serving loop, at its first request
+            self._turns = asyncio.Semaphore(self.at_once)
+        turns = self._turns
+        await turns.acquire()
+        held = True
+
+        async def answering(message: Any) -> None:
+            nonlocal held
+            if held and message["type"] == "http.response.start":
+                held = False
+                turns.release()  # the answer is on its way: the next request's turn
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answering)
+        finally:
+            if held:
+                turns.release()
