@@ -207,3 +207,36 @@ def test_logs_without_records_are_reported_at_start(tmp_path: Path) -> None:
         assert RecoveryCode.RECORDS_LOST in codes
     finally:
         journal.close()
+
+
+def test_after_a_damaged_wal_no_job_vanishes_without_a_word(tmp_path: Path) -> None:
+    """Twelve jobs, a SIGKILL, 4 KiB of the WAL overwritten: after the restart each job is
+    either in the journal or named as a record lost (its log without a row)."""
+    from tests.gateways import kill_whole_tree, running_gateway, wait_until
+
+    env = gateway_env(tmp_path)
+    home = Path(env["ROOMKEEPER_HOME"])
+    with running_gateway(tmp_path) as gw:
+        ids = [
+            gw.client.post("/v1/jobs", json={"argv": ["echo", str(i)]}).json()["id"]
+            for i in range(12)
+        ]
+        wait_until(
+            lambda: all(gw.client.get(f"/v1/jobs/{i}").json()["state"] == "exited" for i in ids),
+            "every job's end",
+        )
+        kill_whole_tree(gw)
+    wal = home / "journal.db-wal"
+    assert wal.stat().st_size > 3 * PAGE, "the WAL holds the last writes"
+    with wal.open("r+b") as f:
+        f.seek(wal.stat().st_size // 2)
+        f.write(b"\x5a" * PAGE)
+    with running_gateway(tmp_path) as gw:
+        kept = {j["id"] for j in gw.client.get("/v1/jobs").json()}
+    log_text = "".join(p.read_text() for p in tmp_path.glob("gateway-*.log"))
+    lost = {i for i in ids if i not in kept}
+    assert lost, "the damaged WAL lost no job: this test would show nothing"
+    checked = roomkeeper_cli(env, "journal", "check")
+    assert checked.returncode == 1, checked.stdout
+    assert f"no record of {len(lost)} job(s)" in log_text, log_text[-2000:]
+    assert f"{len(lost)} job log(s) have no record" in checked.stdout
