@@ -61,3 +61,11 @@ def test_the_disk_panel_reads_the_volume_before_the_workspace_exists(gateway: Ga
     assert gateway.check().reason.value == "memory"
     disk = feed_json(gateway)["disk"]
     assert disk["total_bytes"] and disk["free_bytes"] is not None
+
+
+def test_the_health_page_leads_with_what_needs_a_person(gateway: Gateway) -> None:
+    """A journal that cannot save heads the page as it heads needs-you."""
+    gateway.note_persistence_error("database or disk is full")
+    guard = feed_json(gateway)["guard"]
+    assert guard["headline"] == "persistence failed" and not guard["admit"]
+    assert guard["summary"].startswith("the journal cannot save")

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from roomkeeper.gateway.calls import CallState
-from roomkeeper.gateway.service import HEADLINES
+from roomkeeper.gateway.service import HEADLINES, PERSON_HEADLINES
 from roomkeeper.guard.leases import LeaseState
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.spec import JobState
@@ -59,7 +59,7 @@ FeedSource = Annotated[
     _closed(FEED_SOURCES, "memory source"),
     WithJsonSchema({"type": "string", "enum": list(FEED_SOURCES)}),
 ]
-GUARD_HEADLINES = tuple(sorted(set(HEADLINES.values())))
+GUARD_HEADLINES = tuple(sorted({*HEADLINES.values(), *PERSON_HEADLINES}))
 GuardHeadline = Annotated[
     str,
     _closed(GUARD_HEADLINES, "headline"),

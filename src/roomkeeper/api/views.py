@@ -13,7 +13,7 @@ from typing import Any
 
 from roomkeeper.gateway.calls import CallView
 from roomkeeper.gateway.samples import Sample
-from roomkeeper.gateway.service import HEADLINES, Gateway
+from roomkeeper.gateway.service import HEADLINES, PERSON_HEADLINES, Gateway
 from roomkeeper.guard.leases import LeaseView
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.spec import JobState, JobView
@@ -108,23 +108,30 @@ def lease_json(lease: LeaseView) -> dict[str, Any]:
     }
 
 
+# needs-you headlines under which admission goes on (a person is asked, nothing is held).
+ADMITTING = frozenset({*HEADLINES.values(), "uncertain work needs you"})
+
+
 def feed_json(gateway: Gateway) -> dict[str, Any]:
     """What the Health page shows: ids, owners, states, reasons and numbers only."""
     decision = gateway.check()
     latest = gateway.samples[-1] if gateway.samples else gateway.sample()
     stats = gateway.scheduler.statistics()
     held = gateway.held_after_pressure()
+    said = gateway.needs_you()  # what a person is told first leads the page too
+    person = said["headline"] in PERSON_HEADLINES
+    headline = said["headline"] if person or held else HEADLINES.get(decision.reason, "ok")
     return {
         "boot_id": gateway.boot_id,
         "uptime_s": gateway.uptime(),
         "now": time.time(),
         "guard": {
-            "admit": decision.admit and held is None,
+            "admit": decision.admit and held is None and said["headline"] in ADMITTING,
             "reason": Reason.PRESSURE.value if held else decision.reason.value,
-            "headline": HEADLINES[Reason.PRESSURE]
-            if held
-            else HEADLINES.get(decision.reason, "ok"),
-            "summary": f"{held}; {decision.summary}" if held else decision.summary,
+            "headline": headline,
+            "summary": f"{said['body']}; {decision.summary}"
+            if person or held
+            else decision.summary,
         },
         "memory": _feed_memory(decision, latest),
         "disk": {"free_bytes": latest.disk_free_bytes, "total_bytes": latest.disk_total_bytes},

@@ -89,6 +89,13 @@ HEADLINES = {
     Reason.OFF: "guard off",
     Reason.PRESSURE: "admission held after pressure",
 }
+# What needs-you (and the Health page's headline) says first when a person is needed.
+PERSON_HEADLINES = (
+    "persistence failed",
+    "journal damaged",
+    "recovery mode",
+    "uncertain work needs you",
+)
 
 
 class Server(Protocol):
