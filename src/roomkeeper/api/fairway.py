@@ -4,10 +4,12 @@ Under a flood of API requests the event loop would otherwise hold hundreds of
 them at once, each a slice of Python work on the one loop, and a health
 probe's answer would wait behind all of them.  This ASGI middleware lets at
 most :data:`API_AT_ONCE` API requests be worked on at once; the rest wait in
-line costing nothing, and ``/health`` and the Health page pass straight
-through.  A request's turn ends when its answer starts, so a long output
-stream holds no place in line while it streams; a lease grant that waits for
-room (``wait_s``) does hold its place while it waits, bounded by that wait.
+line costing nothing, and ``/health``, the Health page, its feed, ``/metrics``
+and lease releases and heartbeats pass straight through.  A request's turn
+ends when its answer starts, so a long output stream holds no place in line
+while it streams; a lease grant that waits for room (``wait_s``) does hold
+its place while it waits, bounded by that wait, and the releases that make
+that room never wait behind it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import asyncio
 from typing import Any
 
 API_AT_ONCE = 16  # API requests worked on at once; more wait in line
-FIRST = frozenset({"/health", "/"})  # never wait
+FIRST = frozenset({"/health", "/", "/v1/feed", "/metrics"})  # never wait: cheap, read-only
+# Releases and heartbeats of leases never wait either: a release frees the room that lease
+# grants waiting with ``wait_s`` (holding their turns) wait for.
+FIRST_PREFIXES = ("/v1/leases/",)
 
 
 class HealthFirst:
@@ -28,7 +33,8 @@ class HealthFirst:
         self._turns: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path") in FIRST:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in FIRST or path.startswith(FIRST_PREFIXES):
             await self.app(scope, receive, send)
             return
         if self._turns is None:  # made on the serving loop, at its first request

@@ -183,8 +183,11 @@ def _listed_jobs(
     for i in [i for i, j in rows.items() if i in live and live[i]["state"] != j["state"]]:
         del rows[i]
     page, next_key = newest_first_page(list(rows.values()), "submitted_at", limit, after)
-    if next_key is None and len(found) > limit and page:
-        next_key = (page[-1]["submitted_at"], page[-1]["id"])  # the journal holds more
+    if next_key is None and len(found) > limit:  # the journal holds more than this page
+        if page:
+            next_key = (float(page[-1]["submitted_at"]), str(page[-1]["id"]))
+        else:  # every row read was stale: go on past the last one read
+            next_key = (found[-2].submitted_at, found[-2].id)
     return page, next_key
 
 

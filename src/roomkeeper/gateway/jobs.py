@@ -20,6 +20,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import sqlite3
 import time
 import uuid
 from collections import deque
@@ -349,6 +350,7 @@ class DurableJobs:
         """A job answered 507: cancelled before it can run, then forgotten, so it is never
         listed (as failed or cancelled) nor saved later by a retry."""
         self._withdrawn.add(job_id)
+        self.hooks.pop(job_id, None)  # before the cancel: a job that never was has no hook
         self.scheduler.cancel(job_id)
         with contextlib.suppress(UnknownJobError, NotEndedError):
             self.scheduler.forget(job_id)
@@ -363,15 +365,11 @@ class DurableJobs:
         the disk takes it, never left ``running`` in the journal.
         """
         for job_id in list(self.unsaved):
-            try:
-                view = self.scheduler.get(job_id)
-            except UnknownJobError:
-                self.unsaved.pop(job_id, None)
-                continue
             write = self.writes.get(job_id)
             if write is not None and not write.done():
                 continue  # a save is on its way
-            self._job_changed(view)
+            if not self.scheduler.resend(job_id):  # in order with the scheduler's own saves
+                self.unsaved.pop(job_id, None)
         return len(self.unsaved)
 
     def remove(self, job_id: str) -> None:
@@ -411,16 +409,22 @@ class DurableJobs:
                 work_id=job_id,
                 reason="not_ended",
             )
-        # Its output first: on a full disk that is the space the journal's delete needs.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(log_path)
-        if not self._journal.forget_job(job_id).result():
+        try:
+            forgotten = self._journal.forget_job(job_id).result()
+        except sqlite3.OperationalError:
+            # A full disk: its output goes first, freeing the space the delete needs.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(log_path)
+            forgotten = self._journal.forget_job(job_id).result()
+        if not forgotten:
             raise NotEndedError(
                 f"job {job_id!r} is not saved as ended yet; try again in a moment",
                 work_id=job_id,
                 reason="not_ended",
             )
         self.scheduler.forget(job_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(log_path)
 
     def _state_and_log(self, job_id: str) -> tuple[JobState, str]:
         """The job's state (this run's view over the journal's) and its output file.

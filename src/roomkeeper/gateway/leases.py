@@ -130,7 +130,7 @@ class DurableLeases:
                 if decision is not None:  # a new grant, not a retried request
                     try:
                         await asyncio.wrap_future(self._record(lease))
-                    except BaseException:
+                    except Exception:
                         # Not saved, so not granted: it holds nothing, and a retry of the
                         # same request tries to save it again.
                         self.leases.withdraw(lease_id)

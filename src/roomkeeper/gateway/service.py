@@ -153,6 +153,9 @@ class Gateway:
         self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
         self._run_record_due: tuple[int | None, str | None] | None = None  # refused at start
         self._hooks_due: list[tuple[str, ReleaseHook]] = []  # job hooks owed since before
+        # Start-up recovery a full disk refused, with the previous pid: until it is saved, the
+        # journal counts as not saving, so no new job starts (recovery would stop its tree).
+        self._recovery_due: tuple[int | None] | None = None
         self.worktrees = gateway_worktrees(
             journal=journal, workspace=self.workspace, env=env, watch=self._watch
         )
@@ -202,9 +205,9 @@ class Gateway:
         # leaf this process moves into, so it must be there first.
         gateway.scheduler.prepare()
         if not gateway._recover(previous_pid):
-            # Saved nothing (a full disk): run again once the journal can save, before
-            # anything new launches (new work is refused meanwhile).
-            journal.on_writable(lambda: gateway._recover_late(previous_pid))
+            # Saved nothing (a full disk): the resume loop runs it again once the journal can
+            # save, before anything new launches (new work is refused until then).
+            gateway._recovery_due = (previous_pid,)
         # Release hooks of jobs the last run ended (or its crash did) without a recorded
         # outcome are made once the gateway serves; deferred jobs get theirs back.
         gateway._hooks_due = gateway.durable_jobs.restore_hooks()
@@ -300,11 +303,15 @@ class Gateway:
             return False
         return True
 
-    def _recover_late(self, previous_pid: int | None) -> None:
-        """The journal can save again after a start on a full disk: recover now."""
+    def _recover_late(self) -> None:
+        """Start-up recovery that a full disk refused: again, once the journal can save."""
+        if self._recovery_due is None or self.journal.unwritable is not None:
+            return
+        (previous_pid,) = self._recovery_due
         if self._recover(previous_pid, restore=False):
-            log.warning("start-up recovery ran once the journal could save again")
+            self._recovery_due = None
             self._persistence_error = None
+            log.warning("start-up recovery ran once the journal could save again")
 
     def _limits(self) -> Limits:
         """The bounds from the variables, with the gateway's holds on top."""
@@ -351,6 +358,10 @@ class Gateway:
             )
             self.note_persistence_error(err)
             self._run_record_due = (port, socket)  # written by the resume loop once it can be
+            # The previous run's record must not outlive it: the next start would take this
+            # run's crash for none, or its pid for the previous one's (unlinking frees space).
+            with contextlib.suppress(OSError):
+                (self.home / "gateway.json").unlink()
 
     def _watch(self, write: concurrent.futures.Future[None]) -> None:
         """Remember whether the journal can save: a failed write is reported, never hidden."""
@@ -377,6 +388,8 @@ class Gateway:
     def persistence_error(self) -> str | None:
         """Why the journal cannot save, while it cannot or a job's change is still unsaved
         (new work is refused); else None."""
+        if self._recovery_due is not None:
+            return self._persistence_error or "start-up recovery is not saved yet"
         if self._persistence_error is None and self.durable_jobs.unsaved:
             return f"{len(self.durable_jobs.unsaved)} job change(s) not saved yet"
         return self._persistence_error
@@ -416,6 +429,9 @@ class Gateway:
                 await asyncio.to_thread(self.resume_next)
             if self._run_record_due is not None:
                 self._write_run_record_late()
+            if self._recovery_due is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self._recover_late)
             if self.durable_jobs.unsaved:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.durable_jobs.retry_unsaved)

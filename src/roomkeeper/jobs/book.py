@@ -197,6 +197,19 @@ class JobBook:
                 for view in events:
                     self._on_change(view)
 
+    def resend(self, job_id: str) -> bool:
+        """Hand the job's current view to ``on_change`` again (its last save failed), in
+        order with the other changes; False when the job is no longer known."""
+        with self._flush_lock:
+            with self._lock:
+                job = self._jobs.get(job_id)
+                view = None if job is None else self.view(job)
+            if view is None:
+                return False
+            if self._on_change is not None:
+                self._on_change(view)
+            return True
+
     # ------------------------------------------------------ with the lock held
 
     def __contains__(self, job_id: str) -> bool:

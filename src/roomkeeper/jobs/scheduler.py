@@ -268,6 +268,12 @@ class Scheduler:
         """Every job this scheduler knows, in submission order."""
         return self._book.jobs()
 
+    def resend(self, job_id: str) -> bool:
+        """Hand the job's current view to the change listener again, in order with every
+        other change (a save of it failed); False when the job is no longer known."""
+        self._book.flush()  # what is pending goes first
+        return self._book.resend(job_id)
+
     def next_waiting(self) -> JobView | None:
         """The waiting job whose turn comes first (the head of the first owner's line)."""
         with self._lock:

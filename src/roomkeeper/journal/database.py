@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from roomkeeper.journal import calls, history, jobs, leases, markers, sizes, worktrees
 from roomkeeper.journal.calls import CallsTable
 from roomkeeper.journal.history import MAX_EVENTS, HistoryTable
-from roomkeeper.journal.integrity import JournalDamagedError, check_journal, read_only
+from roomkeeper.journal.integrity import JournalDamagedError, check_journal, is_damage, read_only
 from roomkeeper.journal.jobs import JobsTable
 from roomkeeper.journal.leases import LeasesTable
 from roomkeeper.journal.sizes import SizesTable
@@ -119,7 +119,6 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         self._writer: sqlite3.Connection | None = None
         self._generation = 0  # bumped when the writer opens late: readers reconnect
         self.unwritable: str | None = None  # why the journal cannot save at all, while so
-        self._writable_callbacks: list[Callable[[], None]] = []
         try:
             self._open_writer()
         except sqlite3.OperationalError as err:
@@ -169,11 +168,6 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
             raise JournalDamagedError(self.path, [str(err)]) from err
         self._writer = conn
 
-    def on_writable(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (on a thread of its own) once a journal opened read-only can
-        save again."""
-        self._writable_callbacks.append(callback)
-
     def _try_reopen(self) -> bool:
         """While read-only for want of space: open the writer if the disk takes it now."""
         try:
@@ -181,11 +175,12 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         except (sqlite3.OperationalError, OSError) as err:
             self.unwritable = f"{err}: no space left on the journal's disk"
             return False
+        except Exception as err:  # damage found on reopening: every write fails, saying so
+            self.unwritable = str(err)
+            return False
         self.unwritable = None
         self._generation += 1
         log.warning("the journal %s can save again", self.path)
-        for callback in self._writable_callbacks:
-            threading.Thread(target=callback, name="journal-writable", daemon=True).start()
         return True
 
     # ------------------------------------------------------------- writing
@@ -235,7 +230,12 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
     ) -> None:
         results: list[tuple[concurrent.futures.Future[Any], Any, BaseException | None]] = []
         if self._writer is None and not self._try_reopen():
-            refused = sqlite3.OperationalError(f"database or disk is full ({self.unwritable})")
+            unwritable = self.unwritable or ""
+            refused: sqlite3.Error = (
+                sqlite3.DatabaseError(unwritable)
+                if is_damage(unwritable)
+                else sqlite3.OperationalError(f"database or disk is full ({unwritable})")
+            )
             for _, future in batch:
                 _settle(future, None, refused)
             return
@@ -266,15 +266,16 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
     # ------------------------------------------------------------- reading
 
     def _reader(self) -> sqlite3.Connection:
+        generation = self._generation  # first: a reopen after this makes it stale, not kept
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and getattr(self._local, "generation", 0) != self._generation:
+        if conn is not None and getattr(self._local, "generation", 0) != generation:
             conn.close()  # opened read-only while the disk was full: the writer is back
             conn = None
         if conn is None:
             conn = _connect(self.path) if self._writer is not None else read_only(self.path)
             conn.row_factory = sqlite3.Row
             self._local.conn = conn
-            self._local.generation = self._generation
+            self._local.generation = generation
         return conn
 
     def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:

@@ -93,16 +93,26 @@ def check_journal(path: Path | str) -> list[str]:
     if not path.exists() or path.stat().st_size == 0:
         return []
     try:
-        conn = read_only(path)
-    except sqlite3.DatabaseError as err:
-        if isinstance(err, sqlite3.OperationalError) and not is_damage(err):
-            raise
-        return [str(err)]
+        return _checked(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30))
+    except sqlite3.OperationalError as err:
+        if is_damage(err):
+            return [str(err)]
+        # A full disk cannot take the -shm file a read needs: read the file alone (any
+        # writer is stopped then, or it could not write either).
+        return _checked(read_only(path))
+
+
+def _checked(conn: sqlite3.Connection) -> list[str]:
+    """The quick check's problems on ``conn`` (closed afterwards).
+
+    Raises:
+        sqlite3.OperationalError: the disk, an I/O error or a lock, not the file's fault.
+    """
     try:
         return _problems_of(conn)
     except sqlite3.OperationalError as err:
         if not is_damage(err):
-            raise  # the disk full, an I/O error, a lock: not the file's fault
+            raise
         return [str(err)]
     except sqlite3.DatabaseError as err:  # "file is not a database", "malformed"
         return [str(err)]

@@ -418,8 +418,12 @@ class JobsTable(Store):
         )
 
         def read(conn: sqlite3.Connection) -> list[tuple[str, ReleaseHook, JobState]]:
-            found = []
-            for job_id, release, state in conn.execute(sql, {"due": HOOK_DUE}):
+            found: list[tuple[str, ReleaseHook, JobState]] = []
+            try:
+                rows = conn.execute(sql, {"due": HOOK_DUE}).fetchall()
+            except sqlite3.OperationalError:  # an older journal opened read-only: no table
+                return found
+            for job_id, release, state in rows:
                 saved = json.loads(release)
                 hook = ReleaseHook(saved["method"], saved["url"])
                 found.append((str(job_id), hook, JobState(state)))
