@@ -159,7 +159,9 @@ def main() -> None:
         until = time.time() + args.seconds
         each = args.concurrency // args.flooders
         procs = [
-            multiprocessing.Process(target=flood, args=(url, token, each, until, str(tmp / f"f{i}")))
+            multiprocessing.Process(
+                target=flood, args=(url, token, each, until, str(tmp / f"f{i}"))
+            )
             for i in range(args.flooders)
         ]
         prober = multiprocessing.Process(target=probe, args=(url, until, str(tmp / "probe")))
@@ -179,7 +181,9 @@ def main() -> None:
             found = json.loads((tmp / f"f{i}").read_text())
             api += found["latencies"]
             statuses.update(found["statuses"])
-        print(f"/health flood:  {describe(health['latencies'])}  failures {dict(health['failures'])}")
+        print(
+            f"/health flood:  {describe(health['latencies'])}  failures {dict(health['failures'])}"
+        )
         print(f"API:            {describe(api)}  {len(api) / args.seconds:.0f} answers/s")
         print(f"API answers:    {dict(sorted(statuses.items()))}")
         if statuses.get("5xx"):
