@@ -17,7 +17,7 @@ import psutil
 from roomkeeper.errors import RoomkeeperError
 from roomkeeper.gateway.recovery import logs_without_records
 from roomkeeper.journal.database import SCHEMA
-from roomkeeper.journal.integrity import ALL_TABLES, check_journal, recover_journal
+from roomkeeper.journal.integrity import ALL_TABLES, check_journal, job_ids_in, recover_journal
 from roomkeeper.paths import home_dir
 from roomkeeper.supervisor.records import find_supervisor
 
@@ -40,16 +40,6 @@ def _running_here(home: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):
         pass
     return None
-
-
-def _job_ids(path: Path) -> set[str]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return {str(row[0]) for row in conn.execute("SELECT id FROM jobs")}
-    except sqlite3.OperationalError:  # no jobs table yet
-        return set()
-    finally:
-        conn.close()
 
 
 @click.group()
@@ -77,7 +67,7 @@ def check() -> None:
             click.echo(f"  {problem}")
         click.echo("stop roomkeeper, then run `roomkeeper journal recover`")
         raise SystemExit(1)
-    lost = logs_without_records(_job_ids(path), home / "logs")
+    lost = logs_without_records(job_ids_in(path), home / "logs")
     if lost:
         click.echo(
             f"the journal {path} is whole, but {len(lost)} job log(s) have no record in it "

@@ -82,6 +82,24 @@ def read_only(path: Path | str) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{path}?{mode}", uri=True, check_same_thread=False, timeout=30)
 
 
+def job_ids_in(path: Path | str) -> set[str]:
+    """The job ids a journal file holds, read without writing (empty before any job)."""
+    for connect in (_ro, read_only):  # the file alone where the disk cannot take the -shm
+        conn = connect(path)
+        try:
+            return {str(row[0]) for row in conn.execute("SELECT id FROM jobs")}
+        except sqlite3.OperationalError as err:
+            if "no such table" in str(err):
+                return set()  # no job yet
+        finally:
+            conn.close()
+    return set()
+
+
+def _ro(path: Path | str) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+
+
 def check_journal(path: Path | str) -> list[str]:
     """What is wrong with the journal at ``path``; empty when it is whole or not there yet.
 
@@ -93,7 +111,7 @@ def check_journal(path: Path | str) -> list[str]:
     if not path.exists() or path.stat().st_size == 0:
         return []
     try:
-        return _checked(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30))
+        return _checked(_ro(path))
     except sqlite3.OperationalError as err:
         if is_damage(err):
             return [str(err)]
