@@ -118,7 +118,7 @@ def feed_json(gateway: Gateway) -> dict[str, Any]:
     latest = gateway.samples[-1] if gateway.samples else gateway.sample()
     stats = gateway.scheduler.statistics()
     held = gateway.held_after_pressure()
-    said = gateway.needs_you()  # what a person is told first leads the page too
+    said = gateway.needs_you(decision)  # what a person is told first leads the page too
     person = said["headline"] in PERSON_HEADLINES
     headline = said["headline"] if person or held else HEADLINES.get(decision.reason, "ok")
     return {

@@ -471,8 +471,13 @@ class Gateway:
             "pressure (ROOMKEEPER_PRESSURE_COOLDOWN)"
         )
 
-    def needs_you(self) -> dict[str, str]:
-        """A headline from a closed vocabulary and the guard's summary: no path, no command."""
+    def needs_you(self, decision: Decision | None = None) -> dict[str, str]:
+        """A headline from a closed vocabulary and the guard's summary: no path, no command.
+
+        Args:
+            decision: the guard's answer just taken by :meth:`check`, to say instead of
+                taking another reading.
+        """
         if self.persistence_error is not None:
             if is_damage(self.persistence_error):
                 return {
@@ -500,7 +505,7 @@ class Gateway:
         held = self.held_after_pressure()
         if held is not None:
             return {"headline": HEADLINES[Reason.PRESSURE], "body": held}
-        decision = self.check()
+        decision = decision if decision is not None else self.check()
         if decision.admit and self.scheduler.statistics().running:
             cpu = cpu_pressure_percent()
             threshold = read_queue_settings(self.env).cpu_pressure_percent

@@ -72,6 +72,11 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
+def _no_space_said(err: BaseException) -> str:
+    """Why the journal cannot save, when its disk is full."""
+    return f"{err}: no space left on the journal's disk"
+
+
 def _no_space(path: Path) -> bool:
     """Whether the disk under ``path`` is full (less than a few pages free)."""
     try:
@@ -126,7 +131,7 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
                 raise  # a lock, or a journal that never existed: nothing to serve from
             # A full disk: SQLite cannot make the WAL's files, so nothing can be written,
             # but what was saved can still be read, and the writer tries again.
-            self.unwritable = f"{err}: no space left on the journal's disk"
+            self.unwritable = _no_space_said(err)
             log.error(
                 "the journal %s cannot be opened for writing (%s); it is read-only until space "
                 "comes back (tried every %g s)",
@@ -173,7 +178,7 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         try:
             self._open_writer()
         except (sqlite3.OperationalError, OSError) as err:
-            self.unwritable = f"{err}: no space left on the journal's disk"
+            self.unwritable = _no_space_said(err)
             return False
         except Exception as err:  # damage found on reopening: every write fails, saying so
             self.unwritable = str(err)

@@ -25,11 +25,14 @@ import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from roomkeeper.errors import RoomkeeperError
 
+_T = TypeVar("_T")
 MAX_PROBLEMS = 10  # quick_check stops listing after this many
 ALL_TABLES = "*"  # in a report's ``lost``: the list of tables itself was unreadable
 SIDE_FILES = ("-wal", "-shm")  # SQLite finds them by the database's own name
@@ -82,22 +85,43 @@ def read_only(path: Path | str) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{path}?{mode}", uri=True, check_same_thread=False, timeout=30)
 
 
+def _ro(path: Path | str) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+
+
+def _read(path: Path | str, query: Callable[[sqlite3.Connection], _T]) -> _T:
+    """``query`` on a read-only connection (closed afterwards); where the disk cannot take
+    the ``-shm`` file such a read needs, on the file alone (any writer is stopped then, or
+    could not write either).
+
+    Raises:
+        sqlite3.DatabaseError: what the query raised (damage from the first try at once).
+    """
+    try:
+        with contextlib.closing(_ro(path)) as conn:
+            return query(conn)
+    except sqlite3.OperationalError as err:
+        if is_damage(err):
+            raise
+    with contextlib.closing(read_only(path)) as conn:
+        return query(conn)
+
+
 def job_ids_in(path: Path | str) -> set[str]:
     """The job ids a journal file holds, read without writing (empty before any job)."""
-    for connect in (_ro, read_only):  # the file alone where the disk cannot take the -shm
-        conn = connect(path)
+
+    def ids(conn: sqlite3.Connection) -> set[str]:
         try:
             return {str(row[0]) for row in conn.execute("SELECT id FROM jobs")}
         except sqlite3.OperationalError as err:
             if "no such table" in str(err):
                 return set()  # no job yet
-        finally:
-            conn.close()
-    return set()
+            raise
 
-
-def _ro(path: Path | str) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return _read(path, ids)
+    except sqlite3.Error:
+        return set()
 
 
 def check_journal(path: Path | str) -> list[str]:
@@ -106,36 +130,21 @@ def check_journal(path: Path | str) -> list[str]:
     Reads only: a WAL left by a crash is read as SQLite reads it, not merged.
     The time it takes grows with the file (tens of milliseconds for a journal
     of thousands of jobs); the list is bounded at :data:`MAX_PROBLEMS`.
+
+    Raises:
+        sqlite3.OperationalError: the disk, an I/O error or a lock, not the file's fault.
     """
     path = Path(path)
     if not path.exists() or path.stat().st_size == 0:
         return []
     try:
-        return _checked(_ro(path))
-    except sqlite3.OperationalError as err:
-        if is_damage(err):
-            return [str(err)]
-        # A full disk cannot take the -shm file a read needs: read the file alone (any
-        # writer is stopped then, or it could not write either).
-        return _checked(read_only(path))
-
-
-def _checked(conn: sqlite3.Connection) -> list[str]:
-    """The quick check's problems on ``conn`` (closed afterwards).
-
-    Raises:
-        sqlite3.OperationalError: the disk, an I/O error or a lock, not the file's fault.
-    """
-    try:
-        return _problems_of(conn)
+        return _read(path, _problems_of)
     except sqlite3.OperationalError as err:
         if not is_damage(err):
             raise
         return [str(err)]
     except sqlite3.DatabaseError as err:  # "file is not a database", "malformed"
         return [str(err)]
-    finally:
-        conn.close()
 
 
 @dataclass
@@ -215,7 +224,7 @@ def _salvage(damaged: Path, target: Path, schema: str) -> dict[str, int | None]:
     """Read each table forwards, then backwards up to the damage; about how many rows each
     table cut short lost (None: unknown)."""
     lost: dict[str, int | None] = {}
-    source = sqlite3.connect(f"file:{damaged}?mode=ro", uri=True)
+    source = _ro(damaged)
     out = sqlite3.connect(target, isolation_level=None)
     try:
         out.executescript(schema)
