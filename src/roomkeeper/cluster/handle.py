@@ -113,12 +113,16 @@ class RayHandle:
         self._on_begun(self._job.job_id, begun)
 
     def _finished(self, finished: Finished) -> None:
-        if finished.timed_out:  # the gateway stops it at the same deadline: said, not acted on
-            log.info("job %s: its node stopped it at its deadline", self._job.job_id)
         with open(self._log_path, "ab") as out:
             out.write(finished.output)
         if finished.peak_bytes is not None and finished.peak_method is not None:
             self._peak = MemoryPeak(finished.peak_bytes, PeakMethod(finished.peak_method))
+        if finished.timed_out:
+            # The node's timer can fire before the gateway's round stops it at the same
+            # deadline: either way it timed out, never "exited" with the signal's status.
+            log.info("job %s: its node stopped it at its deadline", self._job.job_id)
+            self._settle(Settlement(RemoteEnd.DEADLINE, None, "stopped at its deadline"))
+            return
         self._code = finished.exit_code
 
     def _lost(self, err: Exception) -> None:

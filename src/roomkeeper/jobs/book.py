@@ -77,6 +77,7 @@ class RemoteEnd(enum.Enum):
     REFUSED = "refused"  # the node's own guard refused it before it started: it waits again
     LOST = "lost"  # the node or its runner was lost mid-job: uncertain, never re-run
     FAILED = "failed"  # the node could not start it (the node's runner says why)
+    DEADLINE = "deadline"  # its node stopped it at the deadline the gateway holds too
 
 
 @dataclass(frozen=True, slots=True)

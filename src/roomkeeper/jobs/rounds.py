@@ -211,6 +211,9 @@ class LaunchRounds:
         cancel or a deadline already ended it.  Lost mid-job: it may have done
         part of its work, so it is ``uncertain`` and never run again blindly.
         """
+        if settled.end is RemoteEnd.DEADLINE:  # its node's timer came first: same deadline
+            self._book.finish(job, job.stop_cause or JobState.TIMED_OUT, job.stop_reason)
+            return
         if settled.end is RemoteEnd.REFUSED and job.stop_cause is None:
             job.handle, job.started = None, None
             reason = settled.reason or Reason.MEMORY
