@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from roomkeeper.api.fairway import HealthFirst
+from roomkeeper.api.serve import YOUNG_OBJECTS_PER_COLLECTION
+from tests.gateways import free_port, gateway_env, stop_process, wait_answering
 
 
 def app_with_gate(gate: asyncio.Event, started: list[str]) -> Any:
@@ -77,3 +82,69 @@ async def _stream_then_request() -> list[str]:
 
 def test_a_streaming_answer_gives_its_turn_back_when_it_starts() -> None:
     assert asyncio.run(_stream_then_request()) == ["/stream", "/v1/jobs"]
+
+
+async def _health_asks(fair: HealthFirst) -> dict[str, httpx.Response]:
+    transport = httpx.ASGITransport(app=fair)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        return {
+            "plain": await client.get("/health"),
+            "query": await client.get("/health", params={"x": "1"}),
+            "head": await client.head("/health"),
+        }
+
+
+def test_a_plain_health_get_is_answered_ahead_of_the_router() -> None:
+    """The middleware answers a plain GET /health itself; anything else reaches the app."""
+    gate, started = asyncio.Event(), []
+    gate.set()
+    fair = HealthFirst(app_with_gate(gate, started), health=lambda: {"boot_id": "b", "up": 1.5})
+    answers = asyncio.run(_health_asks(fair))
+    assert answers["plain"].status_code == 200
+    assert answers["plain"].json() == {"boot_id": "b", "up": 1.5}
+    assert answers["plain"].headers["content-type"] == "application/json"
+    # A query string or another method is the router's to judge (its 422, its 405).
+    assert answers["query"].text == "ok"
+    assert started == ["/health", "/health"]
+
+
+# The real gateway, with one extra route that says how its garbage collector is set.
+COLLECTOR_GATEWAY = """
+import gc, sys
+import roomkeeper.api.serve as gateway_main
+from roomkeeper.api import app as api
+
+def create_app(gateway, **kw):
+    app = api.create_app(gateway, **kw)
+
+    @app.get("/test-collector")
+    async def collector() -> dict:
+        return {"frozen": gc.get_freeze_count(), "threshold": list(gc.get_threshold())}
+
+    return app
+
+gateway_main.create_app = create_app
+gateway_main.run_gateway(int(sys.argv[1]), None)
+"""
+
+
+def test_the_serving_gateway_keeps_its_start_up_heap_out_of_collections(tmp_path: Path) -> None:
+    """Full collections walking the libraries' objects paused /health under a flood: the
+    gateway freezes what it holds at start and collects young objects less often."""
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", COLLECTOR_GATEWAY, str(port)],
+            env=gateway_env(tmp_path),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_answering(url, proc, log)
+        found = httpx.get(f"{url}/test-collector", timeout=30).json()
+    finally:
+        stop_process(proc)
+    assert found["frozen"] > 10_000  # FastAPI, pydantic and our own modules, at least
+    assert found["threshold"][0] == YOUNG_OBJECTS_PER_COLLECTION

@@ -95,7 +95,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     app.include_router(worktree_routes(gateway, auth))
     _add_service_routes(app, gateway, auth)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
-    app.add_middleware(HealthFirst)
+    app.add_middleware(HealthFirst, health=lambda: health_body(gateway))
     app.add_middleware(LoopbackOnly)  # outermost: a rebound page is refused before anything
     install_links(app)
     return app
@@ -235,14 +235,19 @@ def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
         return error(429, err.reason, str(err))
 
 
+def health_body(gateway: Gateway) -> dict[str, Any]:
+    """``GET /health``'s answer, from the event loop, without touching disk."""
+    return {"boot_id": gateway.boot_id, "uptime_s": gateway.uptime()}
+
+
 def _add_open_routes(app: FastAPI, gateway: Gateway) -> None:
     """The routes without a token: they carry no command line, path, environment or output."""
     page = _page()
 
     @app.get("/health", response_model=HealthOut, **SENT_AS_BUILT)
     async def health() -> dict[str, Any]:
-        """Liveness for a probe, answered from the event loop without touching disk."""
-        return {"boot_id": gateway.boot_id, "uptime_s": gateway.uptime()}
+        """Liveness for a probe; a plain GET is answered by the fairway, ahead of the router."""
+        return health_body(gateway)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def health_page() -> HTMLResponse:

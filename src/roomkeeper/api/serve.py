@@ -7,6 +7,7 @@ supervisor's child with a private channel (:mod:`roomkeeper.ipc`).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -66,6 +67,28 @@ def run_gateway(port: int, socket_path: str | None) -> None:
         raise SystemExit(1)  # uvicorn could not start (it has said why)
 
 
+YOUNG_OBJECTS_PER_COLLECTION = 10_000  # Python's default is 700
+
+
+def settle_collector() -> None:
+    """Keep the garbage collector's pauses short while the gateway serves.
+
+    A full collection walks every tracked object, and after start-up that is
+    mostly the libraries' own (FastAPI, pydantic, the journal's code): under a
+    flood of API requests, full collections paused every thread of the gateway
+    for 50 to 90 ms, two dozen times in 30 s, and /health answers waited for
+    them.  Everything alive now lives as long as the process, so it is frozen
+    out of the collector's walks; and the youngest generation is collected
+    after 10,000 new objects instead of 700, so the older generations, which
+    count its collections, are walked far less often.  Cyclic garbage lives a
+    little longer; nothing else changes.
+    """
+    gc.collect()
+    gc.freeze()
+    _young, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, middle, old)
+
+
 def _server_class() -> type[Any]:
     import uvicorn
 
@@ -86,6 +109,7 @@ def _server_class() -> type[Any]:
             await super().startup(sockets)
             if self.config.uds:  # uvicorn leaves it 0666: only our own user may connect
                 os.chmod(self.config.uds, 0o600)
+            settle_collector()
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             # uvicorn's own handler first: it tells a first signal (exit gracefully)
