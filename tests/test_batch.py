@@ -231,6 +231,104 @@ def test_ctrl_c_stops_every_running_tree(tmp_path: Path) -> None:
                     psutil.Process(pid).kill()
 
 
+def _start_batch(tmp_path: Path, lines: list[str], max_running: int) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    env.update(ROOMKEEPER_HOME=str(tmp_path / "home"), **NO_DISK)
+    argv = [sys.executable, "-m", "roomkeeper", "batch", "--max-running", str(max_running)]
+    with (tmp_path / "stderr").open("w") as err_file:
+        proc = subprocess.Popen(
+            [*argv, "--job-memory", "1M"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            env=env,
+            text=True,
+        )
+    assert proc.stdin is not None
+    proc.stdin.write("".join(f"{line}\n" for line in lines))
+    proc.stdin.close()
+    return proc
+
+
+def _sleepers_left(marks: Path) -> list[int]:
+    """The jobs' leaders (pids in ``marks``) still running; each is ours, killed if found."""
+    left = []
+    for mark in marks.glob("*.started"):
+        with contextlib.suppress(ValueError, psutil.Error):
+            proc = psutil.Process(int(mark.stem))
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc.pid)
+                proc.kill()
+    return left
+
+
+def test_ctrl_c_while_jobs_start_run_and_end_always_ends_the_batch(tmp_path: Path) -> None:
+    """SIGINT lands while short jobs end and others start: the batch exits 130 within its
+    close deadline (stop grace plus margin), and no job's tree is left."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    lines = [
+        f"echo > {marks}/$$.started; sleep 0.{i % 4}; echo > {marks}/$$.ended" for i in range(40)
+    ] + [f"echo > {marks}/$$.started; exec sleep 60"] * 2
+    proc = _start_batch(tmp_path, lines, max_running=4)
+    try:
+        # An emulated kernel (CI's cgroup v2 VM) takes its time to start each command.
+        deadline = time.monotonic() + 120
+        while len(list(marks.glob("*.ended"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(list(marks.glob("*.ended"))) >= 3, (tmp_path / "stderr").read_text()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)  # the close deadline is 2 s of grace and 10 s of margin
+        err = (tmp_path / "stderr").read_text()
+        assert proc.returncode == 130, err
+        assert "interrupted" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        time.sleep(0.2)
+        left = _sleepers_left(marks)
+    assert left == []
+
+
+def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
+    """The second SIGINT does not wait for the trees' stop: exit 130 now; each tree's
+    lifeline still takes it down."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # Each job ignores SIGTERM, so the first SIGINT's stop waits its whole grace.
+    line = f"trap '' TERM; echo > {marks}/$$.started; while :; do sleep 0.1; done"
+    proc = _start_batch(tmp_path, [line, line], max_running=2)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(marks.glob("*.started"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert proc.poll() is None  # still stopping the trees, which wait out the grace
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=5)
+        assert proc.returncode == 130
+        assert "interrupted again" in (tmp_path / "stderr").read_text()
+        wait_until_gone = time.monotonic() + 30
+        while _alive(marks) and time.monotonic() < wait_until_gone:
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        left = _sleepers_left(marks)
+    assert left == []
+
+
+def _alive(marks: Path) -> bool:
+    for mark in marks.glob("*.started"):
+        with contextlib.suppress(ValueError, psutil.Error):
+            if psutil.Process(int(mark.stem)).status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
 def test_lines_that_can_never_fit_fail_at_once_and_say_why(tmp_path: Path) -> None:
     """A job estimate above the container's line: each line fails now, once, with the reason;
     nothing waits for ever and nothing runs."""

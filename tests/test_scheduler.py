@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import roomkeeper.jobs.scheduler as scheduler_module
 from roomkeeper.config import read_queue_settings, read_settings
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
 from roomkeeper.guard.admission import Guard
@@ -28,11 +29,12 @@ class FakeLauncher:
         self.handles: dict[str, FakeHandle] = {}
         self.order: list[str] = []
         self.fail: set[str] = set()
+        self.make: type[FakeHandle] = FakeHandle
 
     def __call__(self, job_id: str, spec: LaunchSpec) -> FakeHandle:
         if job_id in self.fail:
             raise LaunchError(job_id, "executable 'nope' does not exist or cannot be run")
-        handle = FakeHandle(job_id)
+        handle = self.make(job_id)
         self.handles[job_id] = handle
         self.order.append(job_id)
         return handle
@@ -452,3 +454,29 @@ def test_building_or_closing_a_scheduler_moves_no_process(
         assert calls == ["subreaper", "job groups"]
     finally:
         started.close()
+
+
+class DeafHandle(FakeHandle):
+    """A tree that never ends, whatever it is sent (a stuck process, a node gone silent)."""
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        self.stopped_with = grace
+        return None
+
+
+def test_closing_ends_within_its_deadline_when_a_tree_never_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C and shutdown close the scheduler: a tree that never reports its end must not
+    hold them for ever; closing gives up after the stop grace and its margin, and says so."""
+    monkeypatch.setattr(scheduler_module, "CLOSE_MARGIN_S", 0.5)
+    rig = Rig(tmp_path)
+    rig.launcher.make = DeafHandle
+    rig.submit("stuck")
+    rig.scheduler.tick()
+    assert rig.state("stuck") is JobState.RUNNING
+    closing = threading.Thread(target=rig.scheduler.close, kwargs={"grace": 0.2}, daemon=True)
+    closing.start()
+    closing.join(timeout=30)  # its deadline is 0.7 s; before it had one, it never returned
+    assert not closing.is_alive()
+    assert rig.launcher.handles["stuck"].stopped_with == 0.2

@@ -31,8 +31,10 @@ import contextlib
 import os
 import queue
 import re
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -217,20 +219,52 @@ def run_batch(
         options=options or BatchOptions(),
         guard=guard,
     )
-    try:
-        scheduler.start()
-        while not run.done:
-            run.feed()
-            run.collect()
-            run.show()
-    except KeyboardInterrupt:
-        scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
-        run.collect_rest()
-        raise
-    finally:
-        scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
-        progress.pressure = scheduler.pressure_statistics()
+    # The handler stays while the trees are stopped: a second Ctrl-C then exits at once.
+    with _interrupts() as interrupted:
+        try:
+            scheduler.start()
+            while not run.done and not interrupted.is_set():
+                run.feed()
+                run.collect()
+                run.show()
+            if interrupted.is_set():
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
+            run.collect_rest()
+            raise
+        finally:
+            scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
+            progress.pressure = scheduler.pressure_statistics()
     return run.results()
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[threading.Event]:
+    """Ctrl-C as an event the batch's loop looks at, not an exception raised anywhere.
+
+    A KeyboardInterrupt can land inside a lock's ``with`` or a join and leave
+    the scheduler unable to close; so the first SIGINT only sets the event (the
+    loop sees it within its 0.2 s wait, and closing has its own deadline), and a
+    second one exits at once with 130 (each tree's lifeline kills it when we go).
+    Outside the main thread no handler can be set: KeyboardInterrupt stays as it is.
+    """
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if interrupted.is_set():
+            os.write(2, b"roomkeeper batch: interrupted again; exiting now\n")
+            os._exit(130)
+        interrupted.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _clear_old_logs(logs_dir: Path, lines: int) -> None:

@@ -61,6 +61,9 @@ from roomkeeper.trees.job_user import JobUser
 
 log = logging.getLogger("roomkeeper")
 
+# After the stop grace, how long closing waits for stopped trees to be reaped.
+CLOSE_MARGIN_S = 10.0
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerStatistics:
@@ -413,16 +416,30 @@ class Scheduler:
                 self._book.finish(job, JobState.CANCELLED, Reason.SHUTDOWN)
             stoppers = self._rounds.stop_all(grace)
         self._wake()
+        # Every wait below has one deadline: a tree that cannot be reaped (a stuck
+        # process, a lost node) must not keep a Ctrl-C or a shutdown from ending.
+        grace_s = STOP_GRACE_SECONDS if grace is None else grace
+        deadline = time.monotonic() + grace_s + CLOSE_MARGIN_S
         self.monitor.close()  # before the trees stop: their end is no pressure to relieve
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout=_left(deadline))
         for stopper in stoppers:
-            stopper.join()
+            stopper.join(timeout=_left(deadline))
         self._rounds.close_handles(handles)
         while True:
             with self._lock:
-                if not self._rounds.running:
-                    break
+                left = [j.id for j in self._rounds.running.values()]
+            if not left:
+                break
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "closing: %d job(s) did not end within %.0f s of their stop (%s); "
+                    "their trees are left to their lifeline",
+                    len(left),
+                    grace_s + CLOSE_MARGIN_S,
+                    ", ".join(left[:5]),
+                )
+                break
             self.tick()
             time.sleep(0.01)
         self.tick()  # end-of-job hooks of jobs cancelled above
@@ -431,3 +448,8 @@ class Scheduler:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline`` (monotonic), never negative."""
+    return max(0.0, deadline - time.monotonic())
