@@ -21,6 +21,7 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import RemoteEnd, RemoteHandle, Settlement
 from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.rounds import ASIDE_SECONDS
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
 from roomkeeper.testing import CannotSuspend, FakeClock
@@ -73,6 +74,8 @@ class Rig:
         self.handles: dict[str, list[FakeRemote]] = {}
         self.placed: list[tuple[str, int]] = []
         self.refuse_placement = False
+        self.aside: set[str] = set()  # jobs no node could hold
+        self.cpu = 0.0
         self.guard_asked = 0
         self.told: list[tuple[str, str]] = []
         rig = self
@@ -90,7 +93,7 @@ class Rig:
             limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
             launcher=self.launch,
             placement=self.place,
-            cpu_percent=lambda: 0.0,
+            cpu_percent=lambda: self.cpu,
             clock=self.clock,
             wall=self.clock,
             on_refusal=lambda job_id, d: self.told.append((job_id, d.summary)),
@@ -103,6 +106,9 @@ class Rig:
 
     def place(self, job_id: str, memory_bytes: int) -> Decision:
         self.placed.append((job_id, memory_bytes))
+        if job_id in self.aside:
+            summary = "no node of the Ray cluster offers it; waiting for a larger node"
+            return Decision(job_id, False, Reason.MEMORY, summary, aside=True)
         if self.refuse_placement:
             return Decision(job_id, False, Reason.MEMORY, "no node of the Ray cluster offers it")
         return Decision(job_id, True, Reason.OK, "a node has room")
@@ -325,3 +331,38 @@ def test_a_head_that_does_not_answer_is_said_at_once() -> None:
     assert done.returncode == 0, done.stderr
     assert f"no Ray cluster answers at ROOMKEEPER_RAY_ADDRESS='127.0.0.1:{port}'" in done.stdout
     assert "ray start --head --port PORT" in done.stdout
+
+
+def test_a_job_no_node_could_hold_waits_aside_and_the_jobs_behind_it_run(tmp_path: Path) -> None:
+    """No head-of-line blocking: the jobs behind it, of its owner and of others, are placed
+    in the same round; it keeps its reason, and is judged again after ASIDE_SECONDS."""
+    rig = Rig(tmp_path)
+    huge = rig.scheduler.submit(JobSpec(["true"], owner="a"))
+    rig.aside.add(huge.id)
+    mine = rig.scheduler.submit(JobSpec(["true"], owner="a"))
+    theirs = rig.scheduler.submit(JobSpec(["true"], owner="b"))
+    rig.scheduler.tick()
+    assert rig.scheduler.get(mine.id).state is JobState.RUNNING
+    assert rig.scheduler.get(theirs.id).state is JobState.RUNNING
+    now = rig.scheduler.get(huge.id)
+    assert (now.state, now.reason) == (JobState.WAITING, Reason.MEMORY)
+    assert [p[0] for p in rig.placed].count(huge.id) == 1
+    rig.scheduler.tick()
+    assert [p[0] for p in rig.placed].count(huge.id) == 1  # aside: not judged every round
+    assert rig.scheduler.get(huge.id).reason is Reason.MEMORY  # its own reason kept
+    rig.aside.clear()  # a node large enough joined
+    rig.clock.advance(ASIDE_SECONDS)
+    rig.scheduler.tick()
+    assert rig.scheduler.get(huge.id).state is JobState.RUNNING
+
+
+def test_the_gateways_cpu_pressure_does_not_hold_jobs_placed_elsewhere(tmp_path: Path) -> None:
+    """The CPU gate reads this machine's pressure: jobs on other nodes never wait for it."""
+    rig = Rig(tmp_path)
+    rig.cpu = 400.0  # far above the limit's 100 %
+    first = rig.scheduler.submit(JobSpec(["true"], owner="a"))
+    second = rig.scheduler.submit(JobSpec(["true"], owner="b"))
+    rig.scheduler.tick()
+    assert rig.scheduler.get(first.id).state is JobState.RUNNING
+    assert rig.scheduler.get(second.id).state is JobState.RUNNING
+    assert Reason.CPU.value not in rig.scheduler.statistics().refusals

@@ -62,7 +62,12 @@ def run_gateway(port: int, socket_path: str | None) -> None:
     click.echo(
         f"roomkeeper gateway on {where} (Health page at /); journal in {gateway.home}", err=True
     )
-    server.run()
+    try:
+        server.run()
+    finally:
+        # What start-up froze is collectable again: the collection at exit finalizes it
+        # (the journal's last connections among it, which put their WAL away as they close).
+        gc.unfreeze()
     if sys.exc_info()[0] is None and server.started is False:
         raise SystemExit(1)  # uvicorn could not start (it has said why)
 

@@ -18,10 +18,20 @@ would start a fresh worker process for every job (about 3 s a job on the
 
 :meth:`RayBackend.nodes` is each node's memory, our jobs there, and the
 headroom its guard last read, for ``/v1/status``, the Health page and ``/metrics``.
+
+Nothing of Ray's runs under the scheduler's lock or on the event loop, and
+nothing waits for Ray without a deadline: the node table is read by a
+thread of its own (:data:`NODES_FRESH_S`), and placement and the views use
+the last table read; each job's task is sent and followed by its handle's
+own thread (:mod:`roomkeeper.cluster.handle`).  When the table has not been
+read for :data:`UNREACHABLE_AFTER_S` (the head is gone, or frozen), the
+cluster is *unreachable*: placement refuses with that reason, so jobs wait
+instead of failing, and needs-you says ``cluster unreachable``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -40,8 +50,11 @@ from roomkeeper.units import GB
 
 log = logging.getLogger("roomkeeper")
 
-NODES_FRESH_S = 1.0  # how long one reading of Ray's node table is used
+NODES_FRESH_S = 1.0  # how often Ray's node table is read
+UNREACHABLE_AFTER_S = 5.0  # no table read for this long: the cluster is unreachable
 CONNECT_TIMEOUT_S = 5.0  # for the head's port to accept a connection
+INIT_TIMEOUT_S = 60.0  # for ray.init to connect the gateway as the cluster's driver
+SHUTDOWN_TIMEOUT_S = 10.0  # for ray.shutdown when the gateway stops
 NAMESPACE = "roomkeeper"
 
 
@@ -129,16 +142,11 @@ class RayBackend:
         self._headroom: dict[str, tuple[int, float]] = {}
         self._nodes: list[dict[str, Any]] = []
         self._resources: dict[str, dict[str, float]] = {}  # as each node last listed them
-        self._nodes_at = float("-inf")
+        self._nodes_at = time.monotonic()  # when the table was last read (or we connected)
+        self._closing = threading.Event()
         _check_answers(address)
         try:
-            self._ray.init(
-                address=address,
-                namespace=NAMESPACE,
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-                ignore_reinit_error=True,
-            )
+            within(INIT_TIMEOUT_S, "connecting to the Ray cluster", self._connect)
         except Exception as err:
             raise UsageError(
                 f"no Ray cluster answers at ROOMKEEPER_RAY_ADDRESS={address!r} ({err}); "
@@ -147,20 +155,63 @@ class RayBackend:
                 value=address,
             ) from err
         self._task = self._ray.remote(run_job)
+        with contextlib.suppress(Exception):  # a first table now; the thread keeps it fresh
+            within(CONNECT_TIMEOUT_S, "reading the Ray node table", self._read_nodes)
+        self._reader = threading.Thread(target=self._keep_reading, name="ray-nodes", daemon=True)
+        self._reader.start()
         log.info("jobs run on the Ray cluster at %s", address)
+
+    def _connect(self) -> None:
+        self._ray.init(
+            address=self.address,
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            ignore_reinit_error=True,
+        )
 
     # -------------------------------------------------------------- placement
 
-    def _live_nodes(self) -> list[dict[str, Any]]:
-        """Ray's node table, read at most every NODES_FRESH_S."""
-        now = time.monotonic()
-        if now - self._nodes_at >= NODES_FRESH_S:
-            self._nodes = list(self._ray.nodes())
-            self._nodes_at = now
-            for n in self._nodes:  # a lost node's resources are no longer listed
+    def _read_nodes(self) -> None:
+        """Read Ray's node table (a call to the head, which may block while it is frozen)."""
+        nodes = list(self._ray.nodes())
+        with self._lock:
+            self._nodes = nodes
+            self._nodes_at = time.monotonic()
+            for n in nodes:  # a lost node's resources are no longer listed
                 if n.get("Alive") and n.get("Resources"):
                     self._resources[n["NodeID"]] = dict(n["Resources"])
-        return [n for n in self._nodes if n.get("Alive")]
+
+    def _keep_reading(self) -> None:
+        """The node table, read every NODES_FRESH_S on this thread, never under a caller's lock."""
+        failing = False
+        while not self._closing.wait(NODES_FRESH_S):
+            try:
+                self._read_nodes()
+            except Exception as err:
+                if not failing:
+                    log.warning("the Ray cluster's node table could not be read: %s", err)
+                failing = True
+                continue
+            if failing:
+                log.warning("the Ray cluster at %s answers again", self.address)
+            failing = False
+
+    def unreachable(self) -> str | None:
+        """Why the cluster counts as unreachable now, in words; None while it answers."""
+        with self._lock:
+            silent = time.monotonic() - self._nodes_at
+        if silent < UNREACHABLE_AFTER_S:
+            return None
+        return (
+            f"the Ray cluster at {self.address} has not answered for {silent:.0f} s; "
+            "jobs wait for it"
+        )
+
+    def _live_nodes(self) -> list[dict[str, Any]]:
+        """The live nodes of the last table read."""
+        with self._lock:
+            return [n for n in self._nodes if n.get("Alive")]
 
     def _reserved_on(self, node_id: str) -> int:
         return sum(p.memory_bytes for p in self._placed.values() if p.node_id == node_id)
@@ -168,9 +219,17 @@ class RayBackend:
     def place(self, job_id: str, memory_bytes: int) -> Decision:
         """Whether some live node could hold ``memory_bytes`` now; the decision says which.
 
-        Refused when no live node is that large (the job waits for a larger
-        node) or when every node large enough is full of our own jobs.
+        Refused, with the reason it waits for, when the cluster is unreachable
+        (``cluster_unreachable``), when no live node is that large (``memory``,
+        set aside until a larger node joins), when every node large enough is
+        full of our own jobs' memory (``memory``), or when each of them has
+        every CPU taken by our own jobs (``cpu``).
         """
+        silent = self.unreachable()
+        if silent is not None:
+            return Decision(
+                job_id, False, Reason.CLUSTER_UNREACHABLE, silent, estimate_bytes=memory_bytes
+            )
         nodes = [n for n in self._live_nodes() if n["Resources"].get("CPU", 0) >= self._job_cpus]
         sizes = [int(n["Resources"].get("memory", 0)) for n in nodes]
         ask = f"{_gb(memory_bytes)} of memory and {self._job_cpus:g} CPU"
@@ -180,22 +239,40 @@ class RayBackend:
                 f"no node of the Ray cluster offers {ask} (largest: {largest}, "
                 f"{len(nodes)} nodes); waiting for a larger node"
             )
-            return Decision(job_id, False, Reason.MEMORY, summary, estimate_bytes=memory_bytes)
+            return Decision(
+                job_id, False, Reason.MEMORY, summary, estimate_bytes=memory_bytes, aside=True
+            )
         with self._lock:
-            unknown = sum(self._sent.values())  # sent, not yet placed: counted against each
+            # Sent, not yet placed: counted against every node, memory and a CPU each.
+            unknown = sum(self._sent.values())
+            unknown_cpus = len(self._sent) * self._job_cpus
             room = [
                 size - self._reserved_on(n["NodeID"]) - unknown
                 for n, size in zip(nodes, sizes, strict=True)
             ]
-        if max(room) < memory_bytes:
+            cpus = [
+                float(n["Resources"].get("CPU", 0)) - self._cpus_on(n["NodeID"]) - unknown_cpus
+                for n in nodes
+            ]
+        large = [i for i, r in enumerate(room) if r >= memory_bytes]
+        if not large:
             summary = (
                 f"every node that could hold {ask} is full of running jobs "
                 f"(most room: {_gb(max(0, *room))}); waiting for one to end"
             )
             return Decision(job_id, False, Reason.MEMORY, summary, estimate_bytes=memory_bytes)
-        fits = sum(1 for r in room if r >= memory_bytes)
-        summary = f"{fits} of {len(nodes)} Ray nodes have room for {ask}"
+        fits = [i for i in large if cpus[i] >= self._job_cpus]
+        if not fits:
+            summary = (
+                f"every CPU of the {len(large)} Ray nodes with room for {ask} is taken "
+                "by running jobs; waiting for one to end"
+            )
+            return Decision(job_id, False, Reason.CPU, summary, estimate_bytes=memory_bytes)
+        summary = f"{len(fits)} of {len(nodes)} Ray nodes have room for {ask}"
         return Decision(job_id, True, Reason.OK, summary, estimate_bytes=memory_bytes)
+
+    def _cpus_on(self, node_id: str) -> float:
+        return self._job_cpus * sum(1 for p in self._placed.values() if p.node_id == node_id)
 
     # --------------------------------------------------------------- launching
 
@@ -212,18 +289,19 @@ class RayBackend:
             disk_bytes=spec.disk_bytes,
             deadline_s=spec.deadline_s,
         )
-        answers = self._task.options(
+        options = self._task.options(
             memory=max(1, spec.memory_bytes),
             num_cpus=self._job_cpus,
             max_retries=0,
             retry_exceptions=False,
             num_returns="streaming",
-        ).remote(job)
+        )
         with self._lock:
             self._sent[job_id] = spec.memory_bytes
+        # Sent by the handle's own thread: the scheduler calls this with its lock held.
         return RayHandle(
             self._ray,
-            answers,
+            lambda: options.remote(job),
             job,
             log_path=spec.log_path,
             on_begun=self._begun,
@@ -245,8 +323,7 @@ class RayBackend:
     # ------------------------------------------------------------------ views
 
     def nodes(self) -> list[NodeView]:
-        """Every node Ray knows (live or lost), with our jobs and its last headroom."""
-        self._live_nodes()
+        """Every node of the last table read (live or lost), our jobs and its last headroom."""
         with self._lock:
             views = []
             for n in self._nodes:
@@ -270,4 +347,35 @@ class RayBackend:
 
     def close(self) -> None:
         """Disconnect from the cluster (running jobs were stopped by the scheduler first)."""
-        self._ray.shutdown()
+        self._closing.set()
+        try:
+            within(SHUTDOWN_TIMEOUT_S, "disconnecting from the Ray cluster", self._ray.shutdown)
+        except Exception as err:  # a frozen head must not hold the gateway's stop
+            log.warning("%s", err)
+
+
+def within(seconds: float, what: str, call: Callable[[], Any]) -> Any:
+    """Run ``call`` on a thread of its own; its value, or TimeoutError after ``seconds``.
+
+    A call that never returns is left on its (daemon) thread: nothing waits for it.
+
+    Raises:
+        TimeoutError: ``call`` did not return in time (``what`` says what it was doing).
+        Exception: what ``call`` raised.
+    """
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["value"] = call()
+        except BaseException as err:
+            done["error"] = err
+
+    thread = threading.Thread(target=run, name=f"ray-call: {what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} took more than {seconds:g} s")
+    if "error" in done:
+        raise done["error"]
+    return done.get("value")

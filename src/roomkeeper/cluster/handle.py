@@ -1,17 +1,23 @@
 """The gateway's side of one job on a Ray node: a :class:`~roomkeeper.jobs.book.Handle`.
 
 The scheduler polls it like a local tree (it has no local pid, so no
-pidfd: the scheduler's loop polls every 50 ms).  The job is one streaming
-Ray task (:func:`roomkeeper.cluster.node.run_job`); :meth:`RayHandle.poll`
-reads its answers as they come, never blocking:
+pidfd: the scheduler's loop polls every 50 ms), with its lock held; so a
+poll only reads what the handle's own thread has found, and never calls
+Ray.  That thread sends the job (one streaming Ray task,
+:func:`roomkeeper.cluster.node.run_job`) and reads its answers as they
+come, blocking in Ray as long as Ray takes, under no lock of the scheduler's:
 
 1. Nothing yet while Ray places the task and the node's guard judges the job.
 2. Refused by the node's guard: the poll ends with a :class:`Settlement`
    ``REFUSED`` and the scheduler puts the job back in line.  Admitted: the
    node's answer (node, remote pid, headroom) is told to the backend.
 3. The tree ended: its output goes into the job's log file here, and its
-   exit status is the poll's.  The task failed instead (node lost, worker
-   killed): ``LOST``, and the scheduler makes the job ``uncertain``.
+   exit status is the poll's (its deadline passed on the node: ``DEADLINE``).
+   The task failed instead (node lost, worker killed): ``LOST``, and the
+   scheduler makes the job ``uncertain``.
+
+A stop cancels the task from a thread of its own, so a node slow to stop
+its tree holds nothing here; the job ends when the node says it has.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ class RayHandle:
 
     Args:
         ray: the ``ray`` module.
-        answers: the task's streaming answers (an ``ObjectRefGenerator``).
-        job: what was sent.
+        send: sends the task and gives its streaming answers (an ``ObjectRefGenerator``);
+            called on the handle's own thread.
+        job: what is sent.
         log_path: the job's log file here, which receives its output.
         on_begun: told once the node started the job (the backend's per-node table).
         on_closed: told when the handle is closed.
@@ -49,22 +56,27 @@ class RayHandle:
     def __init__(
         self,
         ray: ModuleType,
-        answers: Any,
+        send: Callable[[], Any],
         job: NodeJob,
         *,
         log_path: str,
         on_begun: Callable[[str, Begun], None],
         on_closed: Callable[[str], None],
     ) -> None:
-        self._ray, self._answers, self._job = ray, answers, job
+        self._ray, self._send, self._job = ray, send, job
         self._log_path = log_path
         self._on_begun, self._on_closed = on_begun, on_closed
         self._lock = threading.Lock()
+        self._answers: Any = None
         self._code: int | None = None
         self._settled: Settlement | None = None
         self._peak: MemoryPeak | None = None
         self._stop_asked = False
         self.begun: Begun | None = None
+        self._thread = threading.Thread(
+            target=self._follow, name=f"ray-job-{job.job_id}", daemon=True
+        )
+        self._thread.start()
 
     @property
     def pid(self) -> int | None:
@@ -74,33 +86,44 @@ class RayHandle:
     def poll(self) -> int | None:
         """The job's exit status once it ended (ENDED_CODE when it has a settlement)."""
         with self._lock:
-            if self._code is None:
-                self._read()
             return self._code
 
-    def _read(self) -> None:
-        """Take the task's next answer if it has come, or its failure if it failed."""
+    def _follow(self) -> None:
+        """Send the task, then take its answers until its last (this handle's thread)."""
         try:
-            if self._answers.next_ready():
-                answer = self._ray.get(next(self._answers))
-            elif self._ready(self._answers.completed()):
-                self._ray.get(self._answers.completed())  # raises the task's failure
-                answer = None  # ended without a last answer: cannot happen, treated as lost
-            else:
-                return
+            with self._lock:
+                if self._stop_asked:  # stopped before it was sent: it never started
+                    summary = "stopped before it was sent to the cluster"
+                    self._settle(Settlement(RemoteEnd.REFUSED, None, summary))
+                    return
+            answers = self._send()
+            with self._lock:
+                self._answers = answers
+                cancel = self._stop_asked
+            if cancel:
+                self._cancel(answers)
+            for ref in answers:
+                answer = self._ray.get(ref)
+                with self._lock:
+                    if not self._take(answer):
+                        return
+            with self._lock:  # the stream ended without a last answer
+                self._lost(LookupError("the node's runner ended without an answer"))
         except Exception as err:
-            self._lost(err)
-            return
+            with self._lock:
+                if self._code is None:
+                    self._lost(err)
+
+    def _take(self, answer: Any) -> bool:
+        """Record one answer (lock held); whether more answers are to come."""
         if isinstance(answer, Begun):
             self._begun(answer)
-        elif isinstance(answer, Finished):
+            return self._code is None
+        if isinstance(answer, Finished):
             self._finished(answer)
-        else:
-            self._lost(LookupError("the node's runner ended without an answer"))
-
-    def _ready(self, ref: Any) -> bool:
-        ready, _ = self._ray.wait([ref], timeout=0)
-        return bool(ready)
+            return False
+        self._lost(LookupError(f"the node's runner answered {type(answer).__name__}"))
+        return False
 
     def _begun(self, begun: Begun) -> None:
         if not begun.admitted:
@@ -188,11 +211,24 @@ class RayHandle:
 
         The node stops the tree with the job's ``stop_grace_s`` (SIGTERM, then
         SIGKILL); the poll then settles it, and the scheduler records the stop.
+        Not sent yet: it never will be.
         """
-        self._stop_asked = True
-        with contextlib.suppress(Exception):
-            self._ray.cancel(self._answers)
+        with self._lock:
+            self._stop_asked = True
+            answers = self._answers
+        if answers is not None:
+            self._cancel(answers)
         return None
+
+    def _cancel(self, answers: Any) -> None:
+        """Ask Ray to cancel the task, from a thread of its own: nothing waits for Ray."""
+
+        def cancel() -> None:
+            with contextlib.suppress(Exception):
+                self._ray.cancel(answers)
+
+        name = f"ray-cancel-{self._job.job_id}"
+        threading.Thread(target=cancel, name=name, daemon=True).start()
 
     def close(self) -> None:
         """Forget the job in the backend's per-node table."""

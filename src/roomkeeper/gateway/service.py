@@ -88,6 +88,7 @@ HEADLINES = {
     Reason.UNKNOWN: "measurements unavailable",
     Reason.OFF: "guard off",
     Reason.PRESSURE: "admission held after pressure",
+    Reason.CLUSTER_UNREACHABLE: "cluster unreachable",
 }
 # What needs-you (and the Health page's headline) says first when a person is needed.
 PERSON_HEADLINES = (
@@ -502,6 +503,9 @@ class Gateway:
                 "body": f"{doubt} job(s) or call(s) were in flight when the gateway stopped; "
                 "resolve each as succeeded, failed or rerun",
             }
+        silent = None if self.cluster is None else self.cluster.unreachable()
+        if silent is not None:
+            return {"headline": HEADLINES[Reason.CLUSTER_UNREACHABLE], "body": silent}
         held = self.held_after_pressure()
         if held is not None:
             return {"headline": HEADLINES[Reason.PRESSURE], "body": held}

@@ -46,6 +46,8 @@ class Reason(enum.Enum):
     PRESSURE = "pressure"  # launches held: used is past the line, or a stop's cooldown runs
     MEMORY_PRESSURE = "memory_pressure"  # stopped (or queued again) to relieve memory pressure
     ON_TRIAL = "on_trial"  # paused: started on trial, its room is claimed by older jobs
+    # Words of the Ray backend.
+    CLUSTER_UNREACHABLE = "cluster_unreachable"  # the cluster has not answered: jobs wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,9 @@ class Decision:
             volume's total.  Waiting would be for ever: such a job is failed at once.
         disk_needed_bytes: the free space the disk rule asked for (the guard's
             own line: what pruning worktrees must reach), when disk was judged.
+        aside: refused because nothing that exists now could hold it (no node of
+            a cluster is that large), though something may come (a node joins):
+            the job waits aside and the jobs behind it are judged meanwhile.
     """
 
     job_id: str
@@ -81,6 +86,7 @@ class Decision:
     memory_line_bytes: int | None = None
     never_fits: bool = False
     disk_needed_bytes: int | None = None
+    aside: bool = False
 
 
 def memory_line(limit: int, headroom_percent: float) -> int:

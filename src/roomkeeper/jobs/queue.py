@@ -120,13 +120,18 @@ class FairQueue(Generic[T]):
                 taken.append(item)
         return taken
 
-    def heads(self) -> Iterator[tuple[str, T]]:
-        """Each owner with a waiting item, and its oldest, in the order of the turn."""
+    def heads(self, skip: Callable[[T], bool] | None = None) -> Iterator[tuple[str, T]]:
+        """Each owner with a waiting item, and its oldest, in the order of the turn.
+
+        Items ``skip`` chooses wait aside: an owner's head is its oldest other item.
+        """
         for owner in list(self._turn):
             queue = self._queues.get(owner)
             if not queue:
                 continue
-            yield owner, queue[0]
+            head = queue[0] if skip is None else next((i for i in queue if not skip(i)), None)
+            if head is not None:
+                yield owner, head
 
     def rotate(self, owner: str) -> None:
         """Rotation: ``owner`` was just served, so it goes to the back of the line."""

@@ -18,7 +18,12 @@ worktree gets it after admission and before its command starts
 meanwhile does not start.
 
 Jobs that run elsewhere (the Ray backend) come with a ``placement``,
-asked instead of the guard, and handles that may end in a
+asked instead of the guard; the gateway's own CPU pressure does not hold
+them (they use other machines' CPUs).  A placement may set a job *aside*
+(no node of the cluster is that large): it waits with that said, and the
+jobs behind it, of its owner and of others, are judged meanwhile; it is
+judged again every ``ASIDE_SECONDS``, so a node that joins is seen.  Their
+handles may end in a
 :class:`~roomkeeper.jobs.book.Settlement`: refused by their node's guard
 (the job goes back to the head of its owner's line and waits), lost with
 their node (``uncertain``, never re-run), or failed to start there.
@@ -58,6 +63,7 @@ log = logging.getLogger("roomkeeper")
 RETRY_SECONDS = 0.5  # how soon a refused round is tried again without any job ending
 STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when roomkeeper stops a tree
 CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
+ASIDE_SECONDS = 2.0  # a job set aside (nothing that exists could hold it) is judged again after
 
 
 Launcher = Callable[[str, LaunchSpec], Handle]
@@ -143,6 +149,7 @@ class LaunchRounds:
         self.running: dict[str, JobRecord] = {}
         self.refusals: Counter[str] = Counter()
         self.launched = 0
+        self._aside: dict[str, float] = {}  # job id -> when it was set aside
         self.last_refusal: str | None = None
         self._stoppers: list[threading.Thread] = []
         # Local trees being stopped: a leader may die of its SIGTERM before the members that
@@ -312,26 +319,45 @@ class LaunchRounds:
             decision = self._judge(job)
             worktree, unprepared = self._make_worktree(job) if decision.admit else (None, None)
             with self._lock:
-                if job.state is not JobState.WAITING:  # cancelled while it was judged
-                    self._guard.release(job.id)
-                    continue
-                if unprepared is not None:
-                    self._fail_unprepared(job, unprepared)
-                    continue
-                if decision.never_fits:  # waiting would be for ever: fail it, go on
-                    self._fail_never_fits(job, decision)
-                    continue
-                if decision.admit:
-                    job.worktree = worktree
-                    self._start(job, limits)
-                    continue
-                self.refusals[decision.reason.value] += 1
-                self.last_refusal = decision.summary
-                self._explain(decision.reason)
+                refused = self._act(job, decision, worktree, unprepared, limits)
+            if not refused:
+                continue
             # Told outside the lock; a ``break`` above would skip this (it once did).
             if self._on_refusal is not None:
                 self._on_refusal(job.id, decision)
-            return
+            if not decision.aside:  # the refused job keeps its place: the round ends
+                return
+
+    def _act(
+        self,
+        job: JobRecord,
+        decision: Decision,
+        worktree: Worktree | None,
+        unprepared: Exception | None,
+        limits: Limits,
+    ) -> bool:
+        """Start, fail or refuse the judged job (lock held); whether it was refused."""
+        if job.state is not JobState.WAITING:  # cancelled while it was judged
+            self._guard.release(job.id)
+            return False
+        if unprepared is not None:
+            self._fail_unprepared(job, unprepared)
+            return False
+        if decision.never_fits:  # waiting would be for ever: fail it, go on
+            self._fail_never_fits(job, decision)
+            return False
+        if decision.admit:
+            job.worktree = worktree
+            self._start(job, limits)
+            return False
+        self.refusals[decision.reason.value] += 1
+        self.last_refusal = decision.summary
+        if decision.aside:  # nothing could hold it now: the jobs behind it go on
+            self._aside[job.id] = self._clock()
+            job.reason = decision.reason
+        else:
+            self._explain(decision.reason)
+        return True
 
     def _judge(self, job: JobRecord) -> Decision:
         """The guard's answer; a disk refusal gets one worktree prune first, then a second look."""
@@ -401,12 +427,18 @@ class LaunchRounds:
         if len(self.running) >= limits.max_running:
             return None, Reason.SLOTS
         blocked = Reason.QUEUED
-        for owner, head in self._queue.heads():
+        now = self._clock()
+        self._aside = {
+            i: at for i, at in self._aside.items() if now - at < ASIDE_SECONDS and i in self._book
+        }
+        for owner, head in self._queue.heads(skip=lambda j: j.id in self._aside):
             running = sum(1 for j in self.running.values() if j.spec.owner == owner)
             if limits.max_running_per_owner is not None and running >= limits.max_running_per_owner:
                 blocked = Reason.OWNER_SLOTS
                 continue
-            if self.running and limits.cpu_pressure_percent is not None:
+            # Jobs placed elsewhere use other machines' CPUs: our own pressure is no reason.
+            local = self._placement is None
+            if local and self.running and limits.cpu_pressure_percent is not None:
                 cpu = self._cpu_now()
                 if cpu is not None and cpu > limits.cpu_pressure_percent:
                     self.refusals[Reason.CPU.value] += 1
@@ -470,7 +502,8 @@ class LaunchRounds:
     def _explain(self, blocked: Reason) -> None:
         """Give every waiting job its current reason (state changes only are recorded)."""
         for job in self._queue:
-            job.reason = blocked
+            if job.id not in self._aside:  # an aside job keeps the reason it was given
+                job.reason = blocked
 
     def prune(self) -> None:
         """Forget the oldest finished jobs beyond the book's bound, and then idle owners' lines."""
