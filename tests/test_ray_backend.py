@@ -9,6 +9,8 @@ The last test adds a third node, ``doomed``, and SIGKILLs it mid-job.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +39,10 @@ def cluster() -> Iterator[LocalCluster]:
 def gateway(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     tmp = tmp_path_factory.mktemp("ray-gateway")
     with running_gateway(
-        tmp, ROOMKEEPER_BACKEND="ray", ROOMKEEPER_RAY_ADDRESS=cluster.address
+        tmp,
+        ROOMKEEPER_BACKEND="ray",
+        ROOMKEEPER_RAY_ADDRESS=cluster.address,
+        ROOMKEEPER_MAX_RUNNING="16",  # the cluster's CPUs are the bound here, not ours
     ) as gw:
         yield gw
 
@@ -131,6 +136,12 @@ def test_a_job_larger_than_any_node_waits_with_a_clear_reason(gateway: RunningGa
         refusals,
         gateway.client.get("/v1/status").json(),
     )
+    # It waits aside: jobs behind it, of its owner and of another, run meanwhile.
+    mine = submit(gateway, ["sh", "-c", "echo mine"])
+    theirs = submit(gateway, ["sh", "-c", "echo theirs"], owner="someone-else")
+    assert wait_state(gateway, mine, "exited")["exit_code"] == 0
+    assert wait_state(gateway, theirs, "exited")["exit_code"] == 0
+    assert (job(gateway, huge)["state"], job(gateway, huge)["reason"]) == ("waiting", "memory")
     assert gateway.client.post(f"/v1/jobs/{huge}/cancel").status_code == 200
     assert wait_state(gateway, huge, "cancelled")["state"] == "cancelled"
 
@@ -197,6 +208,66 @@ def test_a_node_guard_refusal_is_waited_out(
     assert output(gateway, waiting) == "ran\n"
 
 
+def test_a_cancel_the_node_is_slow_to_carry_out_holds_up_no_request(
+    gateway: RunningGateway, tmp_path: Path
+) -> None:
+    """The job ignores SIGTERM, so its node takes the whole stop grace (5 s) to end it; the
+    API answers at once meanwhile (reaping once waited in Ray under the scheduler's lock)."""
+    script = f"trap '' TERM; echo $$ > {tmp_path}/leader; while :; do sleep 0.1; done"
+    stubborn = submit(gateway, ["sh", "-c", script])
+    wait_state(gateway, stubborn, "running")
+    leader = pid_in(tmp_path / "leader")
+    assert gateway.client.post(f"/v1/jobs/{stubborn}/cancel").status_code == 200
+    slowest = 0.0
+    while job(gateway, stubborn)["state"] == "running":
+        for call in (
+            lambda: gateway.client.get("/v1/jobs"),
+            lambda: gateway.client.get(f"/v1/jobs/{stubborn}"),
+            lambda: gateway.anonymous.get("/health"),
+        ):
+            started = time.monotonic()
+            assert call().status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.1)
+    assert slowest < 1.0, f"a request took {slowest:.2f} s while the cancel was carried out"
+    assert wait_state(gateway, stubborn, "stopped")["state"] == "stopped"
+    wait_until(lambda: gone(leader), "the stubborn tree to be gone", 30)
+
+
+def test_a_freed_cpu_is_used_at_once_beside_a_job_no_node_could_hold(
+    gateway: RunningGateway, tmp_path: Path
+) -> None:
+    """Every CPU of the cluster (2 nodes of 2) is taken: the next job waits for a CPU, a
+    job larger than any node waits aside, and the next job starts within 2 s of a slot freeing."""
+    holders = []
+    for n in range(4):
+        script = f"while [ ! -e {tmp_path}/end{n} ]; do sleep 0.05; done"
+        holders.append(submit(gateway, ["sh", "-c", script], memory=20 * MB, owner=f"h{n}"))
+    for holder in holders:
+        try:
+            wait_state(gateway, holder, "running")
+        except AssertionError as err:
+            views = [job(gateway, h) for h in holders]
+            status = gateway.client.get("/v1/status").json()
+            raise AssertionError(f"{err}: {views} {status}") from err
+    huge = submit(gateway, ["true"], memory=4000 * MB)
+    started_file = tmp_path / "started"
+    following = submit(gateway, ["sh", "-c", f"date +%s.%N > {started_file}"], 20 * MB, owner="n")
+    wait_until(lambda: job(gateway, following)["reason"] == "cpu", "the next job to wait for cpu")
+    assert job(gateway, huge)["reason"] == "memory"
+    freed_at = time.time()
+    (tmp_path / "end0").touch()
+    assert wait_state(gateway, following, "exited")["exit_code"] == 0
+    started = float(started_file.read_text())
+    assert started - freed_at < 2.0, f"started {started - freed_at:.2f} s after the slot freed"
+    assert job(gateway, huge)["state"] == "waiting"
+    for n in range(1, 4):
+        (tmp_path / f"end{n}").touch()
+    for holder in holders:
+        assert wait_state(gateway, holder, "exited")["exit_code"] == 0
+    assert gateway.client.post(f"/v1/jobs/{huge}/cancel").status_code == 200
+
+
 def test_a_lost_node_leaves_the_job_uncertain(
     cluster: LocalCluster, gateway: RunningGateway, tmp_path: Path
 ) -> None:
@@ -217,3 +288,65 @@ def test_a_lost_node_leaves_the_job_uncertain(
         return [n["alive"] for n in nodes if n["memory_bytes"] == DOOMED] == [False]
 
     wait_until(doomed_shown_lost, "the lost node to show as not alive in /v1/status", 60)
+
+
+def _gcs_server(cluster: LocalCluster) -> psutil.Process:
+    """The head's GCS process: a member of the head's process group, which we started."""
+    head = cluster.nodes["head"].proc.pid
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == head and "gcs_server" in " ".join(proc.info["cmdline"]):
+                return proc
+    raise AssertionError("the head's gcs_server was not found")
+
+
+def test_a_frozen_head_leaves_the_gateway_answering_and_jobs_waiting(
+    cluster: LocalCluster, gateway: RunningGateway
+) -> None:
+    """The head's GCS stopped (SIGSTOP): /health, GET and POST /v1/jobs answer within 1 s,
+    needs-you says the cluster is unreachable, a new job waits with that reason; once the
+    head is back (SIGCONT) every job submitted meanwhile runs."""
+    gcs = _gcs_server(cluster)
+    posted: list[str] = []
+    gcs.suspend()
+    try:
+        slowest = 0.0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            body = {
+                "argv": ["sh", "-c", "echo back"],
+                "owner": f"f{len(posted)}",
+                "memory_bytes": MB,
+            }
+            for call in (
+                lambda: gateway.anonymous.get("/health"),
+                lambda: gateway.client.get("/v1/jobs"),
+                lambda body=body: gateway.client.post("/v1/jobs", json=body),
+            ):
+                started = time.monotonic()
+                answer = call()
+                slowest = max(slowest, time.monotonic() - started)
+                assert answer.status_code in (200, 201), answer.text
+                if answer.status_code == 201:
+                    posted.append(str(answer.json()["id"]))
+            time.sleep(0.5)
+        assert slowest < 1.0, f"a request took {slowest:.2f} s while the head was frozen"
+        said = gateway.client.get("/v1/needs-you").json()
+        assert said["headline"] == "cluster unreachable", said
+        late = submit(gateway, ["sh", "-c", "echo back"], memory=MB, owner="late")
+        posted.append(late)
+        wait_until(
+            lambda: job(gateway, late)["reason"] == "cluster_unreachable",
+            "a job submitted while the head is frozen to wait for the cluster",
+        )
+        assert job(gateway, late)["state"] == "waiting"
+    finally:
+        gcs.resume()
+    for each in posted:
+        assert wait_state(gateway, each, "exited", timeout=120)["exit_code"] == 0
+    assert output(gateway, late) == "back\n"
+    wait_until(
+        lambda: gateway.client.get("/v1/needs-you").json()["headline"] != "cluster unreachable",
+        "needs-you to stop saying the cluster is unreachable",
+        60,
+    )

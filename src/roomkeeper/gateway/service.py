@@ -496,6 +496,10 @@ class Gateway:
                 "body": "the gateway restarted too often: queued jobs, deferred work and "
                 "automatic resumption are held until roomkeeper repair",
             }
+        # Before older doubts: no new work runs anywhere until the cluster answers again.
+        silent = None if self.cluster is None else self.cluster.unreachable()
+        if silent is not None:
+            return {"headline": HEADLINES[Reason.CLUSTER_UNREACHABLE], "body": silent}
         doubt = self.journal.needs_attention_count()
         if doubt:
             return {
@@ -503,9 +507,6 @@ class Gateway:
                 "body": f"{doubt} job(s) or call(s) were in flight when the gateway stopped; "
                 "resolve each as succeeded, failed or rerun",
             }
-        silent = None if self.cluster is None else self.cluster.unreachable()
-        if silent is not None:
-            return {"headline": HEADLINES[Reason.CLUSTER_UNREACHABLE], "body": silent}
         held = self.held_after_pressure()
         if held is not None:
             return {"headline": HEADLINES[Reason.PRESSURE], "body": held}
