@@ -17,19 +17,31 @@ has started a worker for each of the 4 slots):
    the first submission until the last one has ended, as jobs per second
    (at most ROOMKEEPER_MAX_RUNNING, 4, run at a time in either backend).
 
+For every job measured, its submit-to-start latency (``started_at -
+submitted_at``, both the gateway's), p50 and p99; and throughout, a prober
+thread asks ``GET /health`` every 20 ms: its p99.  ``--cpu-hog N`` runs
+``stress-ng --cpu N`` beside it all (the machine busy, as a shared one is).
+
 Usage (from the repository root):
-    PYTHONPATH=src python benchmarks/bench_ray.py [--jobs 40] [--sequential 10]
+    PYTHONPATH=src python benchmarks/bench_ray.py [--jobs 40] [--sequential 10] [--cpu-hog 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests' cluster and gateway
 
@@ -38,6 +50,7 @@ from tests.ray_cluster import local_cluster
 
 MB = 1_000_000
 POLL_S = 0.01
+STARTS: list[float] = []  # submit-to-start of every measured job, seconds
 
 
 def wait_ended(gw: RunningGateway, job_ids: list[str]) -> list[dict[str, Any]]:
@@ -71,6 +84,7 @@ def latency(gw: RunningGateway, count: int) -> list[float]:
     for _ in range(count):
         (view,) = wait_ended(gw, [submit(gw)])
         times.append(view["ended_at"] - view["submitted_at"])
+        STARTS.append(view["started_at"] - view["submitted_at"])
     return times
 
 
@@ -82,6 +96,7 @@ def throughput(gw: RunningGateway, count: int) -> float:
     rate = count / (time.monotonic() - start)
     runs = [v["ended_at"] - v["started_at"] for v in views]
     waits = [v["started_at"] - v["submitted_at"] for v in views]
+    STARTS.extend(waits)
     print(
         f"  batch: start to end median {statistics.median(runs) * 1000:.1f} ms, "
         f"max {max(runs) * 1000:.1f} ms; waited median {statistics.median(waits) * 1000:.1f} ms",
@@ -90,21 +105,75 @@ def throughput(gw: RunningGateway, count: int) -> float:
     return rate
 
 
+def percentile(samples: list[float], share: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
+@contextlib.contextmanager
+def probing(url: str) -> Iterator[list[float]]:
+    """GET /health every 20 ms on a thread, on its own connection; the latencies, seconds."""
+    found: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            while not done.is_set():
+                start = time.perf_counter()
+                client.get("/health").raise_for_status()
+                found.append(time.perf_counter() - start)
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        done.set()
+        thread.join()
+
+
 def measure(gw: RunningGateway, args: argparse.Namespace) -> tuple[list[float], float]:
     print(f"{gw.url}:", flush=True)
     # Warm-up: first imports, and as many Ray workers as jobs run at once (Ray
     # starts a worker, a fresh Python, the first time a slot needs one).
     latency(gw, 2)
     throughput(gw, 8)
-    return latency(gw, args.sequential), throughput(gw, args.jobs)
+    STARTS.clear()
+    with probing(gw.url) as health:
+        measured = latency(gw, args.sequential), throughput(gw, args.jobs)
+    print(
+        f"  submit to start: p50 {percentile(STARTS, 0.5) * 1000:.1f} ms, "
+        f"p99 {percentile(STARTS, 0.99) * 1000:.1f} ms (n={len(STARTS)}); "
+        f"/health p99 {percentile(health, 0.99) * 1000:.1f} ms, "
+        f"max {max(health) * 1000:.1f} ms (n={len(health)})",
+        flush=True,
+    )
+    return measured
+
+
+@contextlib.contextmanager
+def cpu_hog(workers: int) -> Iterator[None]:
+    """``stress-ng --cpu N`` beside the benchmark (our own process, stopped at the end)."""
+    if not workers:
+        yield
+        return
+    hog = subprocess.Popen(["stress-ng", "--cpu", str(workers), "--quiet"])
+    print(f"beside stress-ng --cpu {workers}", flush=True)
+    try:
+        yield
+    finally:
+        hog.send_signal(signal.SIGINT)
+        hog.wait(timeout=30)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--sequential", type=int, default=10)
+    parser.add_argument("--cpu-hog", type=int, default=0, help="stress-ng --cpu N beside it")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-ray-") as where:
+    with tempfile.TemporaryDirectory(prefix="bench-ray-") as where, cpu_hog(args.cpu_hog):
         run(Path(where), args)
 
 
