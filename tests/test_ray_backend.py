@@ -219,7 +219,9 @@ def test_a_cancel_the_node_is_slow_to_carry_out_holds_up_no_request(
     leader = pid_in(tmp_path / "leader")
     assert gateway.client.post(f"/v1/jobs/{stubborn}/cancel").status_code == 200
     slowest = 0.0
+    deadline = time.monotonic() + 90  # 5 s of grace; a lost cancel is forced after 15 s
     while job(gateway, stubborn)["state"] == "running":
+        assert time.monotonic() < deadline, "the cancelled job never ended"
         for call in (
             lambda: gateway.client.get("/v1/jobs"),
             lambda: gateway.client.get(f"/v1/jobs/{stubborn}"),
@@ -333,6 +335,8 @@ def test_a_frozen_head_leaves_the_gateway_answering_and_jobs_waiting(
         assert slowest < 1.0, f"a request took {slowest:.2f} s while the head was frozen"
         said = gateway.client.get("/v1/needs-you").json()
         assert said["headline"] == "cluster unreachable", said
+        page = gateway.anonymous.get("/v1/feed").json()["guard"]  # the Health page's headline
+        assert (page["headline"], page["admit"]) == ("cluster unreachable", False), page
         late = submit(gateway, ["sh", "-c", "echo back"], memory=MB, owner="late")
         posted.append(late)
         wait_until(

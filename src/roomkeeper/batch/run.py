@@ -236,6 +236,8 @@ def run_batch(
         finally:
             scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
             progress.pressure = scheduler.pressure_statistics()
+    if interrupted.is_set():  # Ctrl-C while the last trees were being closed: still 130
+        raise KeyboardInterrupt
     return run.results()
 
 

@@ -243,17 +243,22 @@ class RayBackend:
                 job_id, False, Reason.MEMORY, summary, estimate_bytes=memory_bytes, aside=True
             )
         with self._lock:
-            # Sent, not yet placed: counted against every node, memory and a CPU each.
-            unknown = sum(self._sent.values())
-            unknown_cpus = len(self._sent) * self._job_cpus
             room = [
-                size - self._reserved_on(n["NodeID"]) - unknown
-                for n, size in zip(nodes, sizes, strict=True)
+                size - self._reserved_on(n["NodeID"]) for n, size in zip(nodes, sizes, strict=True)
             ]
-            cpus = [
-                float(n["Resources"].get("CPU", 0)) - self._cpus_on(n["NodeID"]) - unknown_cpus
-                for n in nodes
-            ]
+            cpus = [float(n["Resources"].get("CPU", 0)) - self._cpus_on(n["NodeID"]) for n in nodes]
+            # Sent, not begun yet: where it lands is Ray's to choose, so each is counted
+            # (memory and a CPU) on the node with the most room that could take it.
+            for estimate in sorted(self._sent.values(), reverse=True):
+                takers = [
+                    i
+                    for i in range(len(nodes))
+                    if room[i] >= estimate and cpus[i] >= self._job_cpus
+                ]
+                if takers:
+                    most = max(takers, key=lambda i: room[i])
+                    room[most] -= estimate
+                    cpus[most] -= self._job_cpus
         large = [i for i, r in enumerate(room) if r >= memory_bytes]
         if not large:
             summary = (
@@ -265,7 +270,7 @@ class RayBackend:
         if not fits:
             summary = (
                 f"every CPU of the {len(large)} Ray nodes with room for {ask} is taken "
-                "by running jobs; waiting for one to end"
+                "by our running or just-sent jobs; waiting for one to end"
             )
             return Decision(job_id, False, Reason.CPU, summary, estimate_bytes=memory_bytes)
         summary = f"{len(fits)} of {len(nodes)} Ray nodes have room for {ask}"
@@ -348,6 +353,7 @@ class RayBackend:
     def close(self) -> None:
         """Disconnect from the cluster (running jobs were stopped by the scheduler first)."""
         self._closing.set()
+        self._reader.join(timeout=NODES_FRESH_S)  # not reading the table while Ray shuts down
         try:
             within(SHUTDOWN_TIMEOUT_S, "disconnecting from the Ray cluster", self._ray.shutdown)
         except Exception as err:  # a frozen head must not hold the gateway's stop

@@ -38,6 +38,7 @@ from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 log = logging.getLogger("roomkeeper")
 
 ENDED_CODE = -1  # the poll's value for a job that ended without a status of its own
+FORCE_AFTER_S = 10.0  # after the node's stop grace: a cancel not carried out is forced
 
 
 class RayHandle:
@@ -72,6 +73,7 @@ class RayHandle:
         self._settled: Settlement | None = None
         self._peak: MemoryPeak | None = None
         self._stop_asked = False
+        self._ended = threading.Event()  # set once the follow thread is done
         self.begun: Begun | None = None
         self._thread = threading.Thread(
             target=self._follow, name=f"ray-job-{job.job_id}", daemon=True
@@ -91,12 +93,27 @@ class RayHandle:
     def _follow(self) -> None:
         """Send the task, then take its answers until its last (this handle's thread)."""
         try:
+            self._follow_answers()
+        finally:
+            self._ended.set()
+
+    def _follow_answers(self) -> None:
+        try:
             with self._lock:
                 if self._stop_asked:  # stopped before it was sent: it never started
                     summary = "stopped before it was sent to the cluster"
                     self._settle(Settlement(RemoteEnd.REFUSED, None, summary))
                     return
-            answers = self._send()
+            try:
+                answers = self._send()
+            except Exception as err:  # never sent, so never ran: it failed to start
+                log.warning(
+                    "job %s could not be sent to the Ray cluster: %s", self._job.job_id, err
+                )
+                summary = f"not started: it could not be sent to the Ray cluster ({err})"
+                with self._lock:
+                    self._settle(Settlement(RemoteEnd.FAILED, None, summary))
+                return
             with self._lock:
                 self._answers = answers
                 cancel = self._stop_asked
@@ -104,6 +121,8 @@ class RayHandle:
                 self._cancel(answers)
             for ref in answers:
                 answer = self._ray.get(ref)
+                if isinstance(answer, Finished):
+                    self._keep_output(answer.output)  # before the lock a poll takes
                 with self._lock:
                     if not self._take(answer):
                         return
@@ -135,9 +154,15 @@ class RayHandle:
         self.begun = begun
         self._on_begun(self._job.job_id, begun)
 
+    def _keep_output(self, output: bytes) -> None:
+        """The tree's output into the job's log here; a write that fails loses only it."""
+        try:
+            with open(self._log_path, "ab") as out:
+                out.write(output)
+        except OSError as err:
+            log.warning("job %s: its output from the node was not kept: %s", self._job.job_id, err)
+
     def _finished(self, finished: Finished) -> None:
-        with open(self._log_path, "ab") as out:
-            out.write(finished.output)
         if finished.peak_bytes is not None and finished.peak_method is not None:
             self._peak = MemoryPeak(finished.peak_bytes, PeakMethod(finished.peak_method))
         if finished.timed_out:
@@ -221,11 +246,27 @@ class RayHandle:
         return None
 
     def _cancel(self, answers: Any) -> None:
-        """Ask Ray to cancel the task, from a thread of its own: nothing waits for Ray."""
+        """Ask Ray to cancel the task, from a thread of its own: nothing waits for Ray.
+
+        The node stops the tree when the cancel reaches the task (a KeyboardInterrupt
+        there).  A cancel seen to get lost under load (the task ran on, untouched)
+        is forced after the node's stop grace and FORCE_AFTER_S: Ray ends the
+        worker, and the worker's lifeline kills the tree.
+        """
 
         def cancel() -> None:
             with contextlib.suppress(Exception):
                 self._ray.cancel(answers)
+            if self._ended.wait(self._job.stop_grace_s + FORCE_AFTER_S):
+                return
+            log.warning(
+                "job %s: its node did not stop it within %.0f s of the cancel; "
+                "ending its Ray worker instead",
+                self._job.job_id,
+                self._job.stop_grace_s + FORCE_AFTER_S,
+            )
+            with contextlib.suppress(Exception):
+                self._ray.cancel(answers, force=True)
 
         name = f"ray-cancel-{self._job.job_id}"
         threading.Thread(target=cancel, name=name, daemon=True).start()

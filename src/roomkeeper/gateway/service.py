@@ -88,13 +88,13 @@ HEADLINES = {
     Reason.UNKNOWN: "measurements unavailable",
     Reason.OFF: "guard off",
     Reason.PRESSURE: "admission held after pressure",
-    Reason.CLUSTER_UNREACHABLE: "cluster unreachable",
 }
 # What needs-you (and the Health page's headline) says first when a person is needed.
 PERSON_HEADLINES = (
     "persistence failed",
     "journal damaged",
     "recovery mode",
+    "cluster unreachable",
     "uncertain work needs you",
 )
 
@@ -499,7 +499,7 @@ class Gateway:
         # Before older doubts: no new work runs anywhere until the cluster answers again.
         silent = None if self.cluster is None else self.cluster.unreachable()
         if silent is not None:
-            return {"headline": HEADLINES[Reason.CLUSTER_UNREACHABLE], "body": silent}
+            return {"headline": "cluster unreachable", "body": silent}
         doubt = self.journal.needs_attention_count()
         if doubt:
             return {
@@ -511,7 +511,8 @@ class Gateway:
         if held is not None:
             return {"headline": HEADLINES[Reason.PRESSURE], "body": held}
         decision = decision if decision is not None else self.check()
-        if decision.admit and self.scheduler.statistics().running:
+        # The CPU gate holds local work only: jobs on a cluster use other machines' CPUs.
+        if decision.admit and self.cluster is None and self.scheduler.statistics().running:
             cpu = cpu_pressure_percent()
             threshold = read_queue_settings(self.env).cpu_pressure_percent
             if cpu is not None and cpu > threshold:
@@ -603,7 +604,8 @@ class Gateway:
         if pending:  # 3. save state
             await asyncio.gather(*pending, return_exceptions=True)
         grace = max(0.5, min(5.0, steps_s / 2))  # 4. stop managed trees
-        await asyncio.to_thread(self.scheduler.close, grace=grace)
+        # Reaping them has three quarters of the steps' time, so the services below close.
+        await asyncio.to_thread(self.scheduler.close, grace=grace, within=steps_s * 3 / 4)
         await asyncio.to_thread(self.hooks.close)  # 5. close services (hooks end by their deadline)
         await asyncio.to_thread(self.journal.close)
         if self.cluster is not None:

@@ -543,6 +543,11 @@ class LaunchRounds:
         self._local_stoppers = [t for t in self._local_stoppers if t.is_alive()]
         return bool(self._local_stoppers)
 
+    @property
+    def stop_grace(self) -> float:
+        """SIGTERM to SIGKILL when a tree is stopped, in seconds."""
+        return self._stop_grace
+
     def stop_all(self, grace: float | None) -> list[threading.Thread]:
         """Stop every running tree for a shutdown; the stopper threads to join."""
         self._stop_grace = self._stop_grace if grace is None else grace

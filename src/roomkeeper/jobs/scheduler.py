@@ -403,8 +403,16 @@ class Scheduler:
                 while os.read(self._wake_r, 4096):
                     pass
 
-    def close(self, *, grace: float | None = None) -> None:
-        """Stop admitting, cancel waiting jobs, stop every running tree, and wait for them."""
+    def close(self, *, grace: float | None = None, within: float | None = None) -> None:
+        """Stop admitting, cancel waiting jobs, stop every running tree, and wait for them.
+
+        Args:
+            grace: SIGTERM to SIGKILL for each tree; the scheduler's own when None.
+            within: the most seconds closing waits for the stopped trees to be
+                reaped (a caller with a deadline of its own says it); the grace
+                plus CLOSE_MARGIN_S when None.  Jobs not reaped by then are
+                left to their lifeline and to the next start's recovery.
+        """
         with self._lock:
             if self._closed:
                 return
@@ -418,8 +426,8 @@ class Scheduler:
         self._wake()
         # Every wait below has one deadline: a tree that cannot be reaped (a stuck
         # process, a lost node) must not keep a Ctrl-C or a shutdown from ending.
-        grace_s = STOP_GRACE_SECONDS if grace is None else grace
-        deadline = time.monotonic() + grace_s + CLOSE_MARGIN_S
+        allowed = (self._rounds.stop_grace + CLOSE_MARGIN_S) if within is None else within
+        deadline = time.monotonic() + allowed
         self.monitor.close()  # before the trees stop: their end is no pressure to relieve
         if self._thread is not None:
             self._thread.join(timeout=_left(deadline))
@@ -433,21 +441,31 @@ class Scheduler:
                 break
             if time.monotonic() >= deadline:
                 log.warning(
-                    "closing: %d job(s) did not end within %.0f s of their stop (%s); "
+                    "closing: %d job(s) did not end within %.1f s of their stop (%s); "
                     "their trees are left to their lifeline",
                     len(left),
-                    grace_s + CLOSE_MARGIN_S,
+                    allowed,
                     ", ".join(left[:5]),
                 )
                 break
-            self.tick()
+            if not self._tick_before(deadline):
+                break
             time.sleep(0.01)
-        self.tick()  # end-of-job hooks of jobs cancelled above
+        self._tick_before(deadline + 1.0)  # end-of-job hooks of jobs cancelled above
         self._rounds.close()
         self._book.flush()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def _tick_before(self, deadline: float) -> bool:
+        """One round, unless the loop's thread is stuck in one past ``deadline``."""
+        if not self._round.acquire(timeout=_left(deadline)):
+            log.warning("closing: the scheduler's last round did not end; not waiting for it")
+            return False
+        self._round.release()
+        self.tick()
+        return True
 
 
 def _left(deadline: float) -> float:
