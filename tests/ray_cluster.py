@@ -152,8 +152,12 @@ class LocalCluster:
         else:
             args.append(f"--address={self.address}")
         log = (self.root / f"{name}.log").open("wb")
+        # As a node started in the background of a script: a shell ignores SIGINT for its
+        # background jobs, and Ray's workers inherit that (so do the nodes pytest-xdist's
+        # workers start).  A cancel must reach a job's task all the same.
+        ignoring_sigint = ["sh", "-c", "trap '' INT; exec \"$@\"", "ray-node"]
         proc = subprocess.Popen(
-            args,
+            [*ignoring_sigint, *args],
             env=self.node_env(name),
             stdout=log,
             stderr=subprocess.STDOUT,

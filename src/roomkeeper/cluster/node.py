@@ -27,8 +27,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -174,6 +176,7 @@ def run_job(job: NodeJob) -> Iterator[Begun | Finished]:
     while the tree runs; the whole tree is then stopped (SIGTERM, the grace,
     SIGKILL) before the task ends.
     """
+    _let_cancels_in()
     node_id, host = _where()
     decision = Guard(env=node_environment()).admit(
         job.job_id, memory_bytes=job.memory_bytes, disk_bytes=job.disk_bytes
@@ -207,6 +210,21 @@ def run_job(job: NodeJob) -> Iterator[Begun | Finished]:
         yield _finished(process, timed_out)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _let_cancels_in() -> None:
+    """Make sure a cancel from the gateway reaches this task as KeyboardInterrupt.
+
+    Ray delivers a cancel as an interrupt of the worker's main thread, which
+    does nothing where SIGINT is ignored, and a node started in the background
+    of a script inherits SIGINT ignored (a shell ignores it for its background
+    jobs): every cancel was lost there, and the trees ran on.  The task runs on
+    the worker's main thread, so it can restore Python's own handler.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _wait(process: ManagedProcess, deadline_s: float | None) -> bool:
