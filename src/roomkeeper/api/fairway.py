@@ -22,9 +22,10 @@ as on any route).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 API_AT_ONCE = 4  # API requests worked on at once; more wait in line (16: p99 of /health +15 ms)
 FIRST = frozenset({"/health", "/"})  # never wait
@@ -51,7 +52,7 @@ class HealthFirst:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
         if self.health is not None and _plain_health_get(scope):
-            await _answer_json(send, self.health())
+            await JSONResponse(self.health())(scope, receive, send)
             return
         if scope["type"] != "http" or path in FIRST or path.startswith(FIRST_PREFIXES):
             await self.app(scope, receive, send)
@@ -83,10 +84,3 @@ def _plain_health_get(scope: Any) -> bool:
         and scope.get("method") == "GET"
         and not scope.get("query_string")
     )
-
-
-async def _answer_json(send: Any, body: dict[str, Any]) -> None:
-    data = json.dumps(body, separators=(",", ":")).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": data})
