@@ -278,24 +278,91 @@ def test_cooling_holds_launches_without_any_pressure() -> None:
 
 
 def monitor(
-    clock: FakeClock, readings: list[Reading], target: FakeTarget, cooldown: Cooldown
+    clock: FakeClock,
+    readings: list[Reading],
+    target: FakeTarget,
+    cooldown: Cooldown,
+    settings: PressureSettings = SETTINGS,
 ) -> PressureMonitor:
     feed = iter(readings)
     return PressureMonitor(
         target=target,
         read=lambda: next(feed),
         cooldown=cooldown,
-        settings=lambda: SETTINGS,
+        settings=lambda: settings,
         clock=clock,
     )
 
 
-def test_a_stop_starts_the_shared_cooldown_and_it_ends_on_time() -> None:
-    """A stop holds admission ROOMKEEPER_PRESSURE_COOLDOWN on the one clock; then it lifts."""
+def test_a_stops_cooldown_ends_once_the_memory_is_back_and_the_forecast_fits() -> None:
+    """Unset, the cooldown holds only while the stopped tree is going or used plus the running
+    jobs' forecast is past the line; at most ROOMKEEPER_PRESSURE_COOLDOWN's 60 s."""
     clock = FakeClock(0.0)
     cooldown = Cooldown(clock)
     target = FakeTarget(list(THREE))
-    m = monitor(clock, [reading(STOP + 1), reading(100 * MB), reading(100 * MB)], target, cooldown)
+    crowded = replace(reading(1000 * MB), claimed=900 * MB)  # 1.0 + 0.9 > line 1.8
+    calm = replace(reading(1000 * MB), claimed=700 * MB)
+    feed = [reading(STOP + 1), reading(1000 * MB), crowded, calm, reading(STOP + 1), crowded]
+    m = monitor(clock, feed, target, cooldown)
+    m.check()
+    assert target.done == [("stop", "newest")] and cooldown.holding(CooldownCause.PRESSURE)
+    target.stopping = True  # the stopped tree is not gone: its memory is not back
+    clock.advance(1.0)
+    m.check()
+    assert target.held[-1] is True and cooldown.active()
+    target.stopping = False
+    clock.advance(1.0)
+    m.check()  # gone, but the running jobs' forecast does not fit yet
+    assert target.held[-1] is True and cooldown.active()
+    clock.advance(1.0)
+    m.check()
+    assert target.held[-1] is False and not cooldown.active()
+    m.check()  # a second stop: the ceiling ends a hold that never clears
+    clock.advance(59.9)
+    m.check()
+    assert cooldown.active()
+    clock.advance(0.2)
+    assert not cooldown.active()
+
+
+def test_ending_a_stops_cooldown_leaves_a_relief_requests_hold() -> None:
+    """Each cause keeps its own end: the monitor's early end never cuts the supervisor's."""
+    clock = FakeClock(0.0)
+    cooldown = Cooldown(clock)
+    cooldown.start(30.0, CooldownCause.RELIEF)
+    cooldown.start(60.0, CooldownCause.PRESSURE)
+    assert cooldown.cause() is CooldownCause.PRESSURE
+    clock.advance(5.0)
+    assert cooldown.clear(CooldownCause.PRESSURE) == 5.0
+    assert cooldown.cause() is CooldownCause.RELIEF and 24.9 < cooldown.remaining() <= 25.0
+    assert cooldown.clear(CooldownCause.PRESSURE) is None
+    cooldown.clear()
+    assert not cooldown.active()
+
+
+def test_a_last_run_is_stopped_only_when_no_newer_job_is_left() -> None:
+    """A restartable job on its last run is passed over for the newest other job."""
+    live = [
+        job("oldest", 1),
+        job("plain", 2),
+        job("last", 3, restartable=True, last_run=True),
+    ]
+    plans = run([reading(STOP + 1)], live)
+    assert (Step.STOP, "plain") in steps(plans[0])
+    plans = run([reading(STOP + 1)], [job("oldest", 1), job("last", 3, last_run=True)])
+    assert (Step.STOP, "last") in steps(plans[0])
+
+
+def test_a_stop_starts_the_shared_cooldown_and_it_ends_on_time() -> None:
+    """A person's ROOMKEEPER_PRESSURE_COOLDOWN holds admission that long after a stop, on the
+    one clock, however calm it gets; then it lifts."""
+    clock = FakeClock(0.0)
+    cooldown = Cooldown(clock)
+    target = FakeTarget(list(THREE))
+    fixed = replace(SETTINGS, cooldown_fixed=True)
+    m = monitor(
+        clock, [reading(STOP + 1), reading(100 * MB), reading(100 * MB)], target, cooldown, fixed
+    )
     m.check()
     assert target.done == [("stop", "newest")]
     assert cooldown.cause() is CooldownCause.PRESSURE
@@ -360,7 +427,8 @@ class Handle(CannotSuspend):
 
 
 def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_path: Path) -> None:
-    """Stopped for pressure, restartable work is queued again with its peak, three times at most."""
+    """Stopped for pressure, restartable work is queued again with a grown estimate, three
+    times at most."""
     launched: list[int] = []
 
     def launcher(job_id: str, spec: LaunchSpec) -> Handle:
@@ -386,7 +454,8 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
     assert (final.state, final.reason) == (JobState.STOPPED, Reason.MEMORY_PRESSURE)
     requeued = [t for t in final.history if t.state is JobState.WAITING][1:]
     assert [t.reason for t in requeued] == [Reason.MEMORY_PRESSURE] * 3
-    assert final.spec.memory_bytes == 700 * MB  # its observed peak is its estimate now
+    # Stopped while growing (700 MB at once): twice its peak, then twice the last each time.
+    assert final.spec.memory_bytes == 5600 * MB
     assert (other.state, other.reason) == (JobState.STOPPED, Reason.MEMORY_PRESSURE)
     assert [t.state for t in other.history].count(JobState.RUNNING) == 1  # never re-run
     assert len(launched) == 4 + 1

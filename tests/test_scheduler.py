@@ -55,6 +55,7 @@ class ScriptedGuard(Guard):
         self.released: list[str] = []
         self.measured: dict[str, int] = {}
         self.asked_with: dict[str, tuple[int | None, MemoryPolicy]] = {}
+        self.worst_case: dict[str, bool] = {}
         self.before_answer: threading.Event | None = None
         self.judging = threading.Event()
 
@@ -65,9 +66,11 @@ class ScriptedGuard(Guard):
         memory_bytes: int | None = None,
         disk_bytes: int | None = None,
         policy: MemoryPolicy = MemoryPolicy.STRICT,
+        worst_case: bool = False,
     ) -> Decision:
         self.asked.append(job_id)
         self.asked_with[job_id] = (memory_bytes, policy)
+        self.worst_case[job_id] = worst_case
         if self.before_answer is not None:
             self.judging.set()
             self.before_answer.wait(10)

@@ -13,10 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from roomkeeper.config import PressureSettings
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from tests.fakes import NO_DISK
 
 # Every test here but the plain output one is marked `cgroups` too: CI runs
@@ -24,6 +26,7 @@ from tests.fakes import NO_DISK
 pytestmark = pytest.mark.kernel
 
 MIB = 2**20
+MB = 10**6
 
 # A scheduler in its own process: two jobs, each with a child and a grandchild
 # that called setsid (left the job's session and group).  It prints the pids
@@ -211,3 +214,59 @@ def test_a_stop_is_in_progress_until_the_whole_tree_is_gone(tmp_path: Path) -> N
             time.sleep(0.05)
     finally:
         scheduler.close()
+
+
+GROW = Path(__file__).resolve().parents[1] / "benchmarks" / "grow.py"
+
+
+def _reruns(view: JobView) -> int:
+    """How many times the job was queued again after a stop for memory pressure."""
+    return sum(
+        1
+        for t in view.history
+        if t.state is JobState.WAITING and t.reason is Reason.MEMORY_PRESSURE
+    )
+
+
+@pytest.mark.cgroups
+def test_restartable_work_stopped_twice_while_growing_then_finishes(tmp_path: Path) -> None:
+    """A job stated at 50 MB grows to 300 MB: stopped twice while growing, each re-run asks for
+    more than the evidence showed (its peak, its growth, twice what failed), and its last
+    allowed run finishes."""
+    scheduler = Scheduler(
+        logs_dir=tmp_path / "logs",
+        guard=Guard(env=NO_DISK),
+        limits=limits,
+        pressure=False,  # the test takes the monitor's readings and its stops
+        pressure_settings=lambda: PressureSettings(retries=2),
+    )
+    scheduler.start()
+    grower = f"echo started; exec {sys.executable} {GROW} {300 * MB} 3 0.5"
+    estimates, peaks = [], []
+    try:
+        view = scheduler.submit(
+            JobSpec(argv=[grower], shell=True, memory_bytes=50 * MB, restartable=True)
+        )
+        for run in (1, 2):
+            deadline = time.monotonic() + 120
+            while True:  # read as the pressure monitor does: the guard learns its growth
+                seen = {j.job_id: j.footprint for j in scheduler.relief.live_jobs()}
+                if seen.get(view.id, 0) > 120 * MB:
+                    break
+                assert time.monotonic() < deadline, f"run {run} never grew"
+                time.sleep(0.1)
+            assert scheduler.relief.stop_for_pressure(view.id, "test", never_fits=False)
+            while _reruns(again := scheduler.get(view.id)) < run:
+                assert time.monotonic() < deadline, f"run {run} was never queued again"
+                time.sleep(0.05)
+            estimates.append(again.estimate_bytes)
+            peaks.append(again.peak_bytes or 0)
+        final = scheduler.wait(view.id, timeout=120)
+    finally:
+        scheduler.close(grace=0.5)
+    assert (final.state, final.exit_code, _reruns(final)) == (JobState.EXITED, 0, 2), final
+    assert Path(final.log_path).read_text() == "started\n" * 3
+    assert all(120 * MB < p < 300 * MB for p in peaks), peaks  # each stopped while growing
+    assert estimates[0] > peaks[0] + 50 * MB and estimates[0] >= 100 * MB, (estimates, peaks)
+    assert estimates[1] >= 2 * estimates[0], estimates
+    assert (final.peak_bytes or 0) >= 280 * MB  # the last run grew to its whole size

@@ -72,6 +72,15 @@ def _variable(
         return default
 
 
+def _usable(env: Mapping[str, str], name: str, convert: Callable[[str], object]) -> bool:
+    """Whether a person set ``name`` to a value :func:`_variable` would use."""
+    raw = env.get(name, "").strip()
+    try:
+        return bool(raw) and convert(raw) is not None
+    except (ValueError, OverflowError):
+        return False
+
+
 def _number(low: float, high: float) -> Callable[[str], float]:
     def convert(text: str) -> float:
         value = float(text)
@@ -289,13 +298,18 @@ class PressureSettings:
     Attributes:
         full_percent: PSI memory ``full`` avg10 above which pressure is critical.
         full_seconds: how long it must stay critical before a tree is stopped.
-        cooldown_s: admission held after a stop (and after a supervisor's relief request).
+        cooldown_s: admission held after a supervisor's relief request, and the most it
+            is held after a stop for pressure.
+        cooldown_fixed: a person set ROOMKEEPER_PRESSURE_COOLDOWN: a stop holds admission
+            that long.  Otherwise a stop holds it only until the stopped tree's memory is
+            back and the running jobs' forecast fits under the line (at most ``cooldown_s``).
         retries: how many times restartable work stopped for pressure runs again.
     """
 
     full_percent: float = 20.0
     full_seconds: float = 5.0
     cooldown_s: float = 60.0
+    cooldown_fixed: bool = False
     retries: int = 3
 
 
@@ -329,6 +343,7 @@ def read_pressure_settings(env: Mapping[str, str] | None = None) -> PressureSett
             _SECONDS,
             "a number of seconds >= 0",
         ),
+        cooldown_fixed=_usable(env, "ROOMKEEPER_PRESSURE_COOLDOWN", _SECONDS),
         retries=_variable(
             env, "ROOMKEEPER_PRESSURE_RETRIES", d.retries, _integer(0, 100), "an integer 0 to 100"
         ),

@@ -118,7 +118,7 @@ class SupervisorLink:
 
     def relief_holds(self) -> bool:
         """Whether a relief request's cooldown holds launches now."""
-        return self._scheduler.cooldown.cause() is CooldownCause.RELIEF
+        return self._scheduler.cooldown.holding(CooldownCause.RELIEF)
 
     def _listen(self) -> None:
         """The supervisor's messages (a thread); its loss means: shut down."""

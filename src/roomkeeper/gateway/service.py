@@ -467,9 +467,15 @@ class Gateway:
             return None
         if cooldown.cause() is CooldownCause.RELIEF:
             return f"admission is held {left:.0f} s more: the supervisor asked for relief"
+        if read_pressure_settings(self.env).cooldown_fixed:
+            return (
+                f"admission is held {left:.0f} s more after a tree was stopped for memory "
+                "pressure (ROOMKEEPER_PRESSURE_COOLDOWN)"
+            )
         return (
-            f"admission is held {left:.0f} s more after a tree was stopped for memory "
-            "pressure (ROOMKEEPER_PRESSURE_COOLDOWN)"
+            "admission is held after a tree was stopped for memory pressure, until its "
+            "memory is back and the running jobs' forecast fits under the line "
+            f"(at most {left:.0f} s more)"
         )
 
     def needs_you(self, decision: Decision | None = None) -> dict[str, str]:

@@ -47,6 +47,7 @@ from roomkeeper.guard.packing import (
     MemoryPolicy,
     Report,
     claim_bytes,
+    growth_now,
     held_bytes,
     leaves_trial,
     trimmed,
@@ -61,6 +62,7 @@ from roomkeeper.guard.rule import (
     default_estimate,
     disk_needed,
     disk_rule,
+    fit_summary,
     gb,
     memory_line,
     memory_room,
@@ -116,6 +118,11 @@ class _Reservation:
     @property
     def held(self) -> int:
         return 0 if self.trial else held_bytes(self.policy, self.estimate, self.reports)
+
+    @property
+    def worst(self) -> int:
+        """All it may still grow by: the rest of its estimate, whatever its policy."""
+        return max(0, self.estimate - self.measured)
 
     @property
     def claim(self) -> int:
@@ -202,6 +209,8 @@ class Guard:
         memory_bytes: int | None = None,
         disk_bytes: int | None = None,
         policy: MemoryPolicy = MemoryPolicy.STRICT,
+        forecast: bool = False,
+        worst_case: bool = False,
     ) -> Decision:
         """Judge whether ``job_id`` fits now and, if it does, reserve its memory.
 
@@ -215,12 +224,31 @@ class Guard:
             policy: what the job reserves while young once admitted (``strict``
                 unless the caller can suspend and stop it: see
                 :mod:`roomkeeper.guard.packing`).
+            forecast: the estimate is a forecast that may overshoot (a re-run after a stop
+                for pressure): it is asked at most at the room the job would have with none
+                of our young jobs running, never refused as one that can never fit (it ran here).
+            worst_case: judge with every young job's whole worst case (the rest of its
+                estimate, whatever its policy, trials too) and reserve this job's whole
+                estimate (``strict``, never on trial): the last run of work stopped for
+                pressure, which must not be stopped again by others' growth.
         """
         with self._lock:
             settings = read_settings(self._env)
-            decision = self._judge(job_id, settings, memory_bytes, disk_bytes)
+            decision = self._judge(
+                job_id,
+                settings,
+                memory_bytes,
+                disk_bytes,
+                worst_case=worst_case,
+                forecast=forecast,
+            )
             trial = False
-            if policy is MemoryPolicy.PACK:
+            if worst_case:
+                policy = MemoryPolicy.STRICT
+                if not decision.admit and decision.reason is Reason.MEMORY:
+                    summary = f"its last run waits for room for its worst case: {decision.summary}"
+                    decision = replace(decision, summary=fit_summary(summary))
+            elif policy is MemoryPolicy.PACK:
                 decision, trial = self._on_trial(job_id, settings, disk_bytes, decision)
             if decision.admit:
                 self._young[job_id] = _Reservation(
@@ -347,6 +375,15 @@ class Guard:
         with self._lock:
             self._young.pop(job_id, None)
 
+    def growth_rate(self, job_id: str) -> float:
+        """Bytes per second ``job_id`` grows by now, from its reports (the steeper of the
+        slope window's and the last half second's); 0.0 when it holds no reservation."""
+        with self._lock:
+            reservation = self._young.get(job_id)
+            if reservation is None:
+                return 0.0
+            return growth_now(reservation.reports)
+
     def report_measured(self, job_id: str, measured_bytes: int) -> None:
         """Tell the guard how much of ``job_id``'s memory the reading already shows.
 
@@ -442,9 +479,12 @@ class Guard:
         memory_bytes: int | None,
         disk_bytes: int | None,
         resources: Resources | None = None,
+        *,
+        worst_case: bool = False,
+        forecast: bool = False,
     ) -> Decision:
         """Judge one job: the guard's switch, the platform, then memory, then disk."""
-        ask = self._ask(job_id, settings, memory_bytes, disk_bytes)
+        ask = self._ask(job_id, settings, memory_bytes, disk_bytes, worst_case=worst_case)
         if not settings.guard_on:
             self._announce("off", "roomkeeper guard is off: jobs start without a check")
             return decision(
@@ -463,6 +503,8 @@ class Guard:
         reserve = self._reserve_for(memory.limit_bytes)
         if ask.defaulted:
             ask = replace(ask, estimate=self._default_for(settings, memory.limit_bytes, reserve))
+        if forecast:
+            ask = self._at_most_alone(ask, settings, memory.used_bytes, memory.limit_bytes, reserve)
         room = memory_room(ask, memory, memory.used_bytes, memory.limit_bytes, settings, reserve)
         if room.total > room.line:
             return self._no_room_for_memory(ask, memory, room, disk)
@@ -484,6 +526,17 @@ class Guard:
             never_fits=never,
             disk_needed=needed,
         )
+
+    def _at_most_alone(
+        self, ask: Ask, settings: Settings, used: int, limit: int, reserve: int
+    ) -> Ask:
+        """A forecast asked at most at the room it would have with none of our young jobs
+        running (what they measure is theirs, the rest of ``used`` is not ours to wait for);
+        never "never fits": the job ran here before."""
+        line = memory_line(limit, settings.memory_headroom_percent) - reserve
+        ours = sum(r.measured for j, r in self._young.items() if j != ask.job_id)
+        alone = max(0, line - max(0, used - ours))
+        return replace(ask, estimate=min(ask.estimate, alone), defaulted=True)
 
     @staticmethod
     def _no_room_for_memory(
@@ -514,19 +567,27 @@ class Guard:
         )
 
     def _ask(
-        self, job_id: str, settings: Settings, memory_bytes: int | None, disk_bytes: int | None
+        self,
+        job_id: str,
+        settings: Settings,
+        memory_bytes: int | None,
+        disk_bytes: int | None,
+        *,
+        worst_case: bool = False,
     ) -> Ask:
-        """The question for one job: its sizes, and what the other young jobs hold now."""
+        """The question for one job: its sizes, and what the other young jobs hold now (with
+        ``worst_case``, all that they may still grow by)."""
         self._expire(settings.job_warmup_seconds)
         # Judged again in place: the job's own old reservation is not held against it.
         young = [r for j, r in self._young.items() if j != job_id]
+        held = sum(r.worst for r in young) if worst_case else sum(r.held for r in young)
         return Ask(
             job_id=job_id,
             estimate=settings.job_memory_bytes if memory_bytes is None else max(0, memory_bytes),
             defaulted=memory_bytes is None,
             disk_defaulted=disk_bytes is None,
             job_disk=settings.job_disk_bytes if disk_bytes is None else max(0, disk_bytes),
-            reserved=sum(r.held for r in young),
+            reserved=held,
             young=len(young),
         )
 

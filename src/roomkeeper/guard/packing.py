@@ -85,6 +85,12 @@ def growth_slope(reports: Sequence[Report], window_s: float = SLOPE_WINDOW_SECON
     return (newest.measured - start.measured) / elapsed
 
 
+def growth_now(reports: Sequence[Report], window_s: float = SLOPE_WINDOW_SECONDS) -> float:
+    """The steeper of the growth over ``window_s`` and over the last :data:`RECENT_SECONDS`:
+    a job that has just begun to grow fast is not judged by its idle start."""
+    return max(growth_slope(reports, window_s), growth_slope(reports, RECENT_SECONDS))
+
+
 def forecast_bytes(
     reports: Sequence[Report],
     *,
@@ -96,8 +102,7 @@ def forecast_bytes(
 
     The slope is the steeper of the window's and the last :data:`RECENT_SECONDS`'.
     """
-    slope = max(growth_slope(reports, window_s), growth_slope(reports, RECENT_SECONDS))
-    return int(max(0.0, slope) * horizon_s) + floor
+    return int(max(0.0, growth_now(reports, window_s)) * horizon_s) + floor
 
 
 def held_bytes(policy: MemoryPolicy, estimate: int, reports: Sequence[Report]) -> int:

@@ -127,6 +127,8 @@ class JobRecord:
     stop_cause: JobState | None = None
     stop_reason: Reason | None = None
     reruns: int = 0  # times the relief ladder stopped it and queued it again
+    stop_rate: float = 0.0  # bytes/s it was growing by when stopped for pressure
+    line_bytes: int | None = None  # the guard's memory line at its last admission
     history: list[Transition] = field(default_factory=list)
     worktree: Worktree | None = None
 

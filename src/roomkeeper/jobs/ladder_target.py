@@ -43,6 +43,7 @@ class _Seen:
     reason: Reason | None
     restartable: bool
     stopping: bool
+    last_run: bool
 
 
 class SchedulerRelief:
@@ -95,6 +96,7 @@ class SchedulerRelief:
                     j.reason,
                     j.spec.restartable,
                     j.stop_cause is not None,
+                    self._rounds.last_run(j),
                 )
                 for j in self._rounds.running.values()
                 if j.handle is not None and not isinstance(j.handle, RemoteHandle)
@@ -129,6 +131,7 @@ class SchedulerRelief:
             suspendable=suspendable,
             restartable=job.restartable,
             stopping=job.stopping,
+            last_run=job.last_run,
             # Paused on trial, it stays the trial rule's to resume even if its
             # trial ended meanwhile: a pause is not a ladder suspension.
             trial=job.job_id in on_trial or (suspended and job.reason is Reason.ON_TRIAL),
@@ -214,12 +217,16 @@ class SchedulerRelief:
             return self._rounds.stop_in_progress()
 
     def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
-        """Stop the job's tree (output kept); ``stopped`` with reason ``memory_pressure``."""
+        """Stop the job's tree (output kept); ``stopped`` with reason ``memory_pressure``.
+
+        How fast it was growing is kept: a re-run's estimate grows from it.
+        """
+        rate = self._guard.growth_rate(job_id)
         with self._lock:
             job = self._rounds.running.get(job_id)
             if job is None or job.stop_cause is not None:
                 return False
-            job.stop_reason = Reason.MEMORY_PRESSURE
+            job.stop_reason, job.stop_rate = Reason.MEMORY_PRESSURE, rate
             if never_fits:
                 job.error = f"it alone outgrows the container, so it can never fit here: {why}"
             self._rounds.stop(job, JobState.STOPPED)

@@ -50,6 +50,7 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteEnd, RemoteHandle, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
+from roomkeeper.jobs.reruns import is_last_run, rerun_estimate
 from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, JobView
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.trees.job_user import JobUser
@@ -244,11 +245,11 @@ class LaunchRounds:
             self._book.finish(job, JobState.UNCERTAIN, None)
 
     def _rerun(self, job: JobRecord) -> bool:
-        """Queue restartable work stopped for pressure again, with its peak as its estimate.
+        """Queue restartable work stopped for pressure again, at the head of its owner's line,
+        with an estimate grown from what its run showed (:mod:`roomkeeper.jobs.reruns`).
 
-        At most ROOMKEEPER_PRESSURE_RETRIES times; the estimate never shrinks
-        below the one it was given (it may have been stopped for others'
-        growth, not its own).  Anything else is never re-run silently.
+        At most ROOMKEEPER_PRESSURE_RETRIES times; the last run is admitted with
+        its worst case reserved.  Anything else is never re-run silently.
         """
         if (
             job.stop_reason is not Reason.MEMORY_PRESSURE
@@ -258,26 +259,41 @@ class LaunchRounds:
             or job.reruns >= self._retries()
         ):
             return False
-        # A default says nothing of this job: only what was stated or learned is kept.
-        prior = job.estimate.known or 0
-        estimate = max(job.peak_bytes or 0, prior)
+        ran_s = 0.0 if job.started is None else max(0.0, self._wall() - job.started)
+        rate, peak = job.stop_rate, job.peak_bytes or 0
+        estimate = rerun_estimate(
+            failed=job.estimate.bytes,
+            peak=peak,
+            rate=rate,
+            ran_s=ran_s,
+            line=job.line_bytes,
+        )
         job.spec = replace(job.spec, memory_bytes=estimate)
         job.estimate = Estimate(estimate, EstimateSource.STATED)
         job.reruns += 1
         self.reruns += 1
         job.handle, job.started, job.exit_code = None, None, None
-        job.stop_cause, job.stop_reason = None, None
-        self._queue.push(job.spec.owner, job)
+        job.stop_cause, job.stop_reason, job.stop_rate = None, None, 0.0
+        # It had its turn and waited before: the jobs behind it do not go first.
+        self._queue.push_front(job.spec.owner, job)
         self._book.record(job, JobState.WAITING, Reason.MEMORY_PRESSURE)
+        last = is_last_run(job.reruns, self._retries())
         log.warning(
             "job %s queued again after its stop for memory pressure (run %d of %d), "
-            "estimate %.2f GB",
+            "estimate %.2f GB (peak %.2f GB, growing %.0f MB/s when stopped)%s",
             job.id,
             job.reruns + 1,
             self._retries() + 1,
             estimate / 1e9,
+            peak / 1e9,
+            max(0.0, rate) / 1e6,
+            ": its last run waits for room for its worst case, alone if need be" if last else "",
         )
         return True
+
+    def last_run(self, job: JobRecord) -> bool:
+        """Whether ``job`` runs for the last time after stops for pressure (lock held)."""
+        return is_last_run(job.reruns, self._retries())
 
     def close_handles(self, handles: list[Handle]) -> None:
         """Close reaped trees' handles (without the lock)."""
@@ -348,6 +364,7 @@ class LaunchRounds:
             return False
         if decision.admit:
             job.worktree = worktree
+            job.line_bytes = decision.memory_line_bytes  # what a re-run's estimate stays under
             self._start(job, limits)
             return False
         self.refusals[decision.reason.value] += 1
@@ -384,6 +401,8 @@ class LaunchRounds:
             memory_bytes=job.estimate.known,
             disk_bytes=job.spec.disk_bytes,
             policy=job.spec.memory_policy,
+            forecast=job.reruns > 0,
+            worst_case=self.last_run(job),
         )
 
     def _make_worktree(self, job: JobRecord) -> tuple[Worktree | None, Exception | None]:

@@ -18,10 +18,12 @@ because this is the lowest module that reads kernel files.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import select
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from roomkeeper.kernel import parsers
@@ -74,6 +76,66 @@ def _read(path: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+class _KeptFiles:
+    """The guard's own kernel files, kept open and read again with ``pread`` at offset 0.
+
+    A decision reads the same few files every time (our membership, our levels'
+    usage, ``memory.stat`` and limits, ``/proc/meminfo``); opening and closing
+    each costs as much as reading it.  Kernel files give a fresh value on every
+    read from offset 0.  Only the process's own files are kept (never a job's
+    group, whose removal an open file would hold up), at most :data:`KEPT_FILES`;
+    a file that fails is closed and opened once more, so a removed group reads
+    as missing.  A forked child opens its own (``/proc/self`` names the opener).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._fds: dict[str, int] = {}
+
+    def read(self, path: str) -> bytes:
+        if not path.startswith(_KEPT_ROOTS):  # a test's injected tree may be replaced whole
+            return _read(path)
+        fd = self._fd(path)
+        try:
+            data = os.pread(fd, _CHUNK, 0)
+        except OSError:
+            self._forget(path, fd)
+            return _read(path)  # raises the file's own error where it is really gone
+        if len(data) < _CHUNK:
+            return data
+        return _read(path)  # larger than one chunk: read it whole, the plain way
+
+    def _fd(self, path: str) -> int:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._fds, self._pid = {}, os.getpid()  # the parent's: not ours to close
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                if len(self._fds) >= KEPT_FILES:
+                    os.close(self._fds.pop(next(iter(self._fds))))
+                self._fds[path] = fd
+            return fd
+
+    def _forget(self, path: str, fd: int) -> None:
+        with self._lock:
+            if self._fds.get(path) == fd:
+                del self._fds[path]
+                os.close(fd)
+
+
+KEPT_FILES = 32
+_KEPT_ROOTS = (PROC_ROOT + "/", CGROUP_ROOT + "/")
+_kept = _KeptFiles()
+
+
+def read_own_file(path: str) -> bytes:
+    """One of this process's own kernel files (membership, its levels, ``/proc/meminfo``),
+    kept open between readings; never a job's group."""
+    return _kept.read(path)
 
 
 class _MountTable:
@@ -143,12 +205,18 @@ def _join(base: str, rel: str) -> str:
 
 def _membership(proc_root: str) -> tuple[str | None, str | None, list[parsers.Mount]]:
     """The process's v2 path, its v1 memory path, and the cgroup mounts it sees."""
-    v2_path, v1_path = parsers.parse_proc_self_cgroup(_read(f"{proc_root}/self/cgroup"))
+    v2_path, v1_path = _membership_paths(_kept.read(f"{proc_root}/self/cgroup"))
     if proc_root == PROC_ROOT:
         mounts = _mount_table.mounts()
     else:
         mounts = parsers.parse_mountinfo(_read(f"{proc_root}/self/mountinfo"))
     return v2_path, v1_path, mounts
+
+
+@functools.lru_cache(maxsize=8)
+def _membership_paths(raw: bytes) -> tuple[str | None, str | None]:
+    """The parsed ``/proc/self/cgroup``: the same bytes, the same answer (it seldom changes)."""
+    return parsers.parse_proc_self_cgroup(raw)
 
 
 def _v2_groups(
@@ -254,20 +322,22 @@ def controllers(directory: str) -> frozenset[str]:
     return frozenset(_read(f"{directory}/cgroup.controllers").decode("ascii", "replace").split())
 
 
-def _level_used(directory: str, version: int) -> tuple[int, dict[str, int]]:
+def _level_used(
+    directory: str, version: int, read: Callable[[str], bytes] = _read
+) -> tuple[int, dict[str, int]]:
     """Memory the level holds that the kernel cannot give back, and the stat keys read."""
     if version == 2:
-        usage = parsers.parse_single_value(_read(f"{directory}/memory.current"), "memory.current")
-        stat = parsers.parse_flat_keyed(_read(f"{directory}/memory.stat"), "memory.stat", _V2_KEYS)
+        usage = parsers.parse_single_value(read(f"{directory}/memory.current"), "memory.current")
+        stat = parsers.parse_flat_keyed(read(f"{directory}/memory.stat"), "memory.stat", _V2_KEYS)
         active, inactive = parsers.stat_fields(stat, _V2_RECLAIMABLE[:2], "memory.stat")
         # slab_reclaimable is in v2's memory.stat since Linux 4.14; a file
         # without it has nothing more to subtract.
         reclaimable = active + inactive + stat.get("slab_reclaimable", 0)
     else:
         usage = parsers.parse_single_value(
-            _read(f"{directory}/memory.usage_in_bytes"), "memory.usage_in_bytes"
+            read(f"{directory}/memory.usage_in_bytes"), "memory.usage_in_bytes"
         )
-        stat = parsers.parse_flat_keyed(_read(f"{directory}/memory.stat"), "memory.stat", _V1_KEYS)
+        stat = parsers.parse_flat_keyed(read(f"{directory}/memory.stat"), "memory.stat", _V1_KEYS)
         reclaimable = sum(parsers.stat_fields(stat, _V1_RECLAIMABLE, "memory.stat"))
     # v1's usage is batched per CPU and can lag the stat counters a little:
     # never report less than nothing.
@@ -304,7 +374,7 @@ def _level_limit(directory: str, version: int) -> int | None:
     """The level's limit, None for no limit or for a level that has no limit file."""
     name = "memory.max" if version == 2 else "memory.limit_in_bytes"
     try:
-        raw = _read(f"{directory}/{name}")
+        raw = _kept.read(f"{directory}/{name}")
     except FileNotFoundError:
         return None  # the root of a v2 mount has no memory.max
     return parsers.parse_v2_limit(raw, name) if version == 2 else parsers.parse_v1_limit(raw, name)
@@ -313,7 +383,7 @@ def _level_limit(directory: str, version: int) -> int | None:
 def walk(hierarchy: Hierarchy) -> list[Level]:
     """Every level from the process's own group up to the root of the mount, own first."""
     version = hierarchy.version
-    own_used, stat = _level_used(hierarchy.own_dir, version)
+    own_used, stat = _level_used(hierarchy.own_dir, version, _kept.read)
     hierarchical = stat.get("hierarchical_memory_limit")
     if version == 1 and hierarchical is not None and hierarchical >= parsers.V1_UNLIMITED_THRESHOLD:
         # v1 reports the tightest limit of the whole path in the group's own

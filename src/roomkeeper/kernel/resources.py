@@ -28,7 +28,7 @@ import psutil
 from roomkeeper.config import Settings, read_settings, warn_once
 from roomkeeper.errors import KernelFileError
 from roomkeeper.kernel import parsers
-from roomkeeper.kernel.cgroup_hierarchy import Hierarchy, Level, locate, walk
+from roomkeeper.kernel.cgroup_hierarchy import Hierarchy, Level, locate, read_own_file, walk
 from roomkeeper.kernel.cgroup_hierarchy import read_file as _read
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, THIS_PLATFORM, Platform
 from roomkeeper.paths import workspace_dir
@@ -139,7 +139,7 @@ class Resources:
 
 
 def _meminfo(proc_root: str) -> tuple[int, int]:
-    info = parsers.parse_meminfo(_read(f"{proc_root}/meminfo"), _MEMINFO_KEYS)
+    info = parsers.parse_meminfo(read_own_file(f"{proc_root}/meminfo"), _MEMINFO_KEYS)
     try:
         total, available = info["MemTotal"], info["MemAvailable"]  # MemAvailable: Linux 3.14
     except KeyError as err:

@@ -10,8 +10,8 @@ memory pressure::
              headroom / 2 and rising: the newest suspendable tree, and every other
              newer tree that grew since the last reading
     stop     when used > limit - headroom / 4, or PSI full avg10 > FULL% for SECONDS:
-             the newest tree, restartable work first, and every other newer tree that
-             grew is suspended; then a cooldown holds admission
+             the newest tree, restartable work first (a last run last), and every
+             other newer tree that grew is suspended; then a cooldown holds admission
     resume   suspended trees, oldest first, once one fits under the line again and
              used is not rising (before anything new is admitted)
     pause    a job on trial (packing), newest first, when used + what the jobs not on
@@ -76,6 +76,8 @@ class Live:
         restartable: it may be stopped and queued again.
         stopping: a stop was asked and its tree is not gone yet.
         trial: started on trial (packing): paused and resumed by the trial's own rule.
+        last_run: the last run of restartable work stopped for pressure before, admitted
+            with its worst case reserved: stopped only when no newer job is left to stop.
     """
 
     job_id: str
@@ -87,6 +89,7 @@ class Live:
     restartable: bool = False
     stopping: bool = False
     trial: bool = False
+    last_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +241,8 @@ def _figures(reading: Reading, name: str, line: int) -> str:
 
 
 def _stop(reading: Reading, by_age: list[Live], critical: bool, rise: int) -> list[Action]:
-    """Stop the newest tree (restartable first), never the oldest for newer ones."""
+    """Stop the newest tree (restartable first, a last run last), never the oldest for
+    newer ones."""
     if any(j.stopping for j in by_age):
         return []  # one victim at a time: wait until it is gone
     if reading.used > reading.stop_line:
@@ -252,7 +256,9 @@ def _stop(reading: Reading, by_age: list[Live], critical: bool, rise: int) -> li
     newer = by_age[1:]
     if not newer:  # the oldest alone: it outgrows the container by itself
         return [Action(Step.STOP, by_age[0].job_id, why, never_fits=True)]
-    victim = max(newer, key=lambda j: (j.restartable, j.started))
+    # A last run was admitted with its worst case reserved: what outgrew its estimate is
+    # someone else, and stopping it would give up work that fits.
+    victim = max(newer, key=lambda j: (not j.last_run, j.restartable, j.started))
     return [Action(Step.STOP, victim.job_id, why)]
 
 

@@ -30,6 +30,7 @@ from typing import Protocol
 
 from roomkeeper.config import PressureSettings, read_pressure_settings
 from roomkeeper.guard.lines import Reading
+from roomkeeper.guard.rule import gb
 from roomkeeper.kernel.notify import Notifier
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
 from roomkeeper.relief.ladder import Action, LadderState, Live, Plan, Step, decide
@@ -216,11 +217,14 @@ class PressureMonitor:
         self._near = reading.used >= reading.hold_line - reading.headroom // 2
         if self._arm is not None and self._armed_for != (reading.limit, reading.hold_line):
             self._rearm(reading)  # the first reading, or the container's limit moved
+        settings = self._settings()
+        if not settings.cooldown_fixed:
+            self._end_cooldown_once_relieved(reading, stopping)
         plan, self._state = decide(
             self._state,
             reading,
             live,
-            self._settings(),
+            settings,
             cooling=self._cooldown.active(),
             stopping=stopping,
         )
@@ -248,6 +252,25 @@ class PressureMonitor:
                 (took - read_s - live_s) * 1000,
             )
         return plan
+
+    def _end_cooldown_once_relieved(self, reading: Reading, stopping: bool) -> None:
+        """End a stop's cooldown once what it waited for has happened: the stopped tree is
+        gone (its memory is back in this reading) and used memory plus the running jobs'
+        forecast fits under the line.  Its ceiling is ROOMKEEPER_PRESSURE_COOLDOWN's default."""
+        if stopping or not self._cooldown.holding(CooldownCause.PRESSURE):
+            return
+        if reading.used + reading.claimed > reading.hold_line:
+            return
+        held = self._cooldown.clear(CooldownCause.PRESSURE)
+        if held is not None:
+            log.info(
+                "memory pressure: admission free again %.1f s after the stop: the stopped "
+                "tree's memory is back and used %s + forecast %s <= line %s (GB)",
+                held,
+                gb(reading.used),
+                gb(reading.claimed),
+                gb(reading.hold_line),
+            )
 
     def _carry_out(self, plan: Plan, reading: Reading, footprints: dict[str, int]) -> None:
         """Take the plan's steps in order: a hold and a stop first (a stop gives memory back,
@@ -341,10 +364,17 @@ class PressureMonitor:
                 took,
             )
         else:
+            settings = self._settings()
+            most = f"{settings.cooldown_s:.0f} s"
+            held = (
+                f"admission held for {most}"
+                if settings.cooldown_fixed
+                else f"admission held until its memory is back (at most {most})"
+            )
             log.warning(
-                "memory pressure: job %s stopped (output kept), admission held for %.0f s: %s%s",
+                "memory pressure: job %s stopped (output kept), %s: %s%s",
                 action.job_id,
-                self._settings().cooldown_s,
+                held,
                 action.why,
                 took,
             )

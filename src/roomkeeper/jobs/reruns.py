@@ -1,0 +1,49 @@
+"""The next run of restartable work stopped for memory pressure, pure: its estimate.
+
+A job stopped while it still grew had reached only part of its size, so its
+peak alone is no estimate: run again with it, the job is stopped again at
+the same point.  The next run's estimate grows from what was seen::
+
+    grown    = peak + min(rate x ran, peak)      (growing at ``rate`` when stopped)
+    estimate = min(line, max(2 x failed, grown, peak))
+
+``failed`` is the estimate the stopped run was admitted with: the next one
+at least doubles it.  ``rate x ran`` is where the job would be had it kept
+growing as fast for as long again; it is at most the peak once more, so one
+fast burst before the stop does not ask for the whole container.  Nothing is
+asked above ``line`` (the memory line at the job's admission): the job's
+peak fit under it, and an estimate above it would fail the job as one that
+can never fit.
+
+The last allowed run (:func:`is_last_run`) is admitted with its whole worst
+case reserved and every other young job's as well, alone if need be
+(:meth:`roomkeeper.guard.admission.Guard.admit`), and the relief ladder
+stops it only when no newer job is left to stop.  So restartable work that
+fits alone always finishes.
+"""
+
+from __future__ import annotations
+
+
+def rerun_estimate(*, failed: int, peak: int, rate: float, ran_s: float, line: int | None) -> int:
+    """The estimate of the next run of a job stopped for memory pressure.
+
+    Args:
+        failed: the estimate the stopped run was admitted with.
+        peak: the most its tree held in that run.
+        rate: bytes per second it was growing by when stopped (0 or less: it was not).
+        ran_s: seconds the stopped run lasted.
+        line: the guard's memory line at its admission; None when unknown.
+    """
+    peak = max(0, peak)
+    grown = peak + min(max(0.0, rate) * max(0.0, ran_s), peak)
+    estimate = max(2 * max(0, failed), int(grown), peak)
+    if line is not None and line > 0:
+        estimate = min(estimate, line)
+    return estimate
+
+
+def is_last_run(reruns: int, retries: int) -> bool:
+    """Whether a job queued again ``reruns`` times, of ``retries`` allowed, runs for the last
+    time: no stop for pressure would queue it again."""
+    return reruns > 0 and reruns >= retries
