@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,6 +67,7 @@ class ScriptedGuard(Guard):
         memory_bytes: int | None = None,
         disk_bytes: int | None = None,
         policy: MemoryPolicy = MemoryPolicy.STRICT,
+        forecast: bool = False,
         worst_case: bool = False,
     ) -> Decision:
         self.asked.append(job_id)
@@ -490,3 +492,28 @@ def test_closing_ends_within_its_deadline_when_a_tree_never_ends(
     assert took < 10, f"closing took {took:.1f} s, its deadline is 0.7 s"  # slack for a busy CI
     assert rig.launcher.handles["stuck"].stopped_with == 0.2
     assert "did not end within 0.7 s of their stop (stuck)" in caplog.text
+
+
+def test_a_rerun_asks_with_its_forecast_and_its_last_run_with_the_worst_case(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a stop for pressure, the guard is asked with the grown estimate as a forecast; the
+    last allowed run (ROOMKEEPER_PRESSURE_RETRIES=2) with every young job's worst case."""
+    monkeypatch.setenv("ROOMKEEPER_PRESSURE_RETRIES", "2")
+    rig.submit("j", memory_bytes=100, restartable=True)
+    asked: list[tuple[bool, bool]] = []
+    original = rig.guard.admit
+
+    def admit(job_id: str, **kw: Any) -> Decision:
+        asked.append((kw.get("forecast", False), kw.get("worst_case", False)))
+        return original(job_id, **kw)
+
+    monkeypatch.setattr(rig.guard, "admit", admit)
+    for _ in range(3):
+        rig.scheduler.tick()
+        assert rig.state("j") is JobState.RUNNING
+        rig.scheduler.relief.stop_for_pressure("j", "test", never_fits=False)
+        rig.launcher.end("j", -15)
+        rig.scheduler.tick()
+    assert asked == [(False, False), (True, False), (True, True)]
+    assert rig.scheduler.get("j").state is JobState.STOPPED  # no fourth run

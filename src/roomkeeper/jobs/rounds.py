@@ -64,6 +64,7 @@ log = logging.getLogger("roomkeeper")
 RETRY_SECONDS = 0.5  # how soon a refused round is tried again without any job ending
 STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when roomkeeper stops a tree
 CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
+MEASURE_EVERY_S = 0.05  # a young job's footprint is read again for a launch at most this often
 ASIDE_SECONDS = 2.0  # a job set aside (nothing that exists could hold it) is judged again after
 
 
@@ -153,6 +154,7 @@ class LaunchRounds:
         self._aside: dict[str, float] = {}  # job id -> when it was set aside
         self.last_refusal: str | None = None
         self._stoppers: list[threading.Thread] = []
+        self._measured_at: dict[str, float] = {}  # when each young job was last read for a launch
         # Local trees being stopped: a leader may die of its SIGTERM before the members that
         # hold the memory do, so its job can be reaped while memory is still going back.
         self._local_stoppers: list[threading.Thread] = []
@@ -194,6 +196,7 @@ class LaunchRounds:
             if code is None:
                 continue
             del self.running[job.id]
+            self._measured_at.pop(job.id, None)
             ended.append(job.handle)
             if job.pidfd >= 0:
                 os.close(job.pidfd)
@@ -328,7 +331,11 @@ class LaunchRounds:
                     if j.handle is not None and j.state is not JobState.SUSPENDED
                 ]  # a suspended job's stillness is no settling
             self.prepare()  # before the first judgement: it says where job groups go
+            now = self._clock()
             for other in young:  # measured reservations: never count a job twice
+                if now - self._measured_at.get(other.id, float("-inf")) < MEASURE_EVERY_S:
+                    continue  # read for the launch just before: a fast batch reads once
+                self._measured_at[other.id] = now
                 with contextlib.suppress(Exception):
                     assert other.handle is not None
                     self._guard.report_measured(other.id, other.handle.footprint_bytes())
@@ -575,3 +582,4 @@ class LaunchRounds:
                 job.stop_reason = Reason.SHUTDOWN
             self.stop(job, JobState.STOPPED)
         return list(self._stoppers)
+
