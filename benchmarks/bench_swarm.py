@@ -24,6 +24,16 @@ Needs root and a cgroup memory controller.  Usage:
 ``--start-delay S`` makes every job idle S seconds before it grows (a slow
 start, as imports give): what the packing forecast must not mistake for a
 small job.
+
+The scorecard, ``--seeds N [--first-seed S]``: N seeded random swarms of
+``swarmgen.py`` (work nobody has seen: a fresh ROOMKEEPER_HOME each, no sizes
+given), each in a group of its own drawn size.  On each, ``roomkeeper batch
+--max-running 8`` and ``parallel -j K`` for K = 3, 4, ... up to the first K
+that loses a job or 8 (2 only where 3 loses one).  Per swarm: roomkeeper's
+wall against the fastest K that lost nothing, against the swarm's
+memory-time bound, and OOM kills and lost jobs for everyone; then the
+distribution over the seeds.  ``--keep DIR`` keeps each roomkeeper run's
+stderr (its admission and relief log lines).
 """
 
 from __future__ import annotations
@@ -35,13 +45,16 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_ladder import machine_oom_kills, oom_kills  # one reader of the counters
+from swarmgen import Swarm, generate
 
 from roomkeeper.guard.rule import memory_line
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
@@ -71,10 +84,12 @@ def run_in_group(
     argv: list[str],
     stdin: Path,
     stderr: Path | None = None,
+    measure: Callable[[Path], None] | None = None,
 ) -> tuple[float, int]:
     """Run argv inside a fresh child group with ``limit``; return (wall seconds, OOM kills).
 
-    ``stderr``, when given, receives the contender's stderr (the batch's summary).
+    ``stderr``, when given, receives the contender's stderr (the batch's summary);
+    ``measure``, when given, is handed the group once the contender has ended.
     The kills are the larger of the group's own counter and the kernel-wide delta.
     """
     group = parent / f"rkbench-{os.getpid()}-{time.monotonic_ns()}"
@@ -97,6 +112,8 @@ def run_in_group(
                 check=False,
             )
         wall = time.monotonic() - start
+        if measure is not None:  # the group's own counters, before it is removed
+            measure(group)
         return wall, max(oom_kills(group, version), machine_oom_kills() - before)
     finally:
         deadline = time.monotonic() + 30
@@ -113,7 +130,107 @@ def run_in_group(
                 time.sleep(0.1)
 
 
-def main() -> None:
+def run_swarm(
+    swarm: Swarm,
+    argv: list[str],
+    parent: Path,
+    version: int,
+    tmp: Path,
+    name: str,
+    env: dict[str, str] | None = None,
+) -> tuple[float, int, int, str]:
+    """One contender on ``swarm`` in a fresh group: (wall s, OOM kills, jobs lost, stderr)."""
+    done = tmp / f"done-{name}"
+    done.mkdir(parents=True)
+    commands = tmp / f"{name}.txt"
+    commands.write_text(
+        "".join(job.command(str(done / str(i))) + "\n" for i, job in enumerate(swarm.jobs))
+    )
+    err = tmp / f"{name}.err"
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        wall, kills = run_in_group(parent, version, swarm.limit, argv, commands, err)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    lost = len(swarm.jobs) - len(list(done.iterdir()))
+    return wall, kills, lost, err.read_text()
+
+
+def sweep(swarm: Swarm, parent: Path, version: int, tmp: Path) -> dict[int, float]:
+    """``parallel -j K`` from K = 3 up to the first K that loses a job (at most 8), and
+    K = 2 only where 3 loses one (2 is never faster than a 3 that loses nothing); the
+    walls of the Ks that lost nothing."""
+    safe: dict[int, float] = {}
+
+    def run(k: int) -> bool:
+        wall, kills, lost, _ = run_swarm(
+            swarm, ["parallel", "-j", str(k)], parent, version, tmp, f"j{k}"
+        )
+        print(f"  parallel -j {k}: wall {wall:6.1f} s  OOM kills {kills}  lost {lost}", flush=True)
+        if not (kills or lost):
+            safe[k] = wall
+        return k in safe
+
+    if not run(3):
+        run(2)
+        return safe
+    for k in range(4, 9):
+        if not run(k):
+            break
+    return safe
+
+
+def scorecard(seeds: list[int], parent: Path, version: int, keep: Path | None) -> None:
+    """Roomkeeper against a sweep of static K on each seeded swarm; the distribution."""
+    ratios, bounds, rk_kills, rk_lost = [], [], 0, 0
+    for seed in seeds:
+        swarm = generate(seed)
+        print(swarm.describe(), flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            tmpdir = Path(tmp)
+            rk = [sys.executable, "-m", "roomkeeper", "batch", "--max-running", "8", "--quiet"]
+            env = {"ROOMKEEPER_HOME": str(tmpdir / "home")}
+            wall, kills, lost, err = run_swarm(swarm, rk, parent, version, tmpdir, "rk", env)
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                (keep / f"seed-{seed}.err").write_text(err)
+            rk_kills, rk_lost = rk_kills + kills, rk_lost + lost
+            print(
+                f"  roomkeeper batch: wall {wall:6.1f} s  OOM kills {kills}  lost {lost}  "
+                f"({pressure_figures(err)})",
+                flush=True,
+            )
+            safe = sweep(swarm, parent, version, tmpdir)
+        if not safe:
+            print("  no K lost nothing: no ratio for this swarm", flush=True)
+            continue
+        best = min(safe, key=lambda k: safe[k])
+        ratio, bound = wall / safe[best], wall / swarm.bound_s()
+        ratios.append(ratio)
+        bounds.append(bound)
+        print(
+            f"  seed {seed}: roomkeeper / fastest safe K (-j {best}, {safe[best]:.1f} s) = "
+            f"{ratio:.2f}x; roomkeeper / memory-time bound ({swarm.bound_s():.1f} s) = "
+            f"{bound:.2f}x",
+            flush=True,
+        )
+    if ratios:
+        print(
+            f"over {len(ratios)} swarms: roomkeeper / fastest safe K: median "
+            f"{statistics.median(ratios):.2f}x, max {max(ratios):.2f}x, above 1.0x: "
+            f"{sum(1 for r in ratios if r > 1.0)}; sorted "
+            f"{', '.join(f'{r:.2f}' for r in sorted(ratios))}"
+        )
+        print(
+            f"roomkeeper / memory-time bound: median {statistics.median(bounds):.2f}x, sorted "
+            f"{', '.join(f'{b:.2f}' for b in sorted(bounds))}"
+        )
+    print(f"roomkeeper in all: OOM kills {rk_kills}, lost jobs {rk_lost}")
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", default="3.5G", help="the group's limit (binary suffixes)")
     parser.add_argument("--jobs", type=int, default=20)
@@ -130,13 +247,24 @@ def main() -> None:
     parser.add_argument(
         "--skip", default="", help="roomkeeper contenders to leave out, by letter (say: c)"
     )
-    args = parser.parse_args()
+    parser.add_argument("--seeds", type=int, default=0, help="the scorecard: this many swarms")
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--keep", type=Path, help="keep each scorecard run's stderr here")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if shutil.which("parallel") is None:
         sys.exit("GNU parallel is needed: apt-get install -y parallel")
     own = job_cgroup_parent()
     if own is None or os.geteuid() != 0:
         sys.exit("needs root and a cgroup memory controller")
     parent, version = Path(own.directory), own.version
+    if args.seeds:
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        scorecard(seeds, parent, version, args.keep)
+        return
     limit = parse_size(args.limit)
     largest = parse_size(args.max_size)
     sizes = [int(SMALLEST + i * (largest - SMALLEST) / (args.jobs - 1)) for i in range(args.jobs)]
