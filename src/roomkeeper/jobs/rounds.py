@@ -582,4 +582,3 @@ class LaunchRounds:
                 job.stop_reason = Reason.SHUTDOWN
             self.stop(job, JobState.STOPPED)
         return list(self._stoppers)
-
