@@ -7,6 +7,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from roomkeeper.guard.admission import Rerun
 from roomkeeper.guard.packing import FLOOR_BYTES, IDLE_OBSERVE_SECONDS, MemoryPolicy
 from roomkeeper.jobs.reruns import is_last_run, rerun_estimate
 from tests.fakes import fixture_guard
@@ -81,13 +82,16 @@ def test_a_last_run_waits_for_the_others_whole_worst_case(tmp_path: Path) -> Non
     assert guard.statistics().reserved_bytes == 3 * GB + FLOOR_BYTES
 
 
-def test_a_forecast_is_asked_at_most_at_the_room_it_would_have_alone(tmp_path: Path) -> None:
-    """Line 9 GB, used 3 GB of which a young job of ours measures 2 GB: a 12 GB forecast is
-    asked at 8 GB, the room with none of our jobs running, and is never failed as too large."""
+def test_a_rerun_is_asked_at_most_at_the_room_it_would_have_alone(tmp_path: Path) -> None:
+    """Line 9 GB, used 3 GB of which our live jobs hold 2 GB: a 12 GB forecast is asked at
+    8 GB, the room with none of our jobs running, and is never failed as too large; never
+    below its peak, though: with 8.5 GB of others' memory it waits for its 2 GB peak."""
     guard, _ = fixture_guard(tmp_path, used=3 * GB)
-    assert guard.admit("a", memory_bytes=4 * GB).admit
-    guard.report_measured("a", 2 * GB)
-    judged = guard.admit("b", memory_bytes=12 * GB, forecast=True)
+    judged = guard.admit("b", memory_bytes=12 * GB, rerun=Rerun(peak=GB, ours=2 * GB))
+    # It waits for our jobs' 2 GB, not for ever.
     assert (judged.admit, judged.never_fits, judged.estimate_bytes) == (False, False, 8 * GB)
     stated = guard.admit("c", memory_bytes=12 * GB)
     assert stated.never_fits  # a stated size above the line can never fit
+    crowded, _ = fixture_guard(tmp_path / "crowded", used=8_500_000_000)
+    waits = crowded.admit("d", memory_bytes=4 * GB, rerun=Rerun(peak=2 * GB, ours=0))
+    assert (waits.admit, waits.never_fits, waits.estimate_bytes) == (False, False, 2 * GB)

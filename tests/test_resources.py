@@ -276,3 +276,30 @@ def test_every_call_reads_afresh(tmp_path: Path) -> None:
     Path(roots.cgroup, "job", "memory.max").write_text(f"{2 * GIB}\n")
     again = memory(roots)
     assert (again.used_bytes, again.limit_bytes) == (200, 2 * GIB)
+
+
+def test_own_kernel_files_are_kept_open_read_fresh_and_reopened() -> None:
+    """The guard's own files stay open, each read gives the kernel's value now, a descriptor
+    that went bad is opened again, and no more than KEPT_FILES stay open."""
+    kept = cgroup_hierarchy._KeptFiles()
+    path = "/proc/self/stat"  # its 14th field, user CPU time, moves as this test works
+    first = kept.read(path)
+    sum(i * i for i in range(3_000_000))  # burn some CPU time
+    assert kept.read(path) != first and kept.kept() == [path]
+    os.close(kept._fds[path])  # a descriptor gone bad behind its back
+    assert kept.read(path).split()[0] == str(os.getpid()).encode()
+    for other in ("/proc/meminfo", "/proc/self/cgroup", "/proc/loadavg"):
+        assert kept.read(other)
+    assert len(kept.kept()) == 4 <= cgroup_hierarchy.KEPT_FILES
+
+
+def test_files_outside_the_real_roots_are_never_kept(tmp_path: Path) -> None:
+    """An injected tree is read afresh each time (a test may replace a file whole)."""
+    kept = cgroup_hierarchy._KeptFiles()
+    target = tmp_path / "memory.current"
+    target.write_text("1\n")
+    assert kept.read(str(target)) == b"1\n"
+    replacement = tmp_path / "new"
+    replacement.write_text("2\n")
+    replacement.replace(target)
+    assert kept.read(str(target)) == b"2\n" and kept.kept() == []

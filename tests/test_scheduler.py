@@ -14,7 +14,7 @@ import pytest
 import roomkeeper.jobs.scheduler as scheduler_module
 from roomkeeper.config import read_queue_settings, read_settings
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
-from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.queue import FairQueue, Limits
@@ -67,7 +67,7 @@ class ScriptedGuard(Guard):
         memory_bytes: int | None = None,
         disk_bytes: int | None = None,
         policy: MemoryPolicy = MemoryPolicy.STRICT,
-        forecast: bool = False,
+        rerun: Rerun | None = None,
         worst_case: bool = False,
     ) -> Decision:
         self.asked.append(job_id)
@@ -505,7 +505,7 @@ def test_a_rerun_asks_with_its_forecast_and_its_last_run_with_the_worst_case(
     original = rig.guard.admit
 
     def admit(job_id: str, **kw: Any) -> Decision:
-        asked.append((kw.get("forecast", False), kw.get("worst_case", False)))
+        asked.append((kw.get("rerun") is not None, kw.get("worst_case", False)))
         return original(job_id, **kw)
 
     monkeypatch.setattr(rig.guard, "admit", admit)

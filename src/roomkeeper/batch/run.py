@@ -6,8 +6,9 @@ to the scheduler as room frees, so a file of any length never meets the
 waiting bound.  Needs no server.
 
 Every line is restartable, as GNU parallel treats its lines: when the
-relief ladder stops one for memory pressure it runs again with its
-observed peak as its estimate (at most ROOMKEEPER_PRESSURE_RETRIES times).
+relief ladder stops one for memory pressure it runs again with an
+estimate grown from its run (:mod:`roomkeeper.jobs.reruns`; at most
+ROOMKEEPER_PRESSURE_RETRIES times).
 Each suspension and stop is printed as it happens, one line above the
 progress bar, and counted in the summary.
 

@@ -144,6 +144,31 @@ class _Reservation:
         self.reports = trimmed(self.reports)
 
 
+@dataclass(frozen=True, slots=True)
+class Rerun:
+    """A job asked about again after a stop for memory pressure.
+
+    Attributes:
+        peak: the most its stopped run held: it is never asked for less.
+        ours: what every live job of ours holds now (their footprints): memory the
+            job would have were they gone.
+    """
+
+    peak: int
+    ours: int
+
+
+def _at_most_alone(
+    ask: Ask, rerun: Rerun, settings: Settings, used: int, limit: int, reserve: int
+) -> Ask:
+    """A re-run's forecast asked at most at the room it would have with none of our jobs
+    running, but never below its peak (less room than that, and it waits); never "never
+    fits": it ran here before."""
+    line = memory_line(limit, settings.memory_headroom_percent) - reserve
+    alone = max(0, line - max(0, used - rerun.ours))
+    return replace(ask, estimate=min(ask.estimate, max(alone, rerun.peak)), defaulted=True)
+
+
 def _prepared_job_groups() -> str | None:
     """Where this process makes job groups, once its scheduler has prepared them."""
     place = prepared_place()
@@ -209,7 +234,7 @@ class Guard:
         memory_bytes: int | None = None,
         disk_bytes: int | None = None,
         policy: MemoryPolicy = MemoryPolicy.STRICT,
-        forecast: bool = False,
+        rerun: Rerun | None = None,
         worst_case: bool = False,
     ) -> Decision:
         """Judge whether ``job_id`` fits now and, if it does, reserve its memory.
@@ -224,9 +249,10 @@ class Guard:
             policy: what the job reserves while young once admitted (``strict``
                 unless the caller can suspend and stop it: see
                 :mod:`roomkeeper.guard.packing`).
-            forecast: the estimate is a forecast that may overshoot (a re-run after a stop
-                for pressure): it is asked at most at the room the job would have with none
-                of our young jobs running, never refused as one that can never fit (it ran here).
+            rerun: the job runs again after a stop for pressure: its estimate is a
+                forecast that may overshoot, asked at most at the room it would have with
+                none of our jobs running (never below its peak), never refused as one that
+                can never fit (it ran here).
             worst_case: judge with every young job's whole worst case (the rest of its
                 estimate, whatever its policy, trials too) and reserve this job's whole
                 estimate (``strict``, never on trial): the last run of work stopped for
@@ -240,7 +266,7 @@ class Guard:
                 memory_bytes,
                 disk_bytes,
                 worst_case=worst_case,
-                forecast=forecast,
+                rerun=rerun,
             )
             trial = False
             if worst_case:
@@ -481,7 +507,7 @@ class Guard:
         resources: Resources | None = None,
         *,
         worst_case: bool = False,
-        forecast: bool = False,
+        rerun: Rerun | None = None,
     ) -> Decision:
         """Judge one job: the guard's switch, the platform, then memory, then disk."""
         ask = self._ask(job_id, settings, memory_bytes, disk_bytes, worst_case=worst_case)
@@ -503,8 +529,10 @@ class Guard:
         reserve = self._reserve_for(memory.limit_bytes)
         if ask.defaulted:
             ask = replace(ask, estimate=self._default_for(settings, memory.limit_bytes, reserve))
-        if forecast:
-            ask = self._at_most_alone(ask, settings, memory.used_bytes, memory.limit_bytes, reserve)
+        if rerun is not None:
+            ask = _at_most_alone(
+                ask, rerun, settings, memory.used_bytes, memory.limit_bytes, reserve
+            )
         room = memory_room(ask, memory, memory.used_bytes, memory.limit_bytes, settings, reserve)
         if room.total > room.line:
             return self._no_room_for_memory(ask, memory, room, disk)
@@ -526,17 +554,6 @@ class Guard:
             never_fits=never,
             disk_needed=needed,
         )
-
-    def _at_most_alone(
-        self, ask: Ask, settings: Settings, used: int, limit: int, reserve: int
-    ) -> Ask:
-        """A forecast asked at most at the room it would have with none of our young jobs
-        running (what they measure is theirs, the rest of ``used`` is not ours to wait for);
-        never "never fits": the job ran here before."""
-        line = memory_line(limit, settings.memory_headroom_percent) - reserve
-        ours = sum(r.measured for j, r in self._young.items() if j != ask.job_id)
-        alone = max(0, line - max(0, used - ours))
-        return replace(ask, estimate=min(ask.estimate, alone), defaulted=True)
 
     @staticmethod
     def _no_room_for_memory(

@@ -91,7 +91,9 @@ class SchedulerRelief:
                     j.id,
                     j.handle,
                     j.started or 0.0,
-                    j.estimate.bytes,
+                    # What it was admitted with: a re-run's grown estimate may be more
+                    # than it reserved, and resuming it judges what it reserved.
+                    j.admitted_bytes if j.admitted_bytes is not None else j.estimate.bytes,
                     j.state,
                     j.reason,
                     j.spec.restartable,
@@ -131,7 +133,9 @@ class SchedulerRelief:
             suspendable=suspendable,
             restartable=job.restartable,
             stopping=job.stopping,
-            last_run=job.last_run,
+            # Passed over as a victim only while it keeps to what it reserved: a last run
+            # that outgrows its own reservation is the one outgrowing, not someone else.
+            last_run=job.last_run and footprint <= job.estimate,
             # Paused on trial, it stays the trial rule's to resume even if its
             # trial ended meanwhile: a pause is not a ladder suspension.
             trial=job.job_id in on_trial or (suspended and job.reason is Reason.ON_TRIAL),

@@ -13,13 +13,16 @@ growing as fast for as long again; it is at most the peak once more, so one
 fast burst before the stop does not ask for the whole container.  Nothing is
 asked above ``line`` (the memory line at the job's admission): the job's
 peak fit under it, and an estimate above it would fail the job as one that
-can never fit.
+can never fit.  The guard asks it at most at the room the job would have
+with none of our jobs running, never below its peak
+(:class:`roomkeeper.guard.admission.Rerun`).
 
-The last allowed run (:func:`is_last_run`) is admitted with its whole worst
-case reserved and every other young job's as well, alone if need be
-(:meth:`roomkeeper.guard.admission.Guard.admit`), and the relief ladder
-stops it only when no newer job is left to stop.  So restartable work that
-fits alone always finishes.
+The last allowed run (:func:`is_last_run`) is admitted with its whole
+estimate reserved beside every other young job's whole rest, alone if need
+be, and while it keeps to what it reserved the relief ladder stops it only
+when no newer job is left to stop.  So restartable work that fits alone
+finishes, unless it outgrows even its grown estimate, or memory that is not
+our jobs' leaves it less room than its last peak.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from roomkeeper.config import read_pressure_settings
 from roomkeeper.errors import LaunchError, WorktreeError
-from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteEnd, RemoteHandle, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
@@ -190,13 +190,14 @@ class LaunchRounds:
     def reap(self) -> list[Handle]:
         """Record jobs whose leader exited; return their handles, to close outside the lock."""
         ended: list[Handle] = []
+        if len(self._measured_at) > len(self.running):  # only running jobs are read
+            self._measured_at = {i: t for i, t in self._measured_at.items() if i in self.running}
         for job in list(self.running.values()):
             assert job.handle is not None
             code = job.handle.poll()
             if code is None:
                 continue
             del self.running[job.id]
-            self._measured_at.pop(job.id, None)
             ended.append(job.handle)
             if job.pidfd >= 0:
                 os.close(job.pidfd)
@@ -277,6 +278,7 @@ class LaunchRounds:
         self.reruns += 1
         job.handle, job.started, job.exit_code = None, None, None
         job.stop_cause, job.stop_reason, job.stop_rate = None, None, 0.0
+        job.admitted_bytes = None
         # It had its turn and waited before: the jobs behind it do not go first.
         self._queue.push_front(job.spec.owner, job)
         self._book.record(job, JobState.WAITING, Reason.MEMORY_PRESSURE)
@@ -372,6 +374,7 @@ class LaunchRounds:
         if decision.admit:
             job.worktree = worktree
             job.line_bytes = decision.memory_line_bytes  # what a re-run's estimate stays under
+            job.admitted_bytes = decision.estimate_bytes  # what it reserved (a re-run: capped)
             self._start(job, limits)
             return False
         self.refusals[decision.reason.value] += 1
@@ -408,9 +411,22 @@ class LaunchRounds:
             memory_bytes=job.estimate.known,
             disk_bytes=job.spec.disk_bytes,
             policy=job.spec.memory_policy,
-            forecast=job.reruns > 0,
+            rerun=self._rerun_ask(job) if job.reruns else None,
             worst_case=self.last_run(job),
         )
+
+    def _rerun_ask(self, job: JobRecord) -> Rerun:
+        """What the guard needs of a re-run: its peak, and what our live jobs hold now (read
+        from their trees; a re-run is rare, so this is no cost to a fast batch)."""
+        with self._lock:
+            handles = [j.handle for j in self.running.values() if j.handle is not None]
+        ours = 0
+        for handle in handles:
+            if isinstance(handle, RemoteHandle):
+                continue  # memory on another machine is not in this container's reading
+            with contextlib.suppress(Exception):
+                ours += handle.footprint_bytes()
+        return Rerun(peak=job.peak_bytes or 0, ours=ours)
 
     def _make_worktree(self, job: JobRecord) -> tuple[Worktree | None, Exception | None]:
         """The job's git worktree, made or reused after admission (lock not held)."""

@@ -94,8 +94,8 @@ class JobSpec:
             deferred and resumed, instead of shown as uncertain).
         restartable: safe to stop and run again from the start when memory
             runs out (every ``batch`` line is): the relief ladder then queues it
-            again with its observed peak as its estimate, at most
-            ROOMKEEPER_PRESSURE_RETRIES times.  Other work is never re-run silently.
+            again with an estimate grown from its run (:mod:`roomkeeper.jobs.reruns`),
+            at most ROOMKEEPER_PRESSURE_RETRIES times.  Other work is never re-run silently.
         inherit_env: ``env`` holds only what the submitter gave, set over the
             scheduler's environment (less ``ROOMKEEPER_*``) when the job
             launches; the journal then never stores the inherited variables.

@@ -11,12 +11,14 @@ The roots (``/proc`` and ``/sys/fs/cgroup``) are parameters so tests can
 point these functions at captured trees (``tests/kernel_fixtures``).  Unlike the
 readers of :mod:`roomkeeper.kernel.resources`, everything here raises ``OSError``
 or :class:`~roomkeeper.errors.KernelFileError` when a file cannot be read.
-:func:`read_file`, the one kernel-file reader every module uses, lives here
-because this is the lowest module that reads kernel files.
+:func:`read_file`, the kernel-file reader every module uses, lives here
+because this is the lowest module that reads kernel files; the process's own
+files, read on every decision, are kept open (:func:`read_own_file`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -87,44 +89,49 @@ class _KeptFiles:
     read from offset 0.  Only the process's own files are kept (never a job's
     group, whose removal an open file would hold up), at most :data:`KEPT_FILES`;
     a file that fails is closed and opened once more, so a removed group reads
-    as missing.  A forked child opens its own (``/proc/self`` names the opener).
+    as missing.  The read happens under the lock (microseconds), so no other
+    thread closes a descriptor while it is read.  A forked child closes its
+    copies and opens its own (``/proc/self`` names the opener).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pid = os.getpid()
         self._fds: dict[str, int] = {}
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # a lock held at the fork would never be released
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = {}
 
     def read(self, path: str) -> bytes:
         if not path.startswith(_KEPT_ROOTS):  # a test's injected tree may be replaced whole
             return _read(path)
-        fd = self._fd(path)
-        try:
-            data = os.pread(fd, _CHUNK, 0)
-        except OSError:
-            self._forget(path, fd)
-            return _read(path)  # raises the file's own error where it is really gone
-        if len(data) < _CHUNK:
-            return data
-        return _read(path)  # larger than one chunk: read it whole, the plain way
-
-    def _fd(self, path: str) -> int:
         with self._lock:
-            if self._pid != os.getpid():
-                self._fds, self._pid = {}, os.getpid()  # the parent's: not ours to close
             fd = self._fds.get(path)
-            if fd is None:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                if len(self._fds) >= KEPT_FILES:
-                    os.close(self._fds.pop(next(iter(self._fds))))
-                self._fds[path] = fd
-            return fd
+            if fd is not None:
+                try:
+                    data = os.pread(fd, _CHUNK, 0)
+                except OSError:
+                    data = None  # gone or stale: opened again below, or its error raised
+                    del self._fds[path]
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                if data is not None:
+                    return data if len(data) < _CHUNK else _read(path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            if len(self._fds) >= KEPT_FILES:
+                os.close(self._fds.pop(next(iter(self._fds))))
+            self._fds[path] = fd
+            data = os.pread(fd, _CHUNK, 0)
+        return data if len(data) < _CHUNK else _read(path)
 
-    def _forget(self, path: str, fd: int) -> None:
+    def kept(self) -> list[str]:
+        """The paths kept open now, oldest first."""
         with self._lock:
-            if self._fds.get(path) == fd:
-                del self._fds[path]
-                os.close(fd)
+            return list(self._fds)
 
 
 KEPT_FILES = 32

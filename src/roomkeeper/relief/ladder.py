@@ -77,7 +77,8 @@ class Live:
         stopping: a stop was asked and its tree is not gone yet.
         trial: started on trial (packing): paused and resumed by the trial's own rule.
         last_run: the last run of restartable work stopped for pressure before, admitted
-            with its worst case reserved: stopped only when no newer job is left to stop.
+            with its worst case reserved and holding no more than it reserved: stopped only
+            when no newer job is left to stop.
     """
 
     job_id: str
@@ -256,7 +257,7 @@ def _stop(reading: Reading, by_age: list[Live], critical: bool, rise: int) -> li
     newer = by_age[1:]
     if not newer:  # the oldest alone: it outgrows the container by itself
         return [Action(Step.STOP, by_age[0].job_id, why, never_fits=True)]
-    # A last run was admitted with its worst case reserved: what outgrew its estimate is
+    # A last run keeping to the worst case it reserved: what outgrew its estimate is
     # someone else, and stopping it would give up work that fits.
     victim = max(newer, key=lambda j: (not j.last_run, j.restartable, j.started))
     return [Action(Step.STOP, victim.job_id, why)]
