@@ -33,7 +33,8 @@ that loses a job or 8 (2 only where 3 loses one).  Per swarm: roomkeeper's
 wall against the fastest K that lost nothing, against the swarm's
 memory-time bound, and OOM kills and lost jobs for everyone; then the
 distribution over the seeds.  ``--keep DIR`` keeps each roomkeeper run's
-stderr (its admission and relief log lines).
+stderr (its admission and relief log lines); ``--only-roomkeeper`` leaves
+the sweep out.
 """
 
 from __future__ import annotations
@@ -182,7 +183,9 @@ def sweep(swarm: Swarm, parent: Path, version: int, tmp: Path) -> dict[int, floa
     return safe
 
 
-def scorecard(seeds: list[int], parent: Path, version: int, keep: Path | None) -> None:
+def scorecard(
+    seeds: list[int], parent: Path, version: int, keep: Path | None, *, sweep_k: bool = True
+) -> None:
     """Roomkeeper against a sweep of static K on each seeded swarm; the distribution."""
     ratios, bounds, rk_kills, rk_lost = [], [], 0, 0
     for seed in seeds:
@@ -202,9 +205,10 @@ def scorecard(seeds: list[int], parent: Path, version: int, keep: Path | None) -
                 f"({pressure_figures(err)})",
                 flush=True,
             )
-            safe = sweep(swarm, parent, version, tmpdir)
+            safe = sweep(swarm, parent, version, tmpdir) if sweep_k else {}
         if not safe:
-            print("  no K lost nothing: no ratio for this swarm", flush=True)
+            if sweep_k:
+                print("  no K lost nothing: no ratio for this swarm", flush=True)
             continue
         best = min(safe, key=lambda k: safe[k])
         ratio, bound = wall / safe[best], wall / swarm.bound_s()
@@ -263,7 +267,7 @@ def main() -> None:
     parent, version = Path(own.directory), own.version
     if args.seeds:
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-        scorecard(seeds, parent, version, args.keep)
+        scorecard(seeds, parent, version, args.keep, sweep_k=not args.only_roomkeeper)
         return
     limit = parse_size(args.limit)
     largest = parse_size(args.max_size)
