@@ -35,10 +35,18 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
 
 
 def test_a_cooldown_is_the_headline_with_how_long_it_holds(gateway: Gateway) -> None:
+    """Unset, a stop's cooldown lasts until its memory is back, at most 60 s; a person's
+    ROOMKEEPER_PRESSURE_COOLDOWN holds that long, and the words say which."""
     gateway.scheduler.cooldown.start(60, CooldownCause.PRESSURE)
     said = gateway.needs_you()
     assert said["headline"] == "admission held after pressure"
-    assert "held 60 s more" in said["body"] or "held 59 s more" in said["body"]
+    assert "until its memory is back" in said["body"]
+    assert "at most 60 s more" in said["body"] or "at most 59 s more" in said["body"]
+    gateway.env["ROOMKEEPER_PRESSURE_COOLDOWN"] = "60"
+    fixed = gateway.needs_you()["body"]
+    assert "held 60 s more" in fixed or "held 59 s more" in fixed
+    assert "ROOMKEEPER_PRESSURE_COOLDOWN" in fixed
+    del gateway.env["ROOMKEEPER_PRESSURE_COOLDOWN"]
     guard = feed_json(gateway)["guard"]
     assert guard["headline"] == "admission held after pressure" and not guard["admit"]
     assert guard["summary"].startswith("admission is held")
