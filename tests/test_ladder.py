@@ -689,3 +689,38 @@ def test_a_guessed_crossing_never_stops_the_oldest_alone_nor_below_the_suspend_l
         [(reading(LINE + 5 * MB), grown()), (reading(SUSPEND - 5 * MB), grown(a=400))]
     )
     assert all(a.step is not Step.STOP for p in below for a in p.actions)
+
+
+def test_a_last_run_is_protected_only_while_it_keeps_to_what_it_reserved(
+    tmp_path: Path,
+) -> None:
+    """The ladder passes over a last run only while its footprint is within the estimate it
+    was admitted with: past it, it is the one outgrowing."""
+    handles: list[Handle] = []
+
+    def launcher(job_id: str, spec: LaunchSpec) -> Handle:
+        handles.append(Handle(300 * MB))
+        return handles[-1]
+
+    scheduler = Scheduler(
+        logs_dir=tmp_path,
+        launcher=launcher,
+        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+        pressure=False,
+        pressure_settings=lambda: replace(SETTINGS, retries=1),
+    )
+    try:
+        view = scheduler.submit(JobSpec(argv=["x"], memory_bytes=100 * MB, restartable=True))
+        scheduler.tick()
+        assert not scheduler.relief.live_jobs()[0].last_run
+        scheduler.relief.stop_for_pressure(view.id, "test", never_fits=False)
+        scheduler.tick()
+        scheduler.tick()
+        assert len(handles) == 2  # its last run
+        admitted = scheduler.get(view.id).estimate_bytes
+        handles[-1].peak_value = admitted  # within what it reserved
+        assert scheduler.relief.live_jobs()[0].last_run
+        handles[-1].peak_value = admitted + 1  # outgrowing it
+        assert not scheduler.relief.live_jobs()[0].last_run
+    finally:
+        scheduler.close()
