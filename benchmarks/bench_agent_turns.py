@@ -23,15 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_swarm import pressure_figures, run_in_group
+from bench_swarm import bench_groups, pressure_figures, run_in_group
 from swarmgen import Job
 
-from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 from roomkeeper.units import parse_size
 
 
@@ -66,12 +64,7 @@ def main() -> None:
     parser.add_argument("--limit", default="6G")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    if shutil.which("parallel") is None:
-        sys.exit("GNU parallel is needed: apt-get install -y parallel")
-    own = job_cgroup_parent()
-    if own is None or os.geteuid() != 0:
-        sys.exit("needs root and a cgroup memory controller")
-    parent, version = Path(own.directory), own.version
+    parent, version = bench_groups()
     limit = parse_size(args.limit)
     jobs = turns(args.seed, args.jobs)
     print(

@@ -257,14 +257,20 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
+def bench_groups() -> tuple[Path, int]:
+    """Where the benchmarks' groups go (this process's own group) and its cgroup version;
+    a clear exit without GNU parallel, root or a memory controller."""
     if shutil.which("parallel") is None:
         sys.exit("GNU parallel is needed: apt-get install -y parallel")
     own = job_cgroup_parent()
     if own is None or os.geteuid() != 0:
         sys.exit("needs root and a cgroup memory controller")
-    parent, version = Path(own.directory), own.version
+    return Path(own.directory), own.version
+
+
+def main() -> None:
+    args = parse_args()
+    parent, version = bench_groups()
     if args.seeds:
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         scorecard(seeds, parent, version, args.keep, sweep_k=not args.only_roomkeeper)

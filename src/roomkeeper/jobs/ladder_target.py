@@ -21,6 +21,7 @@ from roomkeeper.errors import SuspendError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteHandle
+from roomkeeper.jobs.reruns import is_last_run
 from roomkeeper.jobs.rounds import LaunchRounds
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.kernel.freezer import FreezeMethod
@@ -85,6 +86,7 @@ class SchedulerRelief:
         not trip over that (it reads the handle it copied, which is closed at
         worst: its footprint is then 0).
         """
+        retries = self._rounds.retries()  # once per reading: it reads the environment
         with self._lock:
             seen = [
                 _Seen(
@@ -98,7 +100,7 @@ class SchedulerRelief:
                     j.reason,
                     j.spec.restartable,
                     j.stop_cause is not None,
-                    self._rounds.last_run(j),
+                    is_last_run(j.reruns, retries),
                 )
                 for j in self._rounds.running.values()
                 if j.handle is not None and not isinstance(j.handle, RemoteHandle)

@@ -296,9 +296,9 @@ class LaunchRounds:
         )
         return True
 
-    def last_run(self, job: JobRecord) -> bool:
-        """Whether ``job`` runs for the last time after stops for pressure (lock held)."""
-        return is_last_run(job.reruns, self._retries())
+    def retries(self) -> int:
+        """ROOMKEEPER_PRESSURE_RETRIES now: how many times restartable work runs again."""
+        return self._retries()
 
     def close_handles(self, handles: list[Handle]) -> None:
         """Close reaped trees' handles (without the lock)."""
@@ -412,7 +412,8 @@ class LaunchRounds:
             disk_bytes=job.spec.disk_bytes,
             policy=job.spec.memory_policy,
             rerun=self._rerun_ask(job) if job.reruns else None,
-            worst_case=self.last_run(job),
+            # Only a re-run reads the variable: a first run is never the last re-run.
+            worst_case=bool(job.reruns) and is_last_run(job.reruns, self._retries()),
         )
 
     def _rerun_ask(self, job: JobRecord) -> Rerun:
