@@ -351,6 +351,45 @@ def read_pressure_settings(env: Mapping[str, str] | None = None) -> PressureSett
 
 
 @dataclass(frozen=True, slots=True)
+class BaselineSettings:
+    """When memory that no live work explains counts as not given back.
+
+    Attributes:
+        growth_percent: how far the baseline must rise, in percent of the memory line.
+        endings: across how many job or lease endings at least.
+    """
+
+    growth_percent: float = 10.0
+    endings: int = 10
+
+
+def read_baseline_settings(env: Mapping[str, str] | None = None) -> BaselineSettings:
+    """Read ROOMKEEPER_BASELINE_GROWTH_PERCENT and ROOMKEEPER_BASELINE_ENDINGS now.
+
+    Args:
+        env: the environment to read; ``os.environ`` when omitted.
+    """
+    env = os.environ if env is None else env
+    d = BaselineSettings()
+    return BaselineSettings(
+        growth_percent=_variable(
+            env,
+            "ROOMKEEPER_BASELINE_GROWTH_PERCENT",
+            d.growth_percent,
+            _number(0.1, 100),
+            "a percentage from 0.1 to 100",
+        ),
+        endings=_variable(
+            env,
+            "ROOMKEEPER_BASELINE_ENDINGS",
+            d.endings,
+            _integer(1, 10000),
+            "an integer 1 to 10000",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class GatewaySettings:
     """The gateway's own variables."""
 

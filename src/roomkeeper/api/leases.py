@@ -49,6 +49,7 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
             ttl_s=body.ttl_s,
             wait_s=body.wait_s,
             release=body.release.hook() if body.release else None,
+            relieve=body.relieve.hook() if body.relieve else None,
         )
         if lease is None:
             assert decision is not None

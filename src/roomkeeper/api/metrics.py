@@ -84,7 +84,29 @@ class GatewayCollector(Collector):
         for lease_state, count in g.leases.counts().items():
             leases.add_metric([lease_state], count)
         yield leases
+        yield CounterMetricFamily(
+            "roomkeeper_leases_ended_without_hook",
+            "Leases that ended with no release hook (their sessions may stay).",
+            value=g.leases.ended_without_hook(),
+        )
+        yield from _baseline_metrics(g)
         yield from _node_metrics(g)
+
+
+def _baseline_metrics(g: Gateway) -> Iterator[GaugeMetricFamily]:
+    """Memory no live work explains, and whether it is said not to come back."""
+    watch = g.baseline.watch.statistics()
+    if watch.baseline_bytes is not None:
+        yield GaugeMetricFamily(
+            "roomkeeper_memory_baseline_bytes",
+            "Used memory less our running jobs' footprints and granted leases' reservations.",
+            value=watch.baseline_bytes,
+        )
+    yield GaugeMetricFamily(
+        "roomkeeper_memory_not_given_back",
+        "1 while the baseline has stayed up across job and lease endings.",
+        value=int(watch.not_given_back),
+    )
 
 
 def _node_metrics(g: Gateway) -> Iterator[GaugeMetricFamily]:
@@ -128,6 +150,8 @@ def _pressure_metrics(
         ("resume", pressure.resumes),
         ("stop", pressure.stops),
         ("rerun", pressure.reruns),
+        ("relieve", pressure.relieves),
+        ("relieved", pressure.relieved),
     ):
         steps.add_metric([step], count)
     yield steps

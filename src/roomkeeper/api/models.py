@@ -154,20 +154,37 @@ class ReleaseIn(BaseModel):
     @field_validator("url")
     @classmethod
     def _loopback(cls, url: str) -> str:
+        field = cls._field()
         try:
             parse_hook({"method": "DELETE", "url": url})
         except UsageError as err:
-            raise ValueError(str(err)) from None
+            raise ValueError(str(err).replace("release.", f"{field}.")) from None
         if not re.match(LOOPBACK_URL, url):
             raise ValueError(
-                "release.url must be http(s)://127.x.y.z, localhost or [::1], with an optional "
+                f"{field}.url must be http(s)://127.x.y.z, localhost or [::1], with an optional "
                 f"port and path of printable ASCII (got {url[:100]!r})"
             )
         return url
 
+    @classmethod
+    def _field(cls) -> str:
+        """The request field this hook is given in, for messages."""
+        return "release"
+
     def hook(self) -> ReleaseHook:
         """The checked hook."""
         return parse_hook({"method": self.method, "url": self.url})
+
+
+class RelieveIn(ReleaseIn):
+    """A relieve hook: one loopback HTTP call the relief ladder makes, once at most, to ask a
+    lease's holder to end that turn now (sustained memory pressure)."""
+
+    method: Literal["DELETE", "POST", "PUT", "PATCH", "GET"] = "POST"
+
+    @classmethod
+    def _field(cls) -> str:
+        return "relieve"
 
 
 class WorktreeIn(BaseModel):
@@ -309,6 +326,7 @@ class LeaseIn(BaseModel):
     ttl_s: Annotated[float, Field(gt=0, le=86400)] = DEFAULT_TTL_S
     wait_s: Annotated[float, Field(ge=0, le=600)] = 0.0
     release: ReleaseIn | None = None
+    relieve: RelieveIn | None = None
 
 
 class HeartbeatIn(BaseModel):

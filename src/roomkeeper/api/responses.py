@@ -207,6 +207,11 @@ class LeaseOut(BaseModel):
     hook_outcome: str | None = Field(
         description="``ok <status>`` or ``failed: <why>`` once its hook ran; else null."
     )
+    relieve: ReleaseOut | None
+    relieve_outcome: str | None = Field(
+        description="null until the relief ladder calls the relieve hook; ``asked`` while "
+        "its memory is awaited; then ``relieved: ...`` or ``not relieved: ...``."
+    )
 
 
 class LeaseCounts(BaseModel):
@@ -216,6 +221,7 @@ class LeaseCounts(BaseModel):
     granted: int
     released: int = 0
     expired: int = 0
+    relieved: int = 0
 
 
 # ------------------------------------------------------------------ status and feed
@@ -309,6 +315,34 @@ class PressureOut(BaseModel):
     reaction_p50_s: Number | None
     reaction_max_s: Number | None
     wakes_on: str  # the kernel notifications armed, or "polling only (...)"
+    relieves: int  # leases whose holders the ladder asked to end their turn
+    relieved: int  # ... and whose memory came back
+
+
+class GrownOut(BaseModel):
+    """One of the container's processes (not our jobs) and how much it grew."""
+
+    model_config = OUT
+    pid: int
+    name: str
+    bytes: int
+
+
+class BaselineOut(BaseModel):
+    """Memory no live work explains: used less our jobs' footprints and leases' reservations."""
+
+    model_config = OUT
+    baseline_bytes: int | None = Field(description="The latest record; null before the first.")
+    then_bytes: int | None = Field(
+        description="What growth is measured from; null until enough endings passed."
+    )
+    endings: int
+    not_given_back: bool
+    leases_ended_without_hook: int
+    grew: list[GrownOut] = Field(
+        description="The container's processes that are not our jobs, by growth of their "
+        "resident memory since the gateway started, largest first."
+    )
 
 
 class StatusOut(BaseModel):
@@ -326,6 +360,7 @@ class StatusOut(BaseModel):
     nodes: list[NodeOut] = Field(description="Ray nodes; empty with the local backend.")
     holds: list[Literal["shutting down", "recovery mode", "relief", "memory pressure"]]
     pressure: PressureOut
+    baseline: BaselineOut
 
 
 class FeedGuard(BaseModel):
@@ -360,6 +395,7 @@ class SampleOut(BaseModel):
     disk_total_bytes: int | None
     running: int
     waiting: int
+    baseline_bytes: int | None = None
 
 
 class FeedJob(BaseModel):

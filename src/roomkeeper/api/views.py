@@ -105,11 +105,13 @@ def lease_json(lease: LeaseView) -> dict[str, Any]:
         "ended_at": lease.ended_at,
         "release": lease.release.to_json() if lease.release else None,
         "hook_outcome": lease.hook_outcome,
+        "relieve": lease.relieve.to_json() if lease.relieve else None,
+        "relieve_outcome": lease.relieve_outcome,
     }
 
 
 # needs-you headlines under which admission goes on (a person is asked, nothing is held).
-ADMITTING = frozenset({*HEADLINES.values(), "uncertain work needs you"})
+ADMITTING = frozenset({*HEADLINES.values(), "uncertain work needs you", "memory not given back"})
 
 
 def feed_json(gateway: Gateway) -> dict[str, Any]:
@@ -193,6 +195,7 @@ def _sample_json(sample: Sample) -> dict[str, Any]:
         "disk_total_bytes": sample.disk_total_bytes,
         "running": sample.running,
         "waiting": sample.waiting,
+        "baseline_bytes": sample.baseline_bytes,
     }
 
 
@@ -319,5 +322,24 @@ def status_json(gateway: Gateway) -> dict[str, Any]:
             "reaction_p50_s": pressure.reaction_p50_s,
             "reaction_max_s": pressure.reaction_max_s,
             "wakes_on": pressure.wakes_on,
+            "relieves": pressure.relieves,
+            "relieved": pressure.relieved,
         },
+        "baseline": baseline_json(gateway),
+    }
+
+
+def baseline_json(gateway: Gateway) -> dict[str, Any]:
+    """Memory no live work explains: the watch's numbers, the leases ended without a release
+    hook, and the container's other processes that grew since the gateway started."""
+    watch = gateway.baseline.watch.statistics()
+    return {
+        "baseline_bytes": watch.baseline_bytes,
+        "then_bytes": watch.then_bytes,
+        "endings": watch.endings,
+        "not_given_back": watch.not_given_back,
+        "leases_ended_without_hook": gateway.leases.ended_without_hook(),
+        "grew": [
+            {"pid": g.pid, "name": g.name, "bytes": g.bytes} for g in gateway.baseline.grown()
+        ],
     }

@@ -65,6 +65,7 @@ _RELIEF_CODES = {
     Step.SUSPEND: RecoveryCode.PRESSURE_SUSPENDED,
     Step.RESUME: RecoveryCode.PRESSURE_RESUMED,
     Step.STOP: RecoveryCode.PRESSURE_STOPPED,
+    Step.RELIEVE: RecoveryCode.PRESSURE_RELIEVE,
 }
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 

@@ -89,12 +89,14 @@ class DurableLeases:
                 row.granted_at,
                 row.expires_at,
                 row.release,
+                row.relieve,
+                row.relieve_outcome,
             )
             self._guard.hold(
                 guard_key(lease.id), lease.memory_bytes or 0, age_s=now - lease.granted_at
             )
 
-    def _record(self, lease: LeaseView) -> concurrent.futures.Future[None]:
+    def record(self, lease: LeaseView) -> concurrent.futures.Future[None]:
         """The lease's change and its row, in one write: watched, and awaited by the caller."""
         write = self._journal.record_lease(lease)
         self._watch(write)
@@ -110,6 +112,7 @@ class DurableLeases:
         ttl_s: float,
         wait_s: float,
         release: ReleaseHook | None,
+        relieve: ReleaseHook | None = None,
     ) -> tuple[LeaseView | None, Decision | None, bool]:
         """Grant a lease, waiting up to ``wait_s`` for room; (lease, decision, created)."""
         if self._closing():
@@ -125,11 +128,12 @@ class DurableLeases:
                 disk_bytes=disk_bytes,
                 ttl_s=ttl_s,
                 release=release,
+                relieve=relieve,
             )
             if lease is not None:
                 if decision is not None:  # a new grant, not a retried request
                     try:
-                        await asyncio.wrap_future(self._record(lease))
+                        await asyncio.wrap_future(self.record(lease))
                     except Exception:
                         # Not saved, so not granted: it holds nothing, and a retry of the
                         # same request tries to save it again.
@@ -177,12 +181,12 @@ class DurableLeases:
         if lease.release is not None:
             try:
                 due = replace(lease, hook_outcome=HOOK_DUE)
-                await asyncio.wrap_future(self._record(due))
+                await asyncio.wrap_future(self.record(due))
             except Exception as err:  # a full disk: the hook still runs, memory comes back
                 log.error("lease %s: its end could not be saved before its hook: %s", lease_id, err)
             outcome = await self._run_hook(lease.release, lease_id)
         lease = self.leases.complete(lease_id, outcome)
-        await asyncio.wrap_future(self._record(lease))
+        await asyncio.wrap_future(self.record(lease))
         return lease
 
     async def _run_hook(self, hook: ReleaseHook, lease_id: str) -> str:
@@ -209,7 +213,7 @@ class DurableLeases:
     async def heartbeat(self, lease_id: str, ttl_s: float | None) -> LeaseView:
         """Extend a lease's ttl from now."""
         lease = self.leases.heartbeat(lease_id, ttl_s)
-        await asyncio.wrap_future(self._record(lease))
+        await asyncio.wrap_future(self.record(lease))
         return lease
 
     async def expiry_loop(self) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from roomkeeper.guard.admission import Guard
@@ -31,6 +32,7 @@ class Sample:
     disk_total_bytes: int | None
     running: int
     waiting: int
+    baseline_bytes: int | None = None  # used less what our live work explains
 
 
 class Sampler:
@@ -39,11 +41,20 @@ class Sampler:
     Args:
         guard: whose own numbers are read, so the chart's line is the guard's.
         scheduler: whose running and waiting jobs are counted.
+        explained: what our live work explains of used memory now (jobs' footprints,
+            leases' reservations); the baseline is used less this.
     """
 
-    def __init__(self, *, guard: Guard, scheduler: Scheduler) -> None:
+    def __init__(
+        self,
+        *,
+        guard: Guard,
+        scheduler: Scheduler,
+        explained: Callable[[], int] | None = None,
+    ) -> None:
         self._guard = guard
         self._scheduler = scheduler
+        self._explained = explained
         self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
 
     async def loop(self) -> None:
@@ -58,6 +69,10 @@ class Sampler:
         decision = self._guard.check()
         memory, disk = decision.memory, decision.disk
         stats = self._scheduler.statistics()
+        used = memory.used_bytes if memory else None
+        baseline = None
+        if used is not None and self._explained is not None:
+            baseline = max(0, used - self._explained())
         return Sample(
             time.time(),
             memory.used_bytes if memory else None,
@@ -67,4 +82,5 @@ class Sampler:
             disk.total_bytes if disk else None,
             stats.running,
             stats.waiting,
+            baseline,
         )

@@ -44,6 +44,7 @@ from roomkeeper.config import (
     read_queue_settings,
     read_watchdog_settings,
 )
+from roomkeeper.gateway.baseline import BaselineKeeper
 from roomkeeper.gateway.calls import Calls
 from roomkeeper.gateway.home import (
     check_token_outside_workspace,
@@ -57,12 +58,13 @@ from roomkeeper.gateway.leases import DurableLeases
 from roomkeeper.gateway.link import SupervisorLink
 from roomkeeper.gateway.recovery import recover
 from roomkeeper.gateway.refusals import REFUSALS_KEPT, Refusal
+from roomkeeper.gateway.relieve import LeaseRelief
 from roomkeeper.gateway.samples import Sample, Sampler
 from roomkeeper.gateway.worktrees import gateway_worktrees
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.leases import Leases
-from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.guard.rule import Decision, Reason, gb
 from roomkeeper.ipc import Channel
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.trees.job_user import JobUser, read_job_user
@@ -96,6 +98,7 @@ PERSON_HEADLINES = (
     "recovery mode",
     "cluster unreachable",
     "uncertain work needs you",
+    "memory not given back",
 )
 
 
@@ -163,7 +166,26 @@ class Gateway:
         self.durable_jobs = self._durable_jobs()
         self.scheduler = self.durable_jobs.scheduler
         self.durable_leases = self._durable_leases()
-        self.sampler = Sampler(guard=self.guard, scheduler=self.scheduler)
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start: leases end there
+        self.lease_relief = LeaseRelief(
+            leases=self.durable_leases,
+            hooks=self.hooks,
+            journal=journal,
+            watch=self._watch,
+            end=self._end_relieved,
+        )
+        self.scheduler.monitor.watch_leases(self.lease_relief)
+        self.baseline = BaselineKeeper(
+            guard=self.guard,
+            scheduler=self.scheduler,
+            leases=self.leases,
+            journal=journal,
+            watch=self._watch,
+            env=env,
+        )
+        self.sampler = Sampler(
+            guard=self.guard, scheduler=self.scheduler, explained=self._explained
+        )
         self.samples = self.sampler.samples  # the Health page's chart, newest last
         self.link = self._supervisor_link(channel)
 
@@ -334,14 +356,35 @@ class Gateway:
             return own
         return min(own, read_watchdog_settings(self.env).shutdown_s * 2 / 3)
 
+    def _explained(self) -> int:
+        """What our live work explains of used memory: jobs' footprints, leases' reservations."""
+        return self.scheduler.local_footprints() + self.leases.reserved()
+
+    def _end_relieved(self, lease_id: str) -> None:
+        """End a lease the ladder counted relieved (its holder has not yet): on the event loop,
+        from the monitor's thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # not serving: the lease ends by its holder or its ttl
+
+        async def end() -> None:
+            try:
+                await self.durable_leases.end(lease_id)
+            except Exception:
+                log.exception("lease %s was relieved but could not be ended", lease_id)
+
+        asyncio.run_coroutine_threadsafe(end(), loop)
+
     def _gateway_reserve(self, limit_bytes: int) -> int:
         return gateway_reserve_bytes(limit_bytes, self.env)
 
     async def start(self, *, port: int | None = None, socket: str | None = None) -> None:
         """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""
+        self._loop = asyncio.get_running_loop()
         self.scheduler.start()
         self._tasks = [
             asyncio.create_task(self.sampler.loop()),
+            asyncio.create_task(self.baseline.loop()),
             asyncio.create_task(self.durable_leases.expiry_loop()),
             asyncio.create_task(self.durable_leases.run_due_hooks()),
             asyncio.create_task(self.durable_jobs.run_due_hooks(self._hooks_due)),
@@ -459,6 +502,20 @@ class Gateway:
             memory_bytes=following.estimate_bytes, disk_bytes=following.spec.disk_bytes
         )
 
+    def memory_not_given_back(self) -> str | None:
+        """While the baseline stays up after endings: what it rose from and to, in words."""
+        watch = self.baseline.watch.statistics()
+        if not watch.not_given_back or watch.then_bytes is None or watch.baseline_bytes is None:
+            return None
+        without = self.leases.ended_without_hook()
+        return (
+            f"memory that no running job or granted lease explains rose from "
+            f"{gb(watch.then_bytes)} to {gb(watch.baseline_bytes)} GB across job and lease "
+            f"endings and has not come back ({without} lease(s) ended without a release "
+            "hook); new work is still admitted, but into less room: /v1/status lists the "
+            "processes that grew"
+        )
+
     def held_after_pressure(self) -> str | None:
         """While the cooldown holds admission: why, and for how long, in words; else None."""
         cooldown = self.scheduler.cooldown
@@ -513,6 +570,9 @@ class Gateway:
                 "body": f"{doubt} job(s) or call(s) were in flight when the gateway stopped; "
                 "resolve each as succeeded, failed or rerun",
             }
+        kept = self.memory_not_given_back()
+        if kept is not None:
+            return {"headline": "memory not given back", "body": kept}
         held = self.held_after_pressure()
         if held is not None:
             return {"headline": HEADLINES[Reason.PRESSURE], "body": held}

@@ -15,6 +15,11 @@ Ending is two steps so the release hook runs *before* the memory is offered
 to waiting work: :meth:`Leases.end` marks the lease ended and hands back
 its hook; :meth:`Leases.complete` releases the reservation and records how
 the hook went.
+
+A lease may also carry a ``relieve`` hook: under sustained memory pressure
+the relief ladder calls it once to ask the holder to end that turn now
+(:meth:`Leases.ask_relief`).  Unless that relief is found not to have given
+memory back, the lease then ends ``relieved``, whoever ends it.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class LeaseState(enum.Enum):
     GRANTED = "granted"
     RELEASED = "released"
     EXPIRED = "expired"
+    RELIEVED = "relieved"  # ended after the ladder asked its holder to end the turn
+
+
+RELIEVE_ASKED = "asked"  # a relieve outcome while its memory is awaited
+NOT_RELIEVED = "not relieved"  # how an outcome that gave nothing back begins
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,14 @@ class LeaseView:
     ended_at: float | None = None
     release: ReleaseHook | None = None
     hook_outcome: str | None = None
+    relieve: ReleaseHook | None = None
+    relieve_outcome: str | None = None
+
+    @property
+    def relieved(self) -> bool:
+        """Its relieve hook was called and not found to have given nothing back."""
+        outcome = self.relieve_outcome
+        return outcome is not None and not outcome.startswith(NOT_RELIEVED)
 
 
 def guard_key(lease_id: str) -> str:
@@ -99,6 +117,7 @@ class Leases:
         self._leases: dict[str, LeaseView] = {}
         self._deadlines: dict[str, float] = {}  # monotonic expiry of granted leases
         self._ended: Counter[str] = Counter()
+        self._without_hook = 0  # ended with no release hook: their sessions may stay
         self._completed: dict[str, None] = {}  # ended, hook run: oldest first
 
     def grant(
@@ -110,6 +129,7 @@ class Leases:
         disk_bytes: int | None = None,
         ttl_s: float = DEFAULT_TTL_S,
         release: ReleaseHook | None = None,
+        relieve: ReleaseHook | None = None,
     ) -> tuple[LeaseView | None, Decision | None]:
         """Ask the guard for room; on a yes, hold it as a lease.
 
@@ -151,6 +171,7 @@ class Leases:
                 now,
                 now + ttl_s,
                 release=release,
+                relieve=relieve,
             )
             self._leases[lease_id] = lease
             self._deadlines[lease_id] = self._clock() + ttl_s
@@ -185,6 +206,8 @@ class Leases:
         granted_at: float,
         expires_at: float,
         release: ReleaseHook | None,
+        relieve: ReleaseHook | None = None,
+        relieve_outcome: str | None = None,
     ) -> tuple[LeaseView, None]:
         """Take back a lease granted before a restart (the caller re-reserves its memory)."""
         lease = LeaseView(
@@ -197,6 +220,8 @@ class Leases:
             granted_at,
             expires_at,
             release=release,
+            relieve=relieve,
+            relieve_outcome=relieve_outcome,
         )
         with self._lock:
             self._leases[lease_id] = lease
@@ -242,11 +267,66 @@ class Leases:
             lease = self._get(lease_id)
             if lease.state is not LeaseState.GRANTED:
                 return None
+            if state is LeaseState.RELEASED and lease.relieved:
+                state = LeaseState.RELIEVED  # its holder ended the turn because we asked
             lease = replace(lease, state=state, ended_at=self._wall())
             self._leases[lease_id] = lease
             self._deadlines.pop(lease_id, None)
             self._ended[state.value] += 1
+            self._without_hook += lease.release is None
             return lease
+
+    def ask_relief(self, lease_id: str) -> LeaseView | None:
+        """Mark a granted lease's relief as asked (once ever); the lease, or None when it is
+        not granted, carries no relieve hook, or was asked before."""
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if (
+                lease is None
+                or lease.state is not LeaseState.GRANTED
+                or lease.relieve is None
+                or lease.relieve_outcome is not None
+            ):
+                return None
+            lease = replace(lease, relieve_outcome=RELIEVE_ASKED)
+            self._leases[lease_id] = lease
+            return lease
+
+    def settle_relief(self, lease_id: str, outcome: str) -> LeaseView:
+        """Record how the relief went (an outcome from :data:`NOT_RELIEVED` on means it gave
+        nothing back)."""
+        with self._lock:
+            lease = replace(self._get(lease_id), relieve_outcome=outcome)
+            self._leases[lease_id] = lease
+            return lease
+
+    def relievable(self) -> list[LeaseView]:
+        """Granted leases with a relieve hook that was never called."""
+        with self._lock:
+            return [
+                v
+                for v in self._leases.values()
+                if v.state is LeaseState.GRANTED
+                and v.relieve is not None
+                and v.relieve_outcome is None
+            ]
+
+    def unrelievable(self) -> tuple[int, int]:
+        """(granted leases without a relieve hook, what they reserve together)."""
+        with self._lock:
+            found = [
+                v
+                for v in self._leases.values()
+                if v.state is LeaseState.GRANTED and v.relieve is None
+            ]
+            return len(found), sum(v.memory_bytes or 0 for v in found)
+
+    def reserved(self) -> int:
+        """What the granted leases reserve together (their stated or estimated memory)."""
+        with self._lock:
+            return sum(
+                v.memory_bytes or 0 for v in self._leases.values() if v.state is LeaseState.GRANTED
+            )
 
     def complete(self, lease_id: str, hook_outcome: str | None) -> LeaseView:
         """After the hook ran: release the reservation and record how the hook went."""
@@ -290,6 +370,11 @@ class Leases:
         with self._lock:
             granted = sum(1 for v in self._leases.values() if v.state is LeaseState.GRANTED)
             return {"granted": granted, **dict(self._ended)}
+
+    def ended_without_hook(self) -> int:
+        """Leases of this run that ended with no release hook (their sessions may stay)."""
+        with self._lock:
+            return self._without_hook
 
     def _get(self, lease_id: str) -> LeaseView:
         try:

@@ -419,15 +419,22 @@ class LaunchRounds:
     def _rerun_ask(self, job: JobRecord) -> Rerun:
         """What the guard needs of a re-run: its peak, and what our live jobs hold now (read
         from their trees; a re-run is rare, so this is no cost to a fast batch)."""
+        return Rerun(peak=job.peak_bytes or 0, ours=self.local_footprints())
+
+    def local_handles(self) -> list[Handle]:
+        """The handles of the running jobs whose trees run here (not on another machine)."""
         with self._lock:
             handles = [j.handle for j in self.running.values() if j.handle is not None]
+        # Memory on another machine is not in this container's reading.
+        return [h for h in handles if not isinstance(h, RemoteHandle)]
+
+    def local_footprints(self) -> int:
+        """What the running jobs here hold together now, read from their trees."""
         ours = 0
-        for handle in handles:
-            if isinstance(handle, RemoteHandle):
-                continue  # memory on another machine is not in this container's reading
-            with contextlib.suppress(Exception):
+        for handle in self.local_handles():
+            with contextlib.suppress(Exception):  # one broken handle never blinds a reading
                 ours += handle.footprint_bytes()
-        return Rerun(peak=job.peak_bytes or 0, ours=ours)
+        return ours
 
     def _make_worktree(self, job: JobRecord) -> tuple[Worktree | None, Exception | None]:
         """The job's git worktree, made or reused after admission (lock not held)."""

@@ -312,6 +312,14 @@ class Scheduler:
                 suspended=sum(1 for j in running.values() if j.state is JobState.SUSPENDED),
             )
 
+    def local_footprints(self) -> int:
+        """What our running jobs here hold together now (their trees' memory)."""
+        return self._rounds.local_footprints()
+
+    def local_sessions(self) -> set[int]:
+        """The sessions of our running jobs here: each leader starts its own."""
+        return {h.pid for h in self._rounds.local_handles() if h.pid is not None}
+
     def pressure_statistics(self) -> MonitorStatistics:
         """The pressure monitor's counts (holds, suspensions, stops, re-runs) and reaction times."""
         return self.monitor.statistics()

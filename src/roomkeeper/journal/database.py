@@ -47,7 +47,9 @@ NO_SPACE_BYTES = 64 * 1024  # below this free, a disk counts as full
 SCHEMA = "".join(m.SCHEMA for m in (jobs, leases, markers, calls, history, worktrees, sizes))
 # Columns added to a table after it first shipped: (table, column, its declaration).
 # CREATE TABLE IF NOT EXISTS leaves an older file's table as it was; these bring it up.
-MIGRATIONS: tuple[tuple[str, str, str], ...] = jobs.ADDED_COLUMNS + worktrees.ADDED_COLUMNS
+MIGRATIONS: tuple[tuple[str, str, str], ...] = (
+    jobs.ADDED_COLUMNS + leases.ADDED_COLUMNS + worktrees.ADDED_COLUMNS
+)
 
 
 def migrate(conn: sqlite3.Connection) -> list[str]:

@@ -53,6 +53,10 @@ class RecoveryCode(enum.Enum):
     PRESSURE_RESUMED = "pressure_resumed"  # a suspended tree fits again and goes on
     PRESSURE_STOPPED = "pressure_stopped"  # a tree was stopped (output kept), cooldown started
     PRESSURE_NEVER_FITS = "pressure_never_fits"  # a job alone outgrew the container: stopped
+    PRESSURE_RELIEVE = "pressure_relieve"  # a lease's holder was asked to end its turn
+    LEASE_RELIEVED = "lease_relieved"  # ... and used memory fell by about its share
+    LEASE_NOT_RELIEVED = "lease_not_relieved"  # ... and it did not: the ladder went on
+    MEMORY_NOT_GIVEN_BACK = "memory_not_given_back"  # the baseline rose across endings
     WORKSPACES_REAPED = "workspaces_reaped"  # finished jobs' trees removed to free disk
     REAP_REFUSED = "reap_refused"  # the worktree registry was unreadable: nothing removed
 
@@ -73,7 +77,12 @@ ALLOWED_FIELDS = frozenset(
         "reaction_ms",
         "trees",  # worktrees a prune removed
         "kept",  # worktrees a prune left, protected or past its low mark
-        "freed_bytes",  # what a prune freed
+        "freed_bytes",  # what a prune freed, or how far used fell after a relief
+        "lease_bytes",  # what a relieved lease reserved
+        "baseline_bytes",  # memory no live work explains, now
+        "then_bytes",  # ... what it was, some endings before
+        "share_bytes",  # ... the rise it had to pass
+        "endings",  # job and lease endings between the two
     }
 )
 

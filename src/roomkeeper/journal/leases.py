@@ -29,7 +29,9 @@ CREATE TABLE IF NOT EXISTS leases (
     expires_at REAL NOT NULL,
     ended_at REAL,
     release TEXT,
-    hook_outcome TEXT
+    hook_outcome TEXT,
+    relieve TEXT,
+    relieve_outcome TEXT
 );
 CREATE TABLE IF NOT EXISTS lease_events (
     lease_id TEXT NOT NULL,
@@ -38,17 +40,24 @@ CREATE TABLE IF NOT EXISTS lease_events (
 );
 """
 
+# Added after the table first shipped: ``database.migrate`` adds them to an older file.
+ADDED_COLUMNS = (
+    ("leases", "relieve", "TEXT"),
+    ("leases", "relieve_outcome", "TEXT"),
+)
+
 _UPSERT = """
 INSERT INTO leases (
     id, owner, state, memory_bytes, disk_bytes, ttl_s, granted_at, expires_at, ended_at,
-    release, hook_outcome
+    release, hook_outcome, relieve, relieve_outcome
 ) VALUES (
     :id, :owner, :state, :memory_bytes, :disk_bytes, :ttl_s, :granted_at, :expires_at,
-    :ended_at, :release, :hook_outcome
+    :ended_at, :release, :hook_outcome, :relieve, :relieve_outcome
 )
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state, ttl_s = excluded.ttl_s, expires_at = excluded.expires_at,
-    ended_at = excluded.ended_at, hook_outcome = excluded.hook_outcome
+    ended_at = excluded.ended_at, hook_outcome = excluded.hook_outcome,
+    relieve_outcome = excluded.relieve_outcome
 """
 
 
@@ -64,6 +73,19 @@ class LeaseRow:
     granted_at: float
     expires_at: float
     release: ReleaseHook | None
+    relieve: ReleaseHook | None = None
+    relieve_outcome: str | None = None
+
+
+def _hook_json(hook: ReleaseHook | None) -> str | None:
+    return json.dumps(hook.to_json()) if hook else None
+
+
+def _hook_of(text: str | None) -> ReleaseHook | None:
+    if not text:
+        return None
+    value = json.loads(text)
+    return ReleaseHook(value["method"], value["url"])
 
 
 class LeasesTable(Store):
@@ -82,8 +104,10 @@ class LeasesTable(Store):
             "granted_at": lease.granted_at,
             "expires_at": lease.expires_at,
             "ended_at": lease.ended_at,
-            "release": json.dumps(lease.release.to_json()) if lease.release else None,
+            "release": _hook_json(lease.release),
             "hook_outcome": lease.hook_outcome,
+            "relieve": _hook_json(lease.relieve),
+            "relieve_outcome": lease.relieve_outcome,
         }
 
         def write(conn: sqlite3.Connection) -> None:
@@ -140,7 +164,6 @@ class LeasesTable(Store):
 
 
 def _lease_row(row: sqlite3.Row) -> LeaseRow:
-    release = json.loads(row["release"]) if row["release"] else None
     return LeaseRow(
         id=row["id"],
         owner=row["owner"],
@@ -149,5 +172,7 @@ def _lease_row(row: sqlite3.Row) -> LeaseRow:
         ttl_s=row["ttl_s"],
         granted_at=row["granted_at"],
         expires_at=row["expires_at"],
-        release=ReleaseHook(release["method"], release["url"]) if release else None,
+        release=_hook_of(row["release"]),
+        relieve=_hook_of(row["relieve"]),
+        relieve_outcome=row["relieve_outcome"],
     )

@@ -11,7 +11,10 @@ memory pressure::
              newer tree that grew since the last reading
     stop     when used > limit - headroom / 4, or PSI full avg10 > FULL% for SECONDS:
              the newest tree, restartable work first (a last run last), and every
-             other newer tree that grew is suspended; then a cooldown holds admission
+             other newer tree that grew is suspended; then a cooldown holds admission.
+             A granted lease whose holder gave a ``relieve`` hook is chosen the same
+             way, newest first: its holder is asked to end that turn (``relieve``);
+             a lease without the hook is never chosen
     resume   suspended trees, oldest first, once one fits under the line again and
              used is not rising (before anything new is admitted)
     pause    a job on trial (packing), newest first, when used + what the jobs not on
@@ -60,6 +63,7 @@ class Step(enum.Enum):
     SUSPEND = "suspend"  # freeze one tree: its growth stops, nothing is lost
     RESUME = "resume"  # let a suspended tree go on
     STOP = "stop"  # stop one tree, keep its output, start the cooldown
+    RELIEVE = "relieve"  # ask a lease's holder to end its turn now (its relieve hook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,8 @@ class Live:
         last_run: the last run of restartable work stopped for pressure before, admitted
             with its worst case reserved and holding no more than it reserved: stopped only
             when no newer job is left to stop.
+        lease: a granted lease with a relieve hook, not a tree: its work runs in another
+            process, so it is never suspended; at the stop rung it is relieved instead.
     """
 
     job_id: str
@@ -91,6 +97,7 @@ class Live:
     stopping: bool = False
     trial: bool = False
     last_run: bool = False
+    lease: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +121,14 @@ class Plan:
         actions: the steps to take, in order (at most one resume or stop; suspensions of
             every newer tree that grew).
         crossed: the step whose threshold this reading crossed, for the reaction time.
+        unrelieved: the stop rung called for a victim and there was none to choose (no
+            job of ours, no lease with a relieve hook): the monitor says so.
     """
 
     hold: bool
     actions: tuple[Action, ...]
     crossed: Step | None = None
+    unrelieved: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +162,7 @@ def decide(
     *,
     cooling: bool,
     stopping: bool = False,
+    leases: Sequence[Live] = (),
 ) -> tuple[Plan, LadderState]:
     """The plan for one reading, and the ladder's next state.
 
@@ -162,7 +173,10 @@ def decide(
         settings: the ROOMKEEPER_PRESSURE_* variables.
         cooling: whether the shared cooldown clock holds admission now.
         stopping: whether a tree stopped earlier is still going, its job in ``live`` or
-            not (a leader can die before the members that hold the memory).
+            not (a leader can die before the members that hold the memory), or a relieved
+            lease's memory is still awaited.
+        leases: the granted leases that may be relieved (a relieve hook not yet called),
+            each a :class:`Live` with ``lease`` set; chosen at the stop rung only.
     """
     rise = 0 if state.last_used is None else reading.used - state.last_used
     rising = rise > RISE_BYTES
@@ -171,16 +185,20 @@ def decide(
     above = _above(reading, critical, rise if rising else 0)
     by_age = sorted(live, key=lambda j: j.started)
     grew = _grew(dict(state.footprints), by_age)
+    # Stop victims: our trees and the leases that can be relieved, oldest first.
+    pool = sorted([*live, *leases], key=lambda j: j.started)
     actions: list[Action] = []
+    unrelieved = False
     if above is Step.STOP:
         # What grows is frozen as well: a stop takes time to give memory back.
         freeze = _suspend(reading, by_age, grew, rise, newest=False) if rising else []
-        if not critical and reading.used <= reading.stop_line and (freeze or len(by_age) < 2):
+        if not critical and reading.used <= reading.stop_line and (freeze or len(pool) < 2):
             # Only the rise points past the stop line: freezing it is enough, and a guess
             # never stops the oldest job alone as one that can never fit.
             actions += freeze
         else:
-            actions += [] if stopping else _stop(reading, by_age, critical, rise)
+            actions += [] if stopping else _stop(reading, pool, critical, rise)
+            unrelieved = not stopping and not pool
             stopped = {a.job_id for a in actions}
             actions += [a for a in freeze if a.job_id not in stopped]
     elif above is Step.SUSPEND and rising:
@@ -192,7 +210,8 @@ def decide(
     elif not rising and above in (None, Step.HOLD):
         actions += _resume(reading, by_age) or _resume_trial(reading, by_age)
     pressure = above is not None or cooling or any(j.suspended and not j.trial for j in live)
-    pressure = pressure or any(a.step in (Step.SUSPEND, Step.STOP) and not a.trial for a in actions)
+    acting = (Step.SUSPEND, Step.STOP, Step.RELIEVE)
+    pressure = pressure or any(a.step in acting and not a.trial for a in actions)
     if pressure and not state.holding:
         actions.insert(0, Action(Step.HOLD, None, _figures(reading, "line", reading.hold_line)))
     # A paused trial holds launches too (nothing starts past it), but it is packing at
@@ -209,7 +228,8 @@ def decide(
         above=above,
         footprints=tuple((j.job_id, j.footprint) for j in live),
     )
-    return Plan(hold=hold, actions=tuple(actions), crossed=crossed), next_state
+    plan = Plan(hold=hold, actions=tuple(actions), crossed=crossed, unrelieved=unrelieved)
+    return plan, next_state
 
 
 def _full_since(since: float | None, reading: Reading, settings: PressureSettings) -> float | None:
@@ -242,8 +262,8 @@ def _figures(reading: Reading, name: str, line: int) -> str:
 
 
 def _stop(reading: Reading, by_age: list[Live], critical: bool, rise: int) -> list[Action]:
-    """Stop the newest tree (restartable first, a last run last), never the oldest for
-    newer ones."""
+    """Stop the newest tree or relieve the newest lease (restartable work and leases first,
+    a last run last), never the oldest for newer ones."""
     if any(j.stopping for j in by_age):
         return []  # one victim at a time: wait until it is gone
     if reading.used > reading.stop_line:
@@ -256,11 +276,14 @@ def _stop(reading: Reading, by_age: list[Live], critical: bool, rise: int) -> li
         return []
     newer = by_age[1:]
     if not newer:  # the oldest alone: it outgrows the container by itself
+        if by_age[0].lease:
+            return [Action(Step.RELIEVE, by_age[0].job_id, why)]
         return [Action(Step.STOP, by_age[0].job_id, why, never_fits=True)]
     # A last run keeping to the worst case it reserved: what outgrew its estimate is
-    # someone else, and stopping it would give up work that fits.
-    victim = max(newer, key=lambda j: (not j.last_run, j.restartable, j.started))
-    return [Action(Step.STOP, victim.job_id, why)]
+    # someone else, and stopping it would give up work that fits.  A lease's turn is
+    # ended by its own holder, who asked to be relieved: as restartable as work gets.
+    victim = max(newer, key=lambda j: (not j.last_run, j.restartable or j.lease, j.started))
+    return [Action(Step.RELIEVE if victim.lease else Step.STOP, victim.job_id, why)]
 
 
 def _grew(before: dict[str, int], by_age: list[Live]) -> set[str]:

@@ -13,11 +13,20 @@ cannot delay it.  It measures its reaction time (from the reading, or the
 kernel's notification, that crossed a threshold, to the step taken) and
 counts every step; :meth:`PressureMonitor.statistics` is the snapshot the
 benchmark, the API and ``roomkeeper batch`` show.  It never touches a
-process it did not start: it acts only on the scheduler's own jobs.
+process it did not start: it acts only on the scheduler's own jobs, and
+asks a lease's holder, through the relieve hook the holder gave, to end
+its turn (:class:`LeaseTarget`).
+
+A relief is one victim like a stop: the hook is called once, and the lease
+counts as relieved once used memory falls by about its share
+(:data:`RELIEVED_SHARE` of what it reserved) within :data:`RELIEF_WAIT_S`;
+else, or when the hook failed, it counts as not relieved and the ladder goes
+on to its next victim.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import select
 import statistics as stats
@@ -46,6 +55,9 @@ NEAR_INTERVAL_S = 0.01
 SLOW_READING_S = 0.5  # a reading that takes longer is logged with where its time went
 SLOW_SAID_EVERY_S = 10.0  # ... at most this often
 REACTIONS_KEPT = 1000  # reaction times kept for the percentiles (the latest)
+RELIEF_WAIT_S = 5.0  # a relieved lease's memory must be back within this (the hook's 3 s too)
+RELIEVED_SHARE = 0.5  # ... by at least this share of what the lease reserved
+UNRELIEVED_SAID_EVERY_S = 10.0  # "nothing to act on" is logged at most this often
 
 
 class Target(Protocol):
@@ -79,6 +91,40 @@ class Target(Protocol):
     def stop_for_pressure(self, job_id: str, why: str, *, never_fits: bool) -> bool:
         """Stop the job's tree, keeping its output; whether a stop was started."""
         ...
+
+
+class LeaseTarget(Protocol):
+    """The gateway's leases, as the ladder may relieve them."""
+
+    def relievable(self) -> list[Live]:
+        """Granted leases with a relieve hook not yet called, ``lease`` set, their
+        ``started`` on the monitor's clock and ``estimate`` what they reserve."""
+        ...
+
+    def unrelievable(self) -> tuple[int, int]:
+        """(how many granted leases carry no relieve hook, what they reserve together)."""
+        ...
+
+    def relieve(self, lease_id: str, why: str) -> concurrent.futures.Future[str] | None:
+        """Call the lease's relieve hook (once ever); its outcome in words, None when the
+        lease cannot be relieved now (ended meanwhile)."""
+        ...
+
+    def settle(self, lease_id: str, relieved: bool, outcome: str, freed: int) -> None:
+        """Record how a relief went (``freed``: how far used fell); a relieved lease ends
+        ``relieved``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Relieving:
+    """The one relief awaited: whose, what it reserved, used memory when asked."""
+
+    lease_id: str
+    share: int
+    used: int
+    asked: float
+    hook: concurrent.futures.Future[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +169,9 @@ class MonitorStatistics:
         woken: readings a kernel notification woke the monitor for.
         wakes_on: what wakes it, in words ("polling only (...)" without notifications).
         holding: whether launches are held for pressure now.
+        trial_pauses: pauses of jobs on trial (packing at work, not rungs of the ladder).
+        relieves: leases whose holders were asked to end their turn.
+        relieved: of those, the leases whose memory came back.
     """
 
     holds: int
@@ -137,6 +186,8 @@ class MonitorStatistics:
     wakes_on: str
     holding: bool
     trial_pauses: int = 0
+    relieves: int = 0
+    relieved: int = 0
 
 
 class PressureMonitor:
@@ -192,6 +243,15 @@ class PressureMonitor:
         self._closing = threading.Event()
         self._near = False  # the last reading was near the line: read again sooner
         self._slow_said = float("-inf")  # when a slow reading was last logged
+        self._leases: LeaseTarget | None = None
+        self._relieving: _Relieving | None = None
+        self._shares: dict[str, int] = {}  # what each relievable lease reserves, this reading
+        self._relieved = 0
+        self._unrelieved_said = float("-inf")
+
+    def watch_leases(self, leases: LeaseTarget) -> None:
+        """Let the ladder relieve the gateway's leases (before :meth:`start`)."""
+        self._leases = leases
 
     # ------------------------------------------------------------ one reading
 
@@ -208,6 +268,8 @@ class PressureMonitor:
         # of a stop the ladder no longer waits for (a second victim would be chosen for it).
         stopping = self._target.stop_in_progress()
         live = self._target.live_jobs()
+        leases = [] if self._leases is None else self._leases.relievable()
+        self._shares = {j.job_id: j.estimate for j in leases}
         live_s = self._clock() - began
         reading = self._read()
         if reading is None:
@@ -218,6 +280,8 @@ class PressureMonitor:
         if self._arm is not None and self._armed_for != (reading.limit, reading.hold_line):
             self._rearm(reading)  # the first reading, or the container's limit moved
         settings = self._settings()
+        # One victim at a time: a lease asked to end its turn is awaited like a stopped tree.
+        stopping = self._settle_relief(reading) or stopping
         if not settings.cooldown_fixed:
             self._end_cooldown_once_relieved(reading, stopping)
         plan, self._state = decide(
@@ -227,7 +291,10 @@ class PressureMonitor:
             settings,
             cooling=self._cooldown.active(),
             stopping=stopping,
+            leases=leases,
         )
+        if plan.unrelieved:
+            self._say_unrelieved(reading)
         with self._lock:
             self._readings += 1
         if plan.crossed is not None:
@@ -236,7 +303,7 @@ class PressureMonitor:
                 if _RANK[step] <= _RANK[plan.crossed]:
                     self._crossed.setdefault(step, seen)
         self._target.hold_for_pressure(plan.hold)
-        self._carry_out(plan, reading, {j.job_id: j.footprint for j in live})
+        self._carry_out(plan, reading, {j.job_id: j.footprint for j in [*live, *leases]})
         if not self._state.holding:  # no pressure (a paused trial alone holds launches)
             self._crossed.clear()
         self._near = self._near or self._state.holding
@@ -252,6 +319,63 @@ class PressureMonitor:
                 (took - read_s - live_s) * 1000,
             )
         return plan
+
+    def _settle_relief(self, reading: Reading) -> bool:
+        """Settle the relief awaited, if one is: relieved once used fell by about the lease's
+        share; not relieved when its hook failed or the wait is over.  Whether one is
+        still awaited."""
+        pending = self._relieving
+        if pending is None or self._leases is None:
+            return False
+        fell = pending.used - reading.used
+        said = pending.hook.result() if pending.hook.done() else None
+        waited = self._clock() - pending.asked
+        if fell >= pending.share * RELIEVED_SHARE:
+            relieved, outcome = True, f"relieved: used fell {gb(fell)} GB in {waited:.1f} s"
+        elif said is not None and not said.startswith("ok"):
+            relieved, outcome = False, f"not relieved: its relieve hook {said}"
+        elif waited > RELIEF_WAIT_S:
+            relieved, outcome = False, (
+                f"not relieved: used fell {gb(max(0, fell))} of its {gb(pending.share)} GB "
+                f"within {RELIEF_WAIT_S:g} s"
+            )
+        else:
+            return True
+        self._relieving = None
+        if said is not None:
+            outcome += f" (hook {said})"
+        with self._lock:
+            self._relieved += relieved
+        log.log(
+            logging.INFO if relieved else logging.WARNING,
+            "memory pressure: lease %s %s%s",
+            pending.lease_id,
+            outcome,
+            "" if relieved else "; the ladder goes on",
+        )
+        try:
+            self._leases.settle(pending.lease_id, relieved, outcome, max(0, fell))
+        except Exception:  # recording it must not stop the relief
+            log.exception("recording the relief of lease %s failed", pending.lease_id)
+        return False
+
+    def _say_unrelieved(self, reading: Reading) -> None:
+        """Past the stop rung with no victim to choose: say why, now and then."""
+        if reading.at - self._unrelieved_said < UNRELIEVED_SAID_EVERY_S:
+            return
+        self._unrelieved_said = reading.at
+        count, reserved = (0, 0) if self._leases is None else self._leases.unrelievable()
+        leases = (
+            f"{count} granted lease(s) reserving {gb(reserved)} GB carry no relieve hook"
+            if count
+            else "no lease is granted"
+        )
+        log.warning(
+            "memory pressure: %s, and nothing to act on: no job of ours runs here and %s "
+            "(a lease is relieved only through its relieve hook)",
+            _figures_of(reading),
+            leases,
+        )
 
     def _end_cooldown_once_relieved(self, reading: Reading, stopping: bool) -> None:
         """End a stop's cooldown once what it waited for has happened: the stopped tree is
@@ -300,6 +424,10 @@ class PressureMonitor:
             done = job_id in frozen
         elif step is Step.RESUME:
             done = job_id is not None and self._target.resume_after_pressure(job_id)
+        elif step is Step.RELIEVE:
+            done = job_id is not None and self._ask_relief(job_id, action.why, reading)
+            if done:
+                self._cooldown.start(self._settings().cooldown_s, CooldownCause.PRESSURE)
         else:
             done = job_id is not None and self._target.stop_for_pressure(
                 job_id, action.why, never_fits=action.never_fits
@@ -333,6 +461,17 @@ class PressureMonitor:
             except Exception:  # a failing history write must not stop the relief
                 log.exception("recording a pressure step failed")
 
+    def _ask_relief(self, lease_id: str, why: str, reading: Reading) -> bool:
+        """Call the lease's relieve hook once and await its memory; whether it was called."""
+        if self._leases is None:
+            return False
+        share = self._shares.get(lease_id, 0)
+        hook = self._leases.relieve(lease_id, why)
+        if hook is None:
+            return False
+        self._relieving = _Relieving(lease_id, share, reading.used, self._clock(), hook)
+        return True
+
     def _act_on_trial(self, action: Action) -> None:
         """Pause or resume a job on trial: counted apart from the ladder's steps, logged at
         info, kept out of the recovery history (packing at work, not relief)."""
@@ -355,6 +494,13 @@ class PressureMonitor:
             log.warning("memory pressure: job %s suspended: %s%s", action.job_id, action.why, took)
         elif action.step is Step.RESUME:
             log.info("memory pressure eased: job %s resumed: %s", action.job_id, action.why)
+        elif action.step is Step.RELIEVE:
+            log.warning(
+                "memory pressure: lease %s asked to end its turn (its relieve hook): %s%s",
+                action.job_id,
+                action.why,
+                took,
+            )
         elif action.never_fits:
             log.warning(
                 "memory pressure: job %s stopped: it alone outgrows the container, it can "
@@ -462,10 +608,20 @@ class PressureMonitor:
                 wakes_on=self._wakes_on,
                 holding=self._state.holding,
                 trial_pauses=self._trial_pauses,
+                relieves=self._counts[Step.RELIEVE],
+                relieved=self._relieved,
             )
 
 
-_RANK = {Step.HOLD: 1, Step.SUSPEND: 2, Step.STOP: 3, Step.RESUME: 0}
+_RANK = {Step.HOLD: 1, Step.SUSPEND: 2, Step.STOP: 3, Step.RELIEVE: 3, Step.RESUME: 0}
+
+
+def _figures_of(reading: Reading) -> str:
+    """Used against the stop line, in decimal GB."""
+    return (
+        f"used {gb(reading.used)}, stop line {gb(reading.stop_line)} "
+        f"(limit {gb(reading.limit)}, GB)"
+    )
 
 
 def arm_container(notifier: Notifier, reading: Reading) -> None:
