@@ -4,30 +4,49 @@ For each turn ``t-<n>`` it
 
 1. asks the roomkeeper gateway for a lease the size of one session
    (``POST /v1/leases``), with a release hook that deletes the turn's session
-   on the agent server (``DELETE {agent}/chat/t-<n>``);
-2. starts the turn on the agent server (``POST {agent}/chat/t-<n>``);
+   on the agent server (``DELETE {agent}/chat/t-<n>``) and a relieve hook
+   that asks this dispatcher to end the turn now (``POST
+   {dispatcher}/relieve/t-<n>``, served by the dispatcher itself);
+2. runs the turn on the agent server (``POST {agent}/chat/t-<n>``), whose
+   session may grow while the turn runs (``--grow-bytes``, ``--turn-s``);
 3. gives the lease back (``DELETE /v1/leases/t-<n>``); the gateway runs the
-   hook before it answers, so the session is gone when the lease is.
+   release hook before it answers, so the session is gone when the lease is.
 
-A refusal (409) stops the run: the container has no room, and the next turn
-would only ask again.  ``--no-release-hook`` leaves the hook out, which is
-the bug release hooks exist for: every finished turn's session stays in
-the agent server and its memory grows with every turn.
+Under sustained memory pressure the gateway may call a turn's relieve hook:
+the dispatcher then ends that turn on the agent server (``POST
+{agent}/chat/t-<n>/end``, which drops its session) and gives the lease back;
+the gateway reports that lease ``relieved``.
+
+A refusal (409) stops launching turns: the container has no room, and the
+next turn would only ask again.  ``--no-release-hook`` leaves the release
+hook out, which is the bug release hooks exist for: every finished turn's
+session stays in the agent server and its memory grows with every turn.
+``--no-relieve-hook`` leaves the relieve hook out: the gateway can then not
+end a turn that outgrows its lease.
 
 Usage::
 
     python examples/dispatcher.py --gateway http://127.0.0.1:PORT \\
-        --agent http://127.0.0.1:APORT --turns 50 [--no-release-hook] [--session-bytes N]
+        --agent http://127.0.0.1:APORT --turns 50 [--concurrency K] \\
+        [--session-bytes N] [--grow-bytes G --turn-s T] [--no-release-hook]
 
 The token is ``--token``, else the file ``$ROOMKEEPER_HOME/token``.  Exit
-codes: 0 every turn ran, 2 a lease was refused, 1 anything else went wrong.
+codes: 0 every turn ran (a relieved turn counts as run), 2 a lease was
+refused, 1 anything else went wrong.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import json
 import os
+import re
 import sys
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +93,11 @@ class DispatchError(Exception):
     """Something answered what the dispatcher did not expect."""
 
 
+RELIEVE = re.compile(r"^/relieve/([A-Za-z0-9._:-]{1,200})$")
+
+
 class Dispatcher:
-    """One gateway, one agent server, one token."""
+    """One gateway, one agent server, one token; serves its own relieve route."""
 
     def __init__(self, gateway: str, agent: str, token: str, *, timeout: float = 30.0) -> None:
         self.agent_url = agent.rstrip("/")
@@ -85,14 +107,73 @@ class Dispatcher:
             timeout=timeout,
         )
         self.agent = httpx.Client(base_url=self.agent_url, timeout=timeout)
+        self.relieved: list[str] = []  # turns the gateway asked us to end, in order
+        self._said = threading.Lock()
+        self._server = self._relieve_server()
+        self.relieve_url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def _relieve_server(self) -> ThreadingHTTPServer:
+        """``POST /relieve/{turn}`` on a free loopback port: the gateway's relieve hook."""
+        dispatcher = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the dispatcher prints what happened."""
+
+            def do_POST(self) -> None:
+                match = RELIEVE.match(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                status, body = (
+                    (HTTPStatus.NOT_FOUND, {"error": "no such route"})
+                    if match is None
+                    else dispatcher.relieve(match.group(1))
+                )
+                data = json.dumps(body).encode() + b"\n"
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="relieve", daemon=True).start()
+        return server
+
+    def relieve(self, turn: str) -> tuple[int, dict[str, Any]]:
+        """The gateway asks us to end ``turn`` now: end it on the agent server, which drops
+        its session; the turn's own thread then gives the lease back."""
+        response = self.agent.post(f"/chat/{turn}/end")
+        if response.status_code == 404:
+            return HTTPStatus.NOT_FOUND, {"error": f"turn {turn} is not running"}
+        if response.status_code != 200:
+            return HTTPStatus.BAD_GATEWAY, {"error": f"the agent server said {detail(response)}"}
+        freed = int(response.json().get("freed_bytes", 0))
+        with self._said:
+            self.relieved.append(turn)
+            print(f"{turn}: relieve asked by roomkeeper, turn ended ({mib(freed)} freed)")
+        return HTTPStatus.OK, {"turn": turn, "ended": True, "freed_bytes": freed}
 
     def close(self) -> None:
-        """Close both connections."""
+        """Stop the relieve route; close both connections."""
+        self._server.shutdown()
+        self._server.server_close()
         self.gateway.close()
         self.agent.close()
 
     def take_lease(
-        self, turn: str, session_bytes: int, *, hook: bool, ttl_s: float, wait_s: float
+        self,
+        turn: str,
+        session_bytes: int,
+        *,
+        hook: bool,
+        relieve: bool,
+        ttl_s: float,
+        wait_s: float,
     ) -> dict[str, Any]:
         """``POST /v1/leases``; the granted lease, or :class:`RefusedError`."""
         body: dict[str, Any] = {
@@ -104,6 +185,8 @@ class Dispatcher:
         }
         if hook:
             body["release"] = {"method": "DELETE", "url": f"{self.agent_url}/chat/{turn}"}
+        if relieve:
+            body["relieve"] = {"method": "POST", "url": f"{self.relieve_url}/relieve/{turn}"}
         # The gateway may hold the request up to wait_s looking for room.
         response = self.gateway.post("/v1/leases", json=body, timeout=wait_s + 30.0)
         if response.status_code in (200, 201):  # 200: a retried id that is still granted
@@ -114,9 +197,12 @@ class Dispatcher:
             raise RefusedError(f"{answer.get('reason')}: {answer.get('summary')}")
         raise DispatchError(f"lease {turn}: {detail(response)}")
 
-    def start_turn(self, turn: str, session_bytes: int) -> dict[str, Any]:
-        """``POST {agent}/chat/{turn}``: the agent server builds the turn's session."""
-        response = self.agent.post(f"/chat/{turn}", json={"session_bytes": session_bytes})
+    def run_turn(
+        self, turn: str, session_bytes: int, grow_bytes: int, turn_s: float
+    ) -> dict[str, Any]:
+        """``POST {agent}/chat/{turn}``: the agent server runs the turn; its answer at the end."""
+        body = {"session_bytes": session_bytes, "grow_bytes": grow_bytes, "turn_s": turn_s}
+        response = self.agent.post(f"/chat/{turn}", json=body, timeout=turn_s + 30.0)
         if response.status_code not in (200, 201):
             raise DispatchError(f"turn {turn}: {detail(response)}")
         started: dict[str, Any] = response.json()
@@ -138,37 +224,52 @@ class Dispatcher:
         return stats
 
 
+def one_turn(d: Dispatcher, args: argparse.Namespace, turn: str) -> None:
+    """Lease, run and give back one turn, and say how it went (raises RefusedError)."""
+    d.take_lease(
+        turn,
+        args.session_bytes,
+        hook=not args.no_release_hook,
+        relieve=not args.no_relieve_hook,
+        ttl_s=args.ttl,
+        wait_s=args.wait,
+    )
+    try:
+        ran = d.run_turn(turn, args.session_bytes, args.grow_bytes, args.turn_s)
+    finally:  # a turn that failed to start still gives its lease back
+        released = d.give_back(turn)
+    print(
+        f"{turn}: granted {mib(args.session_bytes)}, turn {ran.get('ended')} "
+        f"(session {mib(ran.get('session_bytes', 0))}, sessions held: {ran.get('sessions')}), "
+        f"lease {released.get('state')}, hook {released.get('hook_outcome') or 'none'}",
+        flush=True,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    """Dispatch ``args.turns`` turns; returns the exit code."""
+    """Dispatch ``args.turns`` turns, ``args.concurrency`` at once; returns the exit code."""
     d = Dispatcher(args.gateway, args.agent, read_token(args.token))
     done = 0
     code = 0
+    refused = threading.Event()
     try:
-        for n in range(args.turns):
-            turn = f"{args.id_prefix}{n}"
-            try:
-                d.take_lease(
-                    turn,
-                    args.session_bytes,
-                    hook=not args.no_release_hook,
-                    ttl_s=args.ttl,
-                    wait_s=args.wait,
-                )
-            except RefusedError as err:
-                print(f"{turn}: refused, stopping: {err}", flush=True)
-                code = 2
-                break
-            try:
-                started = d.start_turn(turn, args.session_bytes)
-            finally:  # a turn that failed to start still gives its lease back
-                released = d.give_back(turn)
-            done += 1
-            print(
-                f"{turn}: granted {mib(args.session_bytes)}, turn started "
-                f"(sessions held: {started.get('sessions')}), lease {released.get('state')}, "
-                f"hook {released.get('hook_outcome') or 'none'}",
-                flush=True,
-            )
+        with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+            running: dict[concurrent.futures.Future[None], str] = {}
+            for n in range(args.turns):
+                if refused.is_set():
+                    break
+                turn = f"{args.id_prefix}{n}"
+                running[pool.submit(one_turn, d, args, turn)] = turn
+                if args.stagger > 0 and n + 1 < args.turns:
+                    time.sleep(args.stagger)
+                # At most `concurrency` turns in flight: wait for one before the next.
+                while len([f for f in running if not f.done()]) >= args.concurrency:
+                    concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in [f for f in running if f.done()]:
+                    done += _settle(future, running.pop(future), refused)
+            for future in concurrent.futures.as_completed(list(running)):
+                done += _settle(future, running[future], refused)
+        code = 2 if refused.is_set() else 0
         stats = d.stats()
     except DispatchError as err:
         print(f"dispatcher: {err}", file=sys.stderr, flush=True)
@@ -182,11 +283,22 @@ def run(args: argparse.Namespace) -> int:
     finally:
         d.close()
     print(
-        f"done: {done} of {args.turns} turns; agent server: sessions {stats['sessions']}, "
-        f"rss {mib(stats['rss_bytes'])}",
+        f"done: {done} of {args.turns} turns ({len(d.relieved)} relieved); agent server: "
+        f"sessions {stats['sessions']}, rss {mib(stats['rss_bytes'])}",
         flush=True,
     )
     return code
+
+
+def _settle(future: concurrent.futures.Future[None], turn: str, refused: threading.Event) -> int:
+    """1 for a turn that ran; a refusal is said and stops new turns; other errors propagate."""
+    try:
+        future.result()
+    except RefusedError as err:
+        print(f"{turn}: refused, stopping: {err}", flush=True)
+        refused.set()
+        return 0
+    return 1
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -195,13 +307,31 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gateway", required=True, help="roomkeeper gateway, http://127.0.0.1:PORT")
     p.add_argument("--agent", required=True, help="agent server, http://127.0.0.1:PORT")
     p.add_argument("--turns", type=int, default=50, help="how many turns (default 50)")
+    p.add_argument("--concurrency", type=int, default=1, help="turns running at once (default 1)")
     p.add_argument(
-        "--session-bytes", type=int, default=8 * MIB, help="one session's size (default 8 MiB)"
+        "--stagger", type=float, default=0.0, help="seconds between starting turns (default 0)"
+    )
+    p.add_argument(
+        "--session-bytes",
+        type=int,
+        default=8 * MIB,
+        help="one session's size at the start of its turn, and its lease (default 8 MiB)",
+    )
+    p.add_argument(
+        "--grow-bytes", type=int, default=0, help="how much a session grows during its turn"
+    )
+    p.add_argument(
+        "--turn-s", type=float, default=0.0, help="how long a turn runs, in seconds (default 0)"
     )
     p.add_argument(
         "--no-release-hook",
         action="store_true",
         help="take leases without a release hook: sessions are never deleted (the bug)",
+    )
+    p.add_argument(
+        "--no-relieve-hook",
+        action="store_true",
+        help="take leases without a relieve hook: the gateway cannot end a turn under pressure",
     )
     p.add_argument("--token", help="the gateway's token (default: $ROOMKEEPER_HOME/token)")
     p.add_argument("--id-prefix", default="t-", help="turn ids are PREFIX<n> (default t-)")
@@ -209,7 +339,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--wait", type=float, default=5.0, help="seconds the gateway may wait for room (default 5)"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.concurrency < 1 or args.turns < 0 or args.session_bytes < 0 or args.grow_bytes < 0:
+        p.error("--concurrency must be >= 1; --turns, --session-bytes, --grow-bytes >= 0")
+    if not 0 <= args.turn_s <= 3600:
+        p.error(f"--turn-s must be from 0 to 3600 (got {args.turn_s})")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

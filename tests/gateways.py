@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import psutil
 
+from tests.cgroups import MemoryBox
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -147,3 +149,37 @@ def kill_whole_tree(gw: RunningGateway) -> list[int]:
             p.send_signal(signal.SIGKILL)
     gw.proc.wait()
     return [p.pid for p in procs]
+
+
+@contextlib.contextmanager
+def gateway_in_box(box: MemoryBox, tmp: Path, **extra: str) -> Iterator[tuple[httpx.Client, Path]]:
+    """A real ``roomkeeper gateway`` inside ``box`` (no reserve of its own, a 1 s cooldown);
+    its client and its log file; stopped whatever happens."""
+    port = free_port()
+    settings = {
+        "ROOMKEEPER_GATEWAY_RESERVE_MB": "0",
+        "ROOMKEEPER_PRESSURE_COOLDOWN": "1",
+        "ROOMKEEPER_MAX_RUNNING_PER_OWNER": "4",
+        **box.env(),
+        **extra,
+    }
+    env = gateway_env(tmp, **settings)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    log_path = tmp / "gateway.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            box.argv([sys.executable, "-m", "roomkeeper", "gateway", "--port", str(port)]),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            # The emulated kernel of CI's cgroup v2 VM takes minutes to start a gateway.
+            wait_answering(url, proc, log_path, timeout=300)
+            token = (Path(env["ROOMKEEPER_HOME"]) / "token").read_text().strip()
+            headers = {"Authorization": f"Bearer {token}"}
+            with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+                yield client, log_path
+        finally:
+            stop_process(proc)

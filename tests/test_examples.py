@@ -2,21 +2,28 @@
 
 Sessions that nobody deletes can hold 11 GB where 0.5 GB is enough.  With
 release hooks the agent server gives every turn's session back and its RSS
-returns to where it started; without them it grows by every session it built.
+returns to where it started; without them it grows by every session it built,
+and a gateway in the same memory group says ``memory not given back``.
+Sessions that outgrow their leases are relieved through the dispatcher's
+relieve hook, newest first, before the kernel kills anything.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.gateways import gateway_env, running_gateway, stop_process
+from tests.cgroups import MemoryBox, memory_box
+from tests.gateways import gateway_env, gateway_in_box, running_gateway, stop_process, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -37,8 +44,16 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
 @pytest.fixture
 def agent() -> Iterator[str]:
     """A fresh toy agent server on a free port; yields its URL."""
+    with agent_server() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def agent_server(box: MemoryBox | None = None) -> Iterator[str]:
+    """A toy agent server on a free port (inside ``box`` when given); yields its URL."""
+    command = [sys.executable, str(EXAMPLES / "agent_server.py")]
     proc = subprocess.Popen(
-        [sys.executable, str(EXAMPLES / "agent_server.py")],
+        box.argv(command) if box is not None else command,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -114,3 +129,117 @@ def test_without_release_hooks_every_session_stays(
     assert after["rss_bytes"] - baseline >= 0.9 * TURNS * SESSION_BYTES, (baseline, after, out)
     assert after["sessions"] == TURNS
     assert out.count("hook none") == TURNS, out
+
+
+# ------------------------------------------------- in a real memory group
+
+BOX_LIMIT = 1_000_000_000  # line 0.90 GB (no gateway reserve), stop line 0.975 GB
+MB = 10**6
+
+
+def dispatch_in(
+    box: MemoryBox, client: httpx.Client, agent: str, *args: str, timeout: float = 180
+) -> str:
+    """Run the dispatcher inside ``box`` against the gateway of ``client``; its stdout."""
+    token = client.headers["Authorization"].removeprefix("Bearer ")
+    command = [
+        sys.executable,
+        str(EXAMPLES / "dispatcher.py"),
+        "--gateway",
+        str(client.base_url),
+        "--agent",
+        agent,
+        "--token",
+        token,
+        *args,
+    ]
+    result = subprocess.run(
+        box.argv(command), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_sessions_that_outgrow_their_leases_are_relieved_newest_first(tmp_path: Path) -> None:
+    """Four turns leased at 100 MB grow to 420 MB each in a 1 GB group: the gateway relieves
+    the newest through the dispatcher's relieve hook, the oldest finishes, nothing is killed."""
+    with memory_box(BOX_LIMIT) as box:
+        oom_before = box.oom_kills()
+        with gateway_in_box(box, tmp_path) as (client, log_path), agent_server(box) as agent:
+            out = dispatch_in(
+                box,
+                client,
+                agent,
+                *("--turns", "4", "--concurrency", "4", "--stagger", "0.5"),
+                *("--session-bytes", str(100 * MB), "--grow-bytes", str(320 * MB)),
+                *("--turn-s", "16", "--id-prefix", "grow-"),
+            )
+            leases = {v["id"]: v for v in client.get("/v1/leases").json()}
+            status = client.get("/v1/status").json()
+            log = log_path.read_text()
+        assert box.oom_kills() == oom_before, out + log
+    asked = re.findall(r"^(grow-\d): relieve asked by roomkeeper", out, flags=re.M)
+    assert asked, out + log
+    # Newest first: each relief took the newest turn still running, so the relieved turns
+    # are the newest ones, asked for in order from the newest down.
+    assert asked == [f"grow-{n}" for n in range(3, 3 - len(asked), -1)], out
+    assert "grow-0: granted" in out and "turn finished" in out.split("grow-0: granted")[1], out
+    for turn in asked:
+        assert leases[turn]["state"] == "relieved", leases[turn]
+        assert leases[turn]["relieve_outcome"].startswith("relieved: used fell"), leases[turn]
+    assert leases["grow-0"]["state"] == "released"
+    assert status["pressure"]["relieved"] == len(asked), status["pressure"]
+    assert "asked to end its turn (its relieve hook)" in log
+
+
+def needs_you_headline(client: httpx.Client) -> str:
+    return str(client.get("/v1/needs-you").json()["headline"])
+
+
+def test_memory_not_given_back_is_said_without_release_hooks_and_never_with_them(
+    tmp_path: Path,
+) -> None:
+    """20 turns that give their sessions back never raise the headline; 20 that do not raise
+    it, with the agent server named among the processes that grew."""
+    with (
+        memory_box(BOX_LIMIT) as box,
+        gateway_in_box(box, tmp_path) as (client, _),
+        agent_server(box) as agent,
+    ):
+        said: list[str] = []
+        watching = threading.Event()
+
+        def watch() -> None:
+            while not watching.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    said.append(needs_you_headline(client))
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            turns = ("--turns", "20", "--session-bytes", str(16 * MB), "--turn-s", "0.2")
+            dispatch_in(box, client, agent, *turns, "--id-prefix", "hooked-")
+            time.sleep(3)  # the records after the last endings, and a quiet moment
+        finally:
+            watching.set()
+            watcher.join(timeout=10)
+        assert said and "memory not given back" not in said, set(said)
+        dispatch_in(box, client, agent, *turns, "--id-prefix", "leak-", "--no-release-hook")
+        wait_until(
+            lambda: needs_you_headline(client) == "memory not given back",
+            "the memory not given back headline",
+            timeout=10,
+        )
+        baseline = client.get("/v1/status").json()["baseline"]
+        metrics = client.get("/metrics").text
+        history = client.get("/v1/history").json()
+    assert baseline["not_given_back"] is True
+    assert baseline["leases_ended_without_hook"] == 20
+    assert baseline["baseline_bytes"] - baseline["then_bytes"] > 0.1 * 0.9 * BOX_LIMIT
+    # The agent server holds the 20 sessions: it leads the processes that grew.
+    assert baseline["grew"][0]["bytes"] >= 18 * 16 * MB, baseline["grew"]
+    assert "roomkeeper_memory_not_given_back 1.0" in metrics
+    fired = [e for e in history if e["code"] == "memory_not_given_back"]
+    assert len(fired) == 1, history
+    assert fired[0]["numbers"]["endings"] >= 10, fired

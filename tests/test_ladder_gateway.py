@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,47 +11,14 @@ import httpx
 import pytest
 
 from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import MemoryBox, memory_box
-from tests.gateways import free_port, gateway_env, stop_process, wait_answering, wait_until
+from tests.cgroups import memory_box
+from tests.gateways import gateway_in_box, wait_until
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
 GROW = Path(__file__).resolve().parents[1] / "benchmarks" / "grow.py"
 LIMIT = 1_000_000_000  # line 0.90, suspend past 0.95, stop past 0.975 GB
 MB = 10**6
-
-
-@contextlib.contextmanager
-def gateway_in(box: MemoryBox, tmp: Path) -> Iterator[tuple[httpx.Client, Path]]:
-    """A real gateway inside ``box``; its client and its log file; stopped whatever happens."""
-    port = free_port()
-    env = gateway_env(
-        tmp,
-        ROOMKEEPER_GATEWAY_RESERVE_MB="0",
-        ROOMKEEPER_PRESSURE_COOLDOWN="1",
-        ROOMKEEPER_MAX_RUNNING_PER_OWNER="4",
-        **box.env(),
-    )
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = src
-    log_path = tmp / "gateway.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            box.argv([sys.executable, "-m", "roomkeeper", "gateway", "--port", str(port)]),
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            url = f"http://127.0.0.1:{port}"
-            # The emulated kernel of CI's cgroup v2 VM takes minutes to start a gateway.
-            wait_answering(url, proc, log_path, timeout=300)
-            token = (Path(env["ROOMKEEPER_HOME"]) / "token").read_text().strip()
-            headers = {"Authorization": f"Bearer {token}"}
-            with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
-                yield client, log_path
-        finally:
-            stop_process(proc)
 
 
 def grower(size: int, grow_s: float, hold_s: float) -> list[str]:
@@ -90,7 +54,7 @@ def test_strict_job_is_stopped_and_kept_a_restartable_one_runs_again(tmp_path: P
     """Outgrowing its estimate: strict work stops for good (output kept); restartable runs again."""
     before = machine_oom_kills()
     with memory_box(LIMIT) as box:
-        with gateway_in(box, tmp_path) as (client, log_path):
+        with gateway_in_box(box, tmp_path) as (client, log_path):
             older, strict = pair(client)
             stopped = final(client, strict)
             assert final(client, older)["state"] == "exited"

@@ -79,9 +79,7 @@ class ProcessGrowth:
         proc_root: where ``/proc`` is.
     """
 
-    def __init__(
-        self, container: Callable[[], str | None], *, proc_root: str = PROC_ROOT
-    ) -> None:
+    def __init__(self, container: Callable[[], str | None], *, proc_root: str = PROC_ROOT) -> None:
         self._container = container
         self._proc_root = proc_root
         self._lock = threading.Lock()

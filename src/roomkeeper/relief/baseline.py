@@ -119,9 +119,7 @@ class BaselineWatch:
         settings: the ROOMKEEPER_BASELINE_* variables, read afresh for each record.
     """
 
-    def __init__(
-        self, settings: Callable[[], BaselineSettings] = read_baseline_settings
-    ) -> None:
+    def __init__(self, settings: Callable[[], BaselineSettings] = read_baseline_settings) -> None:
         self._settings = settings
         self._lock = threading.Lock()
         self._endings = 0

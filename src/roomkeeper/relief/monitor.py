@@ -331,11 +331,12 @@ class PressureMonitor:
         said = pending.hook.result() if pending.hook.done() else None
         waited = self._clock() - pending.asked
         if fell >= pending.share * RELIEVED_SHARE:
-            relieved, outcome = True, f"relieved: used fell {gb(fell)} GB in {waited:.1f} s"
+            relieved, outcome = True, f"relieved: used fell {gb(fell)} GB in {waited * 1000:.0f} ms"
         elif said is not None and not said.startswith("ok"):
             relieved, outcome = False, f"not relieved: its relieve hook {said}"
         elif waited > RELIEF_WAIT_S:
-            relieved, outcome = False, (
+            relieved = False
+            outcome = (
                 f"not relieved: used fell {gb(max(0, fell))} of its {gb(pending.share)} GB "
                 f"within {RELIEF_WAIT_S:g} s"
             )
@@ -418,23 +419,7 @@ class PressureMonitor:
         """Carry out one step (a suspension is done already: ``frozen``, the ones that took);
         log it, count it, and tell ``on_step``."""
         step, job_id = action.step, action.job_id
-        if step is Step.HOLD:
-            done = True
-        elif step is Step.SUSPEND:
-            done = job_id in frozen
-        elif step is Step.RESUME:
-            done = job_id is not None and self._target.resume_after_pressure(job_id)
-        elif step is Step.RELIEVE:
-            done = job_id is not None and self._ask_relief(job_id, action.why, reading)
-            if done:
-                self._cooldown.start(self._settings().cooldown_s, CooldownCause.PRESSURE)
-        else:
-            done = job_id is not None and self._target.stop_for_pressure(
-                job_id, action.why, never_fits=action.never_fits
-            )
-            if done:
-                self._cooldown.start(self._settings().cooldown_s, CooldownCause.PRESSURE)
-        if not done:
+        if not self._take(action, reading, frozen):
             return
         reaction = None
         if step is not Step.RESUME:
@@ -460,6 +445,25 @@ class PressureMonitor:
                 self._on_step(event)
             except Exception:  # a failing history write must not stop the relief
                 log.exception("recording a pressure step failed")
+
+    def _take(self, action: Action, reading: Reading, frozen: set[str]) -> bool:
+        """Take one step; whether it took.  A stop or a relief starts the cooldown."""
+        step, job_id = action.step, action.job_id
+        if step is Step.HOLD:
+            return True
+        if step is Step.SUSPEND:
+            return job_id in frozen
+        if job_id is None:
+            return False
+        if step is Step.RESUME:
+            return self._target.resume_after_pressure(job_id)
+        if step is Step.RELIEVE:
+            done = self._ask_relief(job_id, action.why, reading)
+        else:
+            done = self._target.stop_for_pressure(job_id, action.why, never_fits=action.never_fits)
+        if done:
+            self._cooldown.start(self._settings().cooldown_s, CooldownCause.PRESSURE)
+        return done
 
     def _ask_relief(self, lease_id: str, why: str, reading: Reading) -> bool:
         """Call the lease's relieve hook once and await its memory; whether it was called."""
