@@ -3,6 +3,7 @@ synthetic kernel files, and the environment that takes disk out of the rule."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from pathlib import Path
 
@@ -91,3 +92,28 @@ def fixture_guard(tmp_path: Path, used: int, limit: int = 10 * GB) -> tuple[Guar
         clock=clock,
     )
     return guard, clock
+
+
+class FakeLeases:
+    """The gateway's leases as the ladder may relieve them, recorded."""
+
+    def __init__(self, leases: list[Live], *, unhooked: tuple[int, int] = (0, 0)) -> None:
+        self.leases = leases
+        self.unhooked = unhooked
+        self.asked: list[str] = []
+        self.settled: list[tuple[str, bool, str, int]] = []
+        self.hooks: dict[str, concurrent.futures.Future[str]] = {}
+
+    def relievable(self) -> list[Live]:
+        return [v for v in self.leases if v.job_id not in self.asked]
+
+    def unrelievable(self) -> tuple[int, int]:
+        return self.unhooked
+
+    def relieve(self, lease_id: str, why: str) -> concurrent.futures.Future[str] | None:
+        self.asked.append(lease_id)
+        self.hooks[lease_id] = concurrent.futures.Future()
+        return self.hooks[lease_id]
+
+    def settle(self, lease_id: str, relieved: bool, outcome: str, freed: int) -> None:
+        self.settled.append((lease_id, relieved, outcome, freed))

@@ -240,10 +240,40 @@ def test_release_hooks_must_be_loopback(gw: RunningGateway) -> None:
     for path, body in (
         ("/v1/leases", {"release": {"url": "http://10.0.0.1/chat/x"}}),
         ("/v1/jobs", {"argv": ["true"], "release": {"url": "http://example.com/"}}),
+        ("/v1/leases", {"relieve": {"url": "http://10.0.0.1/relieve/x"}}),
     ):
         answer = gw.client.post(path, json=body)
         assert answer.status_code == 422
         assert "loopback" in answer.text
+    said = gw.client.post("/v1/leases", json={"relieve": {"url": "ftp://127.0.0.1/x"}}).text
+    assert "relieve.url must be" in said and "release.url" not in said
+
+
+def test_a_lease_shows_its_relieve_hook_and_status_its_baseline(gw: RunningGateway) -> None:
+    """A relieve hook is kept as given (POST by default); /v1/status says the baseline, the
+    leases ended without a release hook and the processes that grew; /metrics the gauges."""
+    hook = {"url": "http://127.0.0.1:9/relieve/r1"}
+    lease = gw.client.post("/v1/leases", json={"id": "r1", "relieve": hook}).json()
+    assert lease["relieve"] == {"method": "POST", "url": hook["url"]}
+    assert lease["relieve_outcome"] is None
+    ended = gw.client.delete("/v1/leases/r1").json()
+    assert ended["state"] == "released"  # never asked to relieve: an ordinary release
+    wait_until(
+        lambda: gw.client.get("/v1/status").json()["baseline"]["endings"] >= 1,
+        "the baseline recorded after the lease's end",
+        timeout=10,
+    )
+    status = gw.client.get("/v1/status").json()
+    baseline = status["baseline"]
+    assert baseline["leases_ended_without_hook"] >= 1 and baseline["baseline_bytes"] > 0
+    assert baseline["not_given_back"] is False
+    assert all({"pid", "name", "bytes"} == set(g) for g in baseline["grew"])
+    assert (status["pressure"]["relieves"], status["pressure"]["relieved"]) == (0, 0)
+    metrics = gw.anonymous.get("/metrics").text
+    assert "roomkeeper_memory_not_given_back 0.0" in metrics
+    assert "roomkeeper_memory_baseline_bytes " in metrics
+    assert "roomkeeper_leases_ended_without_hook_total " in metrics
+    assert 'roomkeeper_pressure_steps_total{step="relieve"} 0.0' in metrics
 
 
 def test_job_release_hook_runs_when_the_job_ends(gw: RunningGateway, hooks: HookServer) -> None:

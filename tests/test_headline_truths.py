@@ -11,6 +11,7 @@ from roomkeeper.api.views import feed_json
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.jobs.spec import JobSpec
 from roomkeeper.journal.database import Journal
+from roomkeeper.relief.baseline import BaselineRecord
 from roomkeeper.relief.cooldown import CooldownCause
 
 GB = 10**9
@@ -77,3 +78,29 @@ def test_the_health_page_leads_with_what_needs_a_person(gateway: Gateway) -> Non
     guard = feed_json(gateway)["guard"]
     assert guard["headline"] == "persistence failed" and not guard["admit"]
     assert guard["summary"].startswith("the journal cannot save")
+
+
+def test_memory_not_given_back_is_said_with_its_numbers_and_admission_goes_on(
+    gateway: Gateway,
+) -> None:
+    """Once the baseline has stayed up across endings, needs-you and the Health page say
+    ``memory not given back`` with the numbers; the guard still admits."""
+    assert gateway.needs_you()["headline"] != "memory not given back"
+    watch = gateway.baseline.watch
+    line = 10 * GB
+    watch.record(BaselineRecord(at=0.0, used=1 * GB, footprints=0, leased=0, line=line))
+    for n in range(1, 13):
+        watch.ended()
+        watch.record(
+            BaselineRecord(at=n, used=1 * GB + n * 200 * 10**6, footprints=0, leased=0, line=line)
+        )
+    said = gateway.needs_you()
+    assert said["headline"] == "memory not given back"
+    assert "rose from 1.00 to 3.40 GB" in said["body"] and "/" not in said["body"]
+    assert "0 lease(s) ended without a release hook" in said["body"]
+    guard = feed_json(gateway)["guard"]
+    assert guard["headline"] == "memory not given back" and guard["admit"]
+    for n in range(3):
+        watch.ended()
+        watch.record(BaselineRecord(at=20 + n, used=1 * GB, footprints=0, leased=0, line=line))
+    assert gateway.needs_you()["headline"] != "memory not given back"

@@ -512,7 +512,7 @@ class Gateway:
             f"memory that no running job or granted lease explains rose from "
             f"{gb(watch.then_bytes)} to {gb(watch.baseline_bytes)} GB across job and lease "
             f"endings and has not come back ({without} lease(s) ended without a release "
-            "hook); new work is still admitted, but into less room: /v1/status lists the "
+            "hook); new work is still admitted, but into less room; the status lists the "
             "processes that grew"
         )
 

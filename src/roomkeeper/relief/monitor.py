@@ -343,7 +343,7 @@ class PressureMonitor:
         else:
             return True
         self._relieving = None
-        if said is not None:
+        if said is not None and said not in outcome:
             outcome += f" (hook {said})"
         with self._lock:
             self._relieved += relieved
