@@ -11,6 +11,7 @@ relieve hook, newest first, before the kernel kills anything.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import subprocess
 import sys
@@ -18,12 +19,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.cgroups import MemoryBox, memory_box
 from tests.gateways import gateway_env, gateway_in_box, running_gateway, stop_process, wait_until
+from tests.pages import PAGE_TIMEOUT_MS
 
 pytestmark = pytest.mark.kernel
 
@@ -243,3 +246,52 @@ def test_memory_not_given_back_is_said_without_release_hooks_and_never_with_them
     fired = [e for e in history if e["code"] == "memory_not_given_back"]
     assert len(fired) == 1, history
     assert fired[0]["numbers"]["endings"] >= 10, fired
+
+
+# The chart's baseline label, in GB, or null before it is drawn.
+BASELINE_LABEL = """() => {
+    const label = [...document.querySelectorAll('#chart text.label-baseline')][0];
+    const m = label && label.textContent.match(/baseline ([0-9.]+) GB/);
+    return m ? Number(m[1]) : null;
+}"""
+
+
+def test_the_health_page_shows_the_baseline_rising_during_a_leak_run(
+    browser: Any, tmp_path: Path
+) -> None:
+    """In chromium, while turns leave their sessions behind, the chart's baseline line rises
+    beside used memory and the headline becomes ``memory not given back``."""
+    with (
+        memory_box(BOX_LIMIT) as box,
+        gateway_in_box(box, tmp_path) as (client, _),
+        agent_server(box) as agent,
+    ):
+        page = browser.new_page(viewport={"width": 1360, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        page.goto(f"{client.base_url}/")
+        page.wait_for_function(f"() => ({BASELINE_LABEL})() !== null", timeout=PAGE_TIMEOUT_MS)
+        before = page.evaluate(BASELINE_LABEL)
+        leak = ("--turns", "20", "--session-bytes", str(16 * MB), "--turn-s", "0.5")
+        run = threading.Thread(
+            target=dispatch_in, args=(box, client, agent, *leak, "--no-release-hook")
+        )
+        run.start()
+        seen = [before]
+        while run.is_alive():  # the line rises while the run goes on, not only after it
+            time.sleep(2)
+            seen.append(page.evaluate(BASELINE_LABEL))
+        run.join()
+        page.wait_for_function(
+            "() => document.querySelector('#headline').textContent === 'memory not given back'",
+            timeout=PAGE_TIMEOUT_MS,
+        )
+        page.wait_for_function(
+            f"() => ({BASELINE_LABEL})() >= {before + 0.25}", timeout=PAGE_TIMEOUT_MS
+        )
+        path = page.locator("#chart path.baseline").get_attribute("d") or ""
+        page.screenshot(path=str(tmp_path / "health-leak.png"), full_page=True)
+        assert errors == []
+    rising = [b for a, b in itertools.pairwise(seen) if b > a]
+    assert len(rising) >= 2, seen  # seen rising at least twice during the run
+    assert path.count("L") >= 3, path
