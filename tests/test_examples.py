@@ -163,6 +163,7 @@ def dispatch_in(
     return result.stdout
 
 
+@pytest.mark.cgroups
 def test_sessions_that_outgrow_their_leases_are_relieved_newest_first(tmp_path: Path) -> None:
     """Four turns leased at 100 MB grow to 420 MB each in a 1 GB group: the gateway relieves
     the newest through the dispatcher's relieve hook, the oldest finishes, nothing is killed."""
@@ -199,6 +200,7 @@ def needs_you_headline(client: httpx.Client) -> str:
     return str(client.get("/v1/needs-you").json()["headline"])
 
 
+@pytest.mark.cgroups
 def test_memory_not_given_back_is_said_without_release_hooks_and_never_with_them(
     tmp_path: Path,
 ) -> None:
