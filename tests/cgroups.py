@@ -153,15 +153,22 @@ class MemoryBox:
     limit: int
     made: bool
 
-    def argv(self, command: list[str]) -> list[str]:
-        """``command`` run inside the box (joined to the child group first)."""
+    def argv(self, command: list[str], *, leaf: str | None = None) -> list[str]:
+        """``command`` run inside the box (joined to the child group first).
+
+        Args:
+            leaf: join the box's child group of that name instead (made if need be): on
+                cgroup v2 a gateway in the box hands the memory controller to the box's
+                children, and from then on no process may join the box itself.
+        """
         if not self.made:
             return command
+        group = self.group if leaf is None else self.group / leaf
         return [
             "/bin/sh",
             "-c",
-            'echo $$ > "$0" && exec "$@"',
-            str(self.group / "cgroup.procs"),
+            'mkdir -p "$(dirname "$0")" && echo $$ > "$0" && exec "$@"',
+            str(group / "cgroup.procs"),
             *command,
         ]
 

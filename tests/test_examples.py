@@ -56,7 +56,7 @@ def agent_server(box: MemoryBox | None = None) -> Iterator[str]:
     """A toy agent server on a free port (inside ``box`` when given); yields its URL."""
     command = [sys.executable, str(EXAMPLES / "agent_server.py")]
     proc = subprocess.Popen(
-        box.argv(command) if box is not None else command,
+        box.argv(command, leaf="agent") if box is not None else command,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -157,7 +157,11 @@ def dispatch_in(
         *args,
     ]
     result = subprocess.run(
-        box.argv(command), capture_output=True, text=True, timeout=timeout, check=False
+        box.argv(command, leaf="dispatcher"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout

@@ -234,3 +234,14 @@ def test_an_older_leases_table_gains_relieve_and_a_restart_keeps_it(tmp_path: Pa
             r.relieve_outcome,
         )
     assert [v.id for v in leases.relievable()] == ["a"]
+
+
+def test_a_relieve_hook_that_raised_counts_as_failed() -> None:
+    """A hook whose call raised instead of answering is a failed hook, not a stuck monitor."""
+    clock = FakeClock(0.0)
+    leases = FakeLeases([lease("x", 1), lease("y", 2)])
+    m, _ = monitor(clock, [reading(STOP + 1), reading(STOP + 1)], FakeTarget([]), leases)
+    m.check()
+    leases.hooks["y"].set_exception(OSError("pool gone"))
+    m.check()
+    assert leases.settled[0][:3] == ("y", False, "not relieved: its relieve hook failed: OSError")

@@ -328,7 +328,7 @@ class PressureMonitor:
         if pending is None or self._leases is None:
             return False
         fell = pending.used - reading.used
-        said = pending.hook.result() if pending.hook.done() else None
+        said = _said(pending.hook)
         waited = self._clock() - pending.asked
         if fell >= pending.share * RELIEVED_SHARE:
             relieved, outcome = True, f"relieved: used fell {gb(fell)} GB in {waited * 1000:.0f} ms"
@@ -618,6 +618,14 @@ class PressureMonitor:
 
 
 _RANK = {Step.HOLD: 1, Step.SUSPEND: 2, Step.STOP: 3, Step.RELIEVE: 3, Step.RESUME: 0}
+
+
+def _said(hook: concurrent.futures.Future[str]) -> str | None:
+    """A relieve hook's outcome in words once it answered, None while it runs."""
+    if not hook.done():
+        return None
+    error = hook.exception()
+    return hook.result() if error is None else f"failed: {type(error).__name__}"
 
 
 def _figures_of(reading: Reading) -> str:
