@@ -147,7 +147,10 @@ class Dispatcher:
     def relieve(self, turn: str) -> tuple[int, dict[str, Any]]:
         """The gateway asks us to end ``turn`` now: end it on the agent server, which drops
         its session; the turn's own thread then gives the lease back."""
-        response = self.agent.post(f"/chat/{turn}/end")
+        try:
+            response = self.agent.post(f"/chat/{turn}/end")
+        except httpx.HTTPError as err:
+            return HTTPStatus.BAD_GATEWAY, {"error": f"the agent server did not answer: {err}"}
         if response.status_code == 404:
             return HTTPStatus.NOT_FOUND, {"error": f"turn {turn} is not running"}
         if response.status_code != 200:
