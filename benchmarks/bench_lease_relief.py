@@ -4,18 +4,19 @@ Everything runs inside a fresh memory group of ``--limit`` (default 1 GB): a
 gateway (no reserve of its own, a 1 s cooldown), the example agent server and
 the example dispatcher.
 
-- ``relief``: ``--turns`` turns (default 4) at once, started 0.5 s apart,
-  each leased at 100 MB and growing to 420 MB over 16 s: together far past
-  the limit.  Run once with the dispatcher's relieve hook and once without.
+- ``relief``: ``--turns`` turns (default 3) at once, started 0.5 s apart,
+  each leased at 100 MB and growing to 420 MB over ``--turn-s`` (default
+  24 s): together far past the limit.  Run once with the dispatcher's relieve hook and once without.
   Reported: turns finished and relieved, OOM kills, how long after the
   stop line's crossing each relief was asked, and how long until its
   memory was back.
-- ``leak``: turns of 16 MB one after another, without release hooks, then
+- ``leak``: turns of 24 MB one after another, without release hooks, then
   with them: after which turn the gateway says ``memory not given back``
   (needs-you), or that it never did within ``--leak-turns`` (default 30).
 
 Needs root and a cgroup memory controller.  Usage:
     python benchmarks/bench_lease_relief.py [--scenario relief,leak] [--limit 1G]
+        [--turns 3] [--turn-s 24] [--leak-turns 30]
 """
 
 from __future__ import annotations
@@ -124,13 +125,13 @@ class Rig:
         self.client.close()
 
 
-def relief(tmp: Path, relieve: bool, turns: int) -> dict[str, object]:
+def relief(tmp: Path, relieve: bool, turns: int, turn_s: float) -> dict[str, object]:
     rig = Rig(tmp)
     try:
         out = rig.dispatch(
             *("--turns", str(turns), "--concurrency", str(turns), "--stagger", "0.5"),
             *("--session-bytes", str(100 * MB), "--grow-bytes", str(320 * MB)),
-            *("--turn-s", "16", "--id-prefix", "grow-"),
+            *("--turn-s", str(turn_s), "--id-prefix", "grow-"),
             *(() if relieve else ("--no-relieve-hook",)),
         )
         log = rig.log.read_text()
@@ -154,7 +155,7 @@ def leak(tmp: Path, hooks: bool, turns: int) -> dict[str, object]:
     try:
         for n in range(1, turns + 1):
             rig.dispatch(
-                *("--turns", "1", "--session-bytes", str(16 * MB), "--turn-s", "0.2"),
+                *("--turns", "1", "--session-bytes", str(24 * MB), "--turn-s", "0.2"),
                 *("--id-prefix", f"{'hooked' if hooks else 'leak'}-{n}-"),
                 *(() if hooks else ("--no-release-hook",)),
             )
@@ -175,9 +176,9 @@ def inside(args: argparse.Namespace) -> None:
     """Run one scenario from inside the group; write its figures to ``args.report``."""
     with tempfile.TemporaryDirectory() as tmp:
         if args.inside == "relief-hook":
-            figures = relief(Path(tmp), True, args.turns)
+            figures = relief(Path(tmp), True, args.turns, args.turn_s)
         elif args.inside == "relief-nohook":
-            figures = relief(Path(tmp), False, args.turns)
+            figures = relief(Path(tmp), False, args.turns, args.turn_s)
         elif args.inside == "leak-nohook":
             figures = leak(Path(tmp), False, args.leak_turns)
         else:
@@ -189,7 +190,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="relief,leak")
     parser.add_argument("--limit", default="1G")
-    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--turn-s", type=float, default=24.0)
     parser.add_argument("--leak-turns", type=int, default=30)
     parser.add_argument("--inside", help=argparse.SUPPRESS)
     parser.add_argument("--report", help=argparse.SUPPRESS)
@@ -215,7 +217,8 @@ def main() -> None:
                 sys.executable,
                 __file__,
                 *("--inside", run, "--report", str(report)),
-                *("--turns", str(args.turns), "--leak-turns", str(args.leak_turns)),
+                *("--turns", str(args.turns), "--turn-s", str(args.turn_s)),
+                *("--leak-turns", str(args.leak_turns)),
             ]
             stdin = Path(tmp) / "stdin"
             stdin.write_text("")

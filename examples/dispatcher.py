@@ -27,8 +27,9 @@ end a turn that outgrows its lease.
 Usage::
 
     python examples/dispatcher.py --gateway http://127.0.0.1:PORT \\
-        --agent http://127.0.0.1:APORT --turns 50 [--concurrency K] \\
-        [--session-bytes N] [--grow-bytes G --turn-s T] [--no-release-hook]
+        --agent http://127.0.0.1:APORT --turns 50 [--concurrency K] [--stagger S] \\
+        [--session-bytes N] [--grow-bytes G --turn-s T] [--no-release-hook] \\
+        [--no-relieve-hook] [--id-prefix P] [--token T]
 
 The token is ``--token``, else the file ``$ROOMKEEPER_HOME/token``.  Exit
 codes: 0 every turn ran (a relieved turn counts as run), 2 a lease was

@@ -230,7 +230,7 @@ def test_memory_not_given_back_is_said_without_release_hooks_and_never_with_them
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         try:
-            turns = ("--turns", "20", "--session-bytes", str(16 * MB), "--turn-s", "0.2")
+            turns = ("--turns", "20", "--session-bytes", str(24 * MB), "--turn-s", "0.2")
             dispatch_in(box, client, agent, *turns, "--id-prefix", "hooked-")
             time.sleep(3)  # the records after the last endings, and a quiet moment
         finally:
@@ -250,7 +250,7 @@ def test_memory_not_given_back_is_said_without_release_hooks_and_never_with_them
     assert baseline["leases_ended_without_hook"] == 20
     assert baseline["baseline_bytes"] - baseline["then_bytes"] > 0.1 * 0.9 * BOX_LIMIT
     # The agent server holds the 20 sessions: it leads the processes that grew.
-    assert baseline["grew"][0]["bytes"] >= 18 * 16 * MB, baseline["grew"]
+    assert baseline["grew"][0]["bytes"] >= 18 * 24 * MB, baseline["grew"]
     assert "roomkeeper_memory_not_given_back 1.0" in metrics
     fired = [e for e in history if e["code"] == "memory_not_given_back"]
     assert len(fired) == 1, history

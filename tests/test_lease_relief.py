@@ -3,9 +3,11 @@ relieve hook only, settled by the memory that comes back (fake clock, fake lease
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from roomkeeper.config import PressureSettings
-from roomkeeper.guard.hooks import ReleaseHook
+from roomkeeper.gateway.leases import DurableLeases
+from roomkeeper.gateway.relieve import LeaseRelief
+from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.leases import RELIEVE_ASKED, Leases, LeaseState, LeaseView
 from roomkeeper.guard.lines import Reading
 from roomkeeper.journal.database import Journal
@@ -102,12 +106,13 @@ def monitor(
     return m, cooldown
 
 
-def test_a_relief_counts_once_used_falls_by_about_the_leases_share() -> None:
-    """The hook is called once; the relief is counted when used fell by half its share, and
-    until then no second victim is chosen."""
+def test_a_relief_counts_once_its_hook_answered_and_used_fell_by_about_its_share() -> None:
+    """The hook is called once; the relief is counted when it answered and used fell by half
+    its share, and until then no second victim is chosen."""
     clock = FakeClock(0.0)
     leases = FakeLeases([lease("x", 1), lease("y", 2)])
-    feed = [reading(STOP + 1), reading(STOP + 2), reading(STOP + 1 - 100 * MB)]
+    back = reading(STOP + 1 - 100 * MB)
+    feed = [reading(STOP + 1), reading(STOP + 2), back, back]
     m, cooldown = monitor(clock, feed, FakeTarget([]), leases)
     m.check()
     assert leases.asked == ["y"] and cooldown.holding(CooldownCause.PRESSURE)
@@ -115,6 +120,9 @@ def test_a_relief_counts_once_used_falls_by_about_the_leases_share() -> None:
     m.check()  # still past the stop line, its memory not back yet: nobody else is asked
     assert leases.asked == ["y"] and leases.settled == []
     clock.advance(0.1)
+    m.check()  # used fell, but the hook has not answered: not taken for its doing yet
+    assert leases.settled == []
+    leases.hooks["y"].set_result("ok 200")
     m.check()
     assert [(s[0], s[1]) for s in leases.settled] == [("y", True)]
     assert leases.settled[0][2].startswith("relieved: used fell 0.10 GB")
@@ -141,15 +149,38 @@ def test_a_relief_that_gives_nothing_back_lets_the_ladder_go_on() -> None:
 
 
 def test_a_failed_relieve_hook_is_not_waited_for() -> None:
-    """The hook answered an error: not relieved at once, and the ladder goes on."""
+    """The hook answered an error: not relieved at once, even if used fell meanwhile for
+    another reason, and the ladder goes on."""
     clock = FakeClock(0.0)
     leases = FakeLeases([lease("x", 1), lease("y", 2)])
-    m, _ = monitor(clock, [reading(STOP + 1), reading(STOP + 1)], FakeTarget([]), leases)
+    feed = [reading(STOP + 1), reading(STOP + 1 - 150 * MB)]
+    m, _ = monitor(clock, feed, FakeTarget([]), leases)
     m.check()
     leases.hooks["y"].set_result("failed: HTTP 500")
     m.check()
     assert leases.settled[0][:3] == ("y", False, "not relieved: its relieve hook failed: HTTP 500")
-    assert leases.asked == ["y", "x"]
+
+
+def test_a_lease_reserving_nothing_needs_a_real_fall_and_an_answer() -> None:
+    """A share of 0 is never relieved by a reading that fell by nothing; a hook given up is
+    cancelled if it has not been called yet."""
+    clock = FakeClock(0.0)
+    leases = FakeLeases([lease("x", 1), lease("y", 2, share=0)])
+    m, _ = monitor(clock, [reading(STOP + 1, at=t) for t in range(3)], FakeTarget([]), leases)
+    m.check()
+    leases.hooks["y"].set_result("ok 200")
+    m.check()
+    assert leases.settled == []
+    clock.advance(RELIEF_WAIT_S + 0.1)
+    m.check()
+    assert leases.settled[0][:2] == ("y", False)
+    unanswered = FakeLeases([lease("z", 1), lease("w", 2)])
+    other = FakeClock(0.0)
+    m, _ = monitor(other, [reading(STOP + 1)] * 2, FakeTarget([]), unanswered)
+    m.check()
+    other.advance(RELIEF_WAIT_S + 0.1)
+    m.check()
+    assert unanswered.hooks["w"].cancelled()
 
 
 def test_the_log_says_when_leases_without_relieve_leave_nothing_to_act_on(
@@ -194,9 +225,12 @@ def test_a_lease_is_asked_once_and_ends_relieved_unless_it_gave_nothing_back(
     assert leases.ended_without_hook() == 3
 
 
-def test_an_older_leases_table_gains_relieve_and_a_restart_keeps_it(tmp_path: Path) -> None:
-    """A journal from before relieve hooks is migrated on open; a granted lease's relieve hook
-    and an outcome already asked survive a restart (the hook is never called twice)."""
+def test_an_older_leases_table_gains_relieve_and_a_restart_never_asks_twice(
+    tmp_path: Path,
+) -> None:
+    """A journal from before relieve hooks is migrated on open; after a restart a granted
+    lease keeps its relieve hook, and one asked before the restart and never judged is
+    found not relieved (its hook is never called again)."""
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as conn:
         conn.execute(
@@ -206,42 +240,82 @@ def test_an_older_leases_table_gains_relieve_and_a_restart_keeps_it(tmp_path: Pa
             " hook_outcome TEXT)"
         )
     journal = Journal(path, synchronous="OFF")
+    guard, _ = fixture_guard(tmp_path / "g", used=1 * GB)
+    hooks = HookRunner(run=lambda hook: "ok 200")
     try:
         now = time.time()
         view = LeaseView(
             "a", "o", LeaseState.GRANTED, 100 * MB, None, 60.0, now, now + 60, relieve=HOOK
         )
         journal.record_lease(view).result()
-        journal.record_lease(replace(view, id="b", relieve_outcome=RELIEVE_ASKED)).result()
+        journal.record_lease(replace(view, id="b")).result()
+        journal.record_relieve("b", RELIEVE_ASKED).result()
+        durable = DurableLeases(
+            leases=Leases(guard),
+            guard=guard,
+            journal=journal,
+            refusals=deque(),
+            closing=lambda: False,
+            watch=lambda write: None,
+            hooks=hooks,
+        )
+        durable.restore()
         rows = {r.id: r for r in journal.live_leases(now=now)}
     finally:
+        hooks.close()
         journal.close()
+    assert [v.id for v in durable.leases.relievable()] == ["a"]
+    b = durable.leases.get("b")
+    assert b.relieve == HOOK and b.relieve_outcome is not None
+    assert b.relieve_outcome.startswith("not relieved: the gateway restarted")
+    assert rows["b"].relieve_outcome == b.relieve_outcome
     assert rows["a"].relieve == HOOK and rows["a"].relieve_outcome is None
-    assert rows["b"].relieve == HOOK and rows["b"].relieve_outcome == RELIEVE_ASKED
+
+
+def test_lease_relief_saves_the_ask_before_the_call_and_ends_a_relieved_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ask is in the journal before the hook is called (keyed relieve-<id>); a settled
+    relief is saved, goes in the history, and a relieved lease still granted is ended."""
+    journal = Journal(tmp_path / "j.db", synchronous="OFF")
     guard, _ = fixture_guard(tmp_path / "g", used=1 * GB)
     leases = Leases(guard)
-    for r in rows.values():
-        leases.restore(
-            r.id,
-            r.owner,
-            r.memory_bytes,
-            None,
-            r.ttl_s,
-            r.granted_at,
-            r.expires_at,
-            r.release,
-            r.relieve,
-            r.relieve_outcome,
-        )
-    assert [v.id for v in leases.relievable()] == ["a"]
+    durable = DurableLeases(
+        leases=leases,
+        guard=guard,
+        journal=journal,
+        refusals=deque(),
+        closing=lambda: False,
+        watch=lambda write: None,
+        hooks=HookRunner(run=lambda hook: "ok 200"),
+    )
+    seen: list[tuple[str | None, str | None]] = []
+    ended: list[str] = []
 
+    def call(hook: ReleaseHook) -> str:
+        rows = journal.live_leases(now=time.time())
+        seen.append((hook.key, rows[0].relieve_outcome))
+        return "ok 200"
 
-def test_a_relieve_hook_that_raised_counts_as_failed() -> None:
-    """A hook whose call raised instead of answering is a failed hook, not a stuck monitor."""
-    clock = FakeClock(0.0)
-    leases = FakeLeases([lease("x", 1), lease("y", 2)])
-    m, _ = monitor(clock, [reading(STOP + 1), reading(STOP + 1)], FakeTarget([]), leases)
-    m.check()
-    leases.hooks["y"].set_exception(OSError("pool gone"))
-    m.check()
-    assert leases.settled[0][:3] == ("y", False, "not relieved: its relieve hook failed: OSError")
+    writes: list[concurrent.futures.Future[None]] = []
+    relief = LeaseRelief(leases=durable, journal=journal, watch=writes.append, end=ended.append)
+    monkeypatch.setattr("roomkeeper.gateway.relieve.run_hook", call)
+    try:
+        granted, _ = leases.grant("a", owner="o", memory_bytes=100 * MB, relieve=HOOK)
+        assert granted is not None
+        journal.record_lease(granted).result()
+        future = relief.relieve("a", "test")
+        assert future is not None and future.result(timeout=10) == "ok 200"
+        assert seen == [("relieve-a", RELIEVE_ASKED)]
+        assert relief.relieve("a", "again") is None  # once ever
+        relief.settle("a", True, "relieved: used fell 0.10 GB in 12 ms", 100 * MB)
+        assert ended == ["a"]
+        for write in writes:
+            write.result(timeout=10)
+        outcome = journal.live_leases(now=time.time())[0].relieve_outcome
+        assert outcome is not None and outcome.startswith("relieved")
+        codes = [e.code.value for e in journal.history(limit=10)]
+    finally:
+        relief.close()
+        journal.close()
+    assert codes == ["lease_relieved"]

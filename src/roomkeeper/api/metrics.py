@@ -151,10 +151,14 @@ def _pressure_metrics(
         ("stop", pressure.stops),
         ("rerun", pressure.reruns),
         ("relieve", pressure.relieves),
-        ("relieved", pressure.relieved),
     ):
         steps.add_metric([step], count)
     yield steps
+    yield CounterMetricFamily(
+        "roomkeeper_leases_relieved",
+        "Leases whose holders ended their turn when asked and whose memory came back.",
+        value=pressure.relieved,
+    )
     yield CounterMetricFamily(
         "roomkeeper_trial_pauses",
         "Pauses of pack jobs on trial (packing, not a relief step).",

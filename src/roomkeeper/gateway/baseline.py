@@ -76,7 +76,7 @@ class BaselineKeeper:
         self._quiet_at = float("-inf")
 
     def _container(self) -> str | None:
-        reading = self._guard.pressure_reading()
+        reading = self._guard.memory_reading()
         return None if reading is None else reading.directory
 
     def _endings(self) -> int:
@@ -87,7 +87,7 @@ class BaselineKeeper:
 
     def take(self) -> BaselineRecord | None:
         """One record now; None where memory cannot be read."""
-        reading = self._guard.pressure_reading()
+        reading = self._guard.memory_reading()
         if reading is None:
             return None
         return BaselineRecord(

@@ -21,11 +21,22 @@ from roomkeeper.errors import UsageError
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.hooks import HOOK_DUE, HookRunner, ReleaseHook
-from roomkeeper.guard.leases import Leases, LeaseState, LeaseView, guard_key
+from roomkeeper.guard.leases import (
+    NOT_RELIEVED,
+    RELIEVE_ASKED,
+    Leases,
+    LeaseState,
+    LeaseView,
+    guard_key,
+)
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.journal.database import Journal
 
 LEASE_CHECK_EVERY_S = 0.5
+UNJUDGED_RELIEF = (
+    f"{NOT_RELIEVED}: the gateway restarted before its memory was judged (its hook is never "
+    "called again)"
+)
 LEASE_RETRY_S = 0.25
 
 log = logging.getLogger("roomkeeper")
@@ -80,6 +91,11 @@ class DurableLeases:
             log.error("leases past their ttl could not be saved as expired: %s", err)
         self._due = self._journal.leases_with_hooks_due()
         for row in self._journal.live_leases(now=now):
+            relief = row.relieve_outcome
+            if relief == RELIEVE_ASKED:  # asked before the restart and never judged
+                relief = UNJUDGED_RELIEF
+                with contextlib.suppress(Exception):  # a full disk: said again next start
+                    self._journal.record_relieve(row.id, relief).result()
             lease, _ = self.leases.restore(
                 row.id,
                 row.owner,
@@ -90,7 +106,7 @@ class DurableLeases:
                 row.expires_at,
                 row.release,
                 row.relieve,
-                row.relieve_outcome,
+                relief,
             )
             self._guard.hold(
                 guard_key(lease.id), lease.memory_bytes or 0, age_s=now - lease.granted_at

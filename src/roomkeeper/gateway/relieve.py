@@ -5,14 +5,18 @@ past its lease, only the container's headroom protects everything else.  A
 holder that gives a ``relieve`` hook (a loopback call, like ``release``)
 lets the ladder ask it to end the turn now.  :class:`LeaseRelief` is the
 pressure monitor's :class:`~roomkeeper.relief.monitor.LeaseTarget`: it lists
-the leases that may be relieved, calls a hook once on the hooks' own pool
-(keyed ``relieve-<id>``), and records how it went: in the lease (its
-``relieve_outcome``), in the journal and in the recovery history (numbers
-only).  A lease counted relieved ends ``relieved`` if its holder has not
-ended it already, so its holder sees why.
+the leases that may be relieved, calls a hook once (keyed ``relieve-<id>``),
+and records how it went: in the lease (its ``relieve_outcome``), in the
+journal and in the recovery history (numbers only).  A lease counted relieved
+ends ``relieved`` if its holder has not ended it already, so its holder sees
+why.
 
-It runs on the monitor's thread; the end of a lease belongs to the event
-loop, so it is handed there (``end``).
+Once means once: the ask is saved before the call is made (a restart never
+calls it again; a lease whose ask was saved and never judged is found not
+relieved at the next start), and reliefs have a pool of their own, so a
+call never waits behind hung release hooks and fires after its relief was
+given up.  It runs on the monitor's thread; the end of a lease belongs to
+the event loop, so it is handed there (``end``).
 """
 
 from __future__ import annotations
@@ -24,22 +28,24 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from roomkeeper.gateway.leases import DurableLeases
-from roomkeeper.guard.hooks import HookRunner
-from roomkeeper.guard.leases import LeaseState
+from roomkeeper.guard.hooks import ReleaseHook, run_hook
+from roomkeeper.guard.leases import RELIEVE_ASKED, LeaseState
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 from roomkeeper.relief.ladder import Live
 
 log = logging.getLogger("roomkeeper")
 
+RELIEF_WORKERS = 2  # relieve hooks called at once (one victim at a time: one, then a late one)
+SAVE_BEFORE_CALL_S = 2.0  # the ask must be saved within this, or the hook is not called
+
 
 class LeaseRelief:
     """Relieves the gateway's leases for the pressure monitor.
 
     Args:
-        leases: the durable leases (their records are written through it).
-        hooks: the pool hooks run on.
-        journal: where the relief's history event goes.
+        leases: the durable leases.
+        journal: where the relief's outcome and its history event go.
         watch: told of every journal write, to report one that fails.
         end: ends a lease that was relieved (on the event loop), given its id.
         clock: the monitor's monotonic seconds (a lease's age is told on it).
@@ -50,21 +56,21 @@ class LeaseRelief:
         self,
         *,
         leases: DurableLeases,
-        hooks: HookRunner,
         journal: Journal,
         watch: Callable[[concurrent.futures.Future[None]], None],
         end: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self._durable = leases
         self._leases = leases.leases
-        self._hooks = hooks
         self._journal = journal
         self._watch = watch
         self._end = end
         self._clock = clock
         self._wall = wall
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=RELIEF_WORKERS, thread_name_prefix="roomkeeper-relieve"
+        )
 
     def relievable(self) -> list[Live]:
         """Granted leases whose relieve hook was never called, as the ladder ranks work."""
@@ -86,20 +92,34 @@ class LeaseRelief:
         return self._leases.unrelievable()
 
     def relieve(self, lease_id: str, why: str) -> concurrent.futures.Future[str] | None:
-        """Call the lease's relieve hook once; None when it cannot be relieved now."""
+        """Call the lease's relieve hook once, on the reliefs' own pool, after the ask is
+        saved; None when it cannot be relieved now."""
         lease = self._leases.ask_relief(lease_id)
         if lease is None or lease.relieve is None:
             return None
-        self._durable.record(lease)  # watched: a failed save is reported, the relief goes on
         hook = replace(lease.relieve, key=f"relieve-{lease_id}")
-        return self._hooks.submit(hook)
+        return self._pool.submit(self._call, lease_id, hook)
+
+    def _call(self, lease_id: str, hook: ReleaseHook) -> str:
+        """Save the ask, then make the call; its outcome in words."""
+        write = self._journal.record_relieve(lease_id, RELIEVE_ASKED)
+        self._watch(write)
+        try:
+            write.result(timeout=SAVE_BEFORE_CALL_S)
+        except Exception as err:  # not saved: a restart could not know it was made
+            return f"failed: the ask could not be saved ({type(err).__name__})"
+        return run_hook(hook)
 
     def settle(self, lease_id: str, relieved: bool, outcome: str, freed: int) -> None:
         """Record how the relief went; end a relieved lease its holder has not ended yet."""
         lease = self._leases.settle_relief(lease_id, outcome)
-        self._durable.record(lease)
+        self._watch(self._journal.record_relieve(lease_id, outcome))
         code = RecoveryCode.LEASE_RELIEVED if relieved else RecoveryCode.LEASE_NOT_RELIEVED
         numbers = {"freed_bytes": freed, "lease_bytes": lease.memory_bytes or 0}
         self._watch(self._journal.record_history(HistoryEvent(self._wall(), code, numbers)))
         if relieved and lease.state is LeaseState.GRANTED:
             self._end(lease_id)
+
+    def close(self) -> None:
+        """Let a call in flight end (within its deadline); make no new one."""
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -169,7 +169,6 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start: leases end there
         self.lease_relief = LeaseRelief(
             leases=self.durable_leases,
-            hooks=self.hooks,
             journal=journal,
             watch=self._watch,
             end=self._end_relieved,
@@ -512,7 +511,7 @@ class Gateway:
             f"memory that no running job or granted lease explains rose from "
             f"{gb(watch.then_bytes)} to {gb(watch.baseline_bytes)} GB across job and lease "
             f"endings and has not come back ({without} lease(s) ended without a release "
-            "hook); new work is still admitted, but into less room; the status lists the "
+            "hook); work is judged against the room that is left; the status lists the "
             "processes that grew"
         )
 
@@ -570,9 +569,6 @@ class Gateway:
                 "body": f"{doubt} job(s) or call(s) were in flight when the gateway stopped; "
                 "resolve each as succeeded, failed or rerun",
             }
-        kept = self.memory_not_given_back()
-        if kept is not None:
-            return {"headline": "memory not given back", "body": kept}
         held = self.held_after_pressure()
         if held is not None:
             return {"headline": HEADLINES[Reason.PRESSURE], "body": held}
@@ -587,6 +583,10 @@ class Gateway:
                     "body": f"CPU pressure {cpu:.0f} % is above {threshold:.0f} %: "
                     "no new job starts until it falls",
                 }
+        # After what holds admission now: this one explains why the room keeps shrinking.
+        kept = self.memory_not_given_back()
+        if kept is not None:
+            return {"headline": "memory not given back", "body": f"{kept}; {decision.summary}"}
         return {"headline": HEADLINES.get(decision.reason, "ok"), "body": decision.summary}
 
     def sample(self) -> Sample:
@@ -673,6 +673,7 @@ class Gateway:
         # Reaping them has three quarters of the steps' time, so the services below close.
         await asyncio.to_thread(self.scheduler.close, grace=grace, within=steps_s * 3 / 4)
         await asyncio.to_thread(self.hooks.close)  # 5. close services (hooks end by their deadline)
+        await asyncio.to_thread(self.lease_relief.close)
         await asyncio.to_thread(self.journal.close)
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.close)

@@ -432,6 +432,18 @@ class Guard:
         and carries what the jobs not on trial claim, against which the ladder
         pauses and resumes the jobs on trial.
         """
+        reading = self.memory_reading()
+        if reading is None:
+            return None
+        settings = read_settings(self._env)
+        with self._lock:
+            self._expire(settings.job_warmup_seconds)
+            claimed = self._claims_after_trials(reading.used, reading.hold_line)
+        return replace(reading, claimed=claimed)
+
+    def memory_reading(self) -> Reading | None:
+        """The reading :meth:`pressure_reading` takes, with no effect on the reservations or the
+        trials (``claimed`` is 0): for watchers beside the pressure monitor."""
         settings = read_settings(self._env)
         if not settings.guard_on or not self._platform.linux:
             return None
@@ -444,17 +456,11 @@ class Guard:
         memory = inputs.memory
         if memory.used_bytes is None or memory.limit_bytes is None:
             return None
-        reserve = self._reserve_for(memory.limit_bytes)
-        line = memory_line(memory.limit_bytes, settings.memory_headroom_percent) - reserve
-        with self._lock:
-            self._expire(settings.job_warmup_seconds)
-            claimed = self._claims_after_trials(memory.used_bytes, line)
         return Reading(
             used=memory.used_bytes,
             limit=memory.limit_bytes,
             headroom_percent=settings.memory_headroom_percent,
-            reserve=reserve,
-            claimed=claimed,
+            reserve=self._reserve_for(memory.limit_bytes),
             full_avg10=inputs.full_avg10,
             at=self._clock(),
             directory=inputs.directory,

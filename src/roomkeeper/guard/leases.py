@@ -18,8 +18,10 @@ the hook went.
 
 A lease may also carry a ``relieve`` hook: under sustained memory pressure
 the relief ladder calls it once to ask the holder to end that turn now
-(:meth:`Leases.ask_relief`).  Unless that relief is found not to have given
-memory back, the lease then ends ``relieved``, whoever ends it.
+(:meth:`Leases.ask_relief`).  Its state then says why it ended: ``relieved``,
+whoever ends it, unless the relief was found to give nothing back first (a
+failed hook, no memory back in time); its ``relieve_outcome`` says whether
+the memory came back.
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ class LeaseView:
     relieve_outcome: str | None = None
 
     @property
-    def relieved(self) -> bool:
-        """Its relieve hook was called and not found to have given nothing back."""
+    def relief_stands(self) -> bool:
+        """Its holder was asked to end the turn, and that was not found to give nothing back:
+        an end now is the relief's."""
         outcome = self.relieve_outcome
         return outcome is not None and not outcome.startswith(NOT_RELIEVED)
 
@@ -118,6 +121,8 @@ class Leases:
         self._deadlines: dict[str, float] = {}  # monotonic expiry of granted leases
         self._ended: Counter[str] = Counter()
         self._without_hook = 0  # ended with no release hook: their sessions may stay
+        # Ended, their release hooks not run yet: their sessions are still held.
+        self._finishing: dict[str, int] = {}
         self._completed: dict[str, None] = {}  # ended, hook run: oldest first
 
     def grant(
@@ -267,13 +272,14 @@ class Leases:
             lease = self._get(lease_id)
             if lease.state is not LeaseState.GRANTED:
                 return None
-            if state is LeaseState.RELEASED and lease.relieved:
+            if state is LeaseState.RELEASED and lease.relief_stands:
                 state = LeaseState.RELIEVED  # its holder ended the turn because we asked
             lease = replace(lease, state=state, ended_at=self._wall())
             self._leases[lease_id] = lease
             self._deadlines.pop(lease_id, None)
             self._ended[state.value] += 1
             self._without_hook += lease.release is None
+            self._finishing[lease_id] = lease.memory_bytes or 0
             return lease
 
     def ask_relief(self, lease_id: str) -> LeaseView | None:
@@ -312,26 +318,31 @@ class Leases:
             ]
 
     def unrelievable(self) -> tuple[int, int]:
-        """(granted leases without a relieve hook, what they reserve together)."""
+        """(granted leases the ladder cannot relieve now: no relieve hook, or asked already;
+        what they reserve together)."""
         with self._lock:
             found = [
                 v
                 for v in self._leases.values()
-                if v.state is LeaseState.GRANTED and v.relieve is None
+                if v.state is LeaseState.GRANTED
+                and (v.relieve is None or v.relieve_outcome is not None)
             ]
             return len(found), sum(v.memory_bytes or 0 for v in found)
 
     def reserved(self) -> int:
-        """What the granted leases reserve together (their stated or estimated memory)."""
+        """What our leases reserve together: the granted ones, and the ended ones whose release
+        hook has not finished (their sessions are still held)."""
         with self._lock:
-            return sum(
+            granted = sum(
                 v.memory_bytes or 0 for v in self._leases.values() if v.state is LeaseState.GRANTED
             )
+            return granted + sum(self._finishing.values())
 
     def complete(self, lease_id: str, hook_outcome: str | None) -> LeaseView:
         """After the hook ran: release the reservation and record how the hook went."""
         self._guard.release(guard_key(lease_id))
         with self._lock:
+            self._finishing.pop(lease_id, None)
             lease = replace(self._get(lease_id), hook_outcome=hook_outcome)
             self._leases[lease_id] = lease
             self._completed[lease_id] = None

@@ -119,6 +119,18 @@ class LeasesTable(Store):
 
         return self.submit(write)
 
+    def record_relieve(self, lease_id: str, outcome: str) -> Future[None]:
+        """How a lease's relief stands (``asked``, then its outcome), and nothing else of the
+        row: the lease's state is written by its own changes, never overwritten from here."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE leases SET relieve_outcome = :outcome WHERE id = :id",
+                {"id": lease_id, "outcome": outcome},
+            )
+
+        return self.submit(write)
+
     def expire_leases(self, *, now: float) -> Future[None]:
         """Every granted lease past its ttl at ``now`` is expired, ended at ``now``; its
         release hook, if it has one, is due."""

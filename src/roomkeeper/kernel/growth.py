@@ -89,7 +89,10 @@ class ProcessGrowth:
         directory = self._container()
         if directory is not None:
             return cgroup_members(directory)
-        return {int(n) for n in os.listdir(self._proc_root) if n.isdigit()}
+        try:
+            return {int(n) for n in os.listdir(self._proc_root) if n.isdigit()}
+        except OSError:  # no /proc (not Linux): nothing to rank
+            return set()
 
     def start(self) -> None:
         """Take the first look: every process's resident memory now."""

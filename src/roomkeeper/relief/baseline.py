@@ -14,9 +14,11 @@ The rule, with ``share`` = ROOMKEEPER_BASELINE_GROWTH_PERCENT of the memory
 line and ``N`` = ROOMKEEPER_BASELINE_ENDINGS::
 
     then = the lowest *upper* baseline recorded at least N endings ago
+           (after the first ending: what starts beside the gateway is not growth)
     now  = the lowest baseline of the last RECENT_RECORDS records
     memory not given back  when  now - then > share
-    given back again       when  now - then <= share / 2
+    given back again       when  the lowest upper baseline of those records
+                                 - then <= share / 2
 
 The *upper* baseline counts a granted lease's memory as baseline (``used -
 footprints``): a lease reserves its estimate before its turn has allocated
@@ -25,7 +27,8 @@ reading taken then would make the next quiet moment look like growth.
 Comparing the plain baseline now with the upper one then, a growth is only
 said when no lease could explain it.  ``now`` is the lowest of the last few
 records, so one reading taken before a freed session was unmapped is not
-taken for memory kept.
+taken for memory kept.  Given back is said from the upper baseline too, so
+young leases never make memory look given back while it is still held.
 
 Nothing here reads the kernel or a clock: the gateway
 (:mod:`roomkeeper.gateway.baseline`) takes the readings and acts on what
@@ -125,7 +128,7 @@ class BaselineWatch:
         self._endings = 0
         self._records = 0
         self._latest: BaselineRecord | None = None
-        self._recent: deque[int] = deque(maxlen=RECENT_RECORDS)
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT_RECORDS)  # (plain, upper)
         # The lowest upper baseline of each ending count not yet N endings old: only the
         # lowest of a count can ever be "then", so quiet moments add nothing here.
         self._young: dict[int, int] = {}
@@ -144,21 +147,23 @@ class BaselineWatch:
         with self._lock:
             self._records += 1
             self._latest = record
-            self._recent.append(record.baseline)
+            self._recent.append((record.baseline, record.upper))
             endings = self._endings
-            low = self._young.get(endings)
-            self._young[endings] = record.upper if low is None else min(low, record.upper)
+            if endings > 0:  # before any ending, the start-up: helpers still arriving
+                low = self._young.get(endings)
+                self._young[endings] = record.upper if low is None else min(low, record.upper)
             for count in [c for c in self._young if endings - c >= settings.endings]:
                 upper = self._young.pop(count)
                 if self._then is None or upper < self._then[0]:
                     self._then = (upper, count)
             if self._then is None:
                 return None
-            now = min(self._recent)
+            now = min(plain for plain, _ in self._recent)
             share = int(record.line * settings.growth_percent / 100)
             grown = now - self._then[0]
             if self._holds:
-                self._holds = grown > share // 2
+                kept = min(upper for _, upper in self._recent) - self._then[0]
+                self._holds = kept > share // 2
                 return None
             if grown <= share:
                 return None
@@ -170,7 +175,8 @@ class BaselineWatch:
         """The latest baseline, what growth is measured from, the endings, whether it holds."""
         with self._lock:
             return BaselineStatistics(
-                baseline_bytes=None if self._latest is None else self._latest.baseline,
+                # Below zero only while leases reserve more than their turns hold yet.
+                baseline_bytes=None if self._latest is None else max(0, self._latest.baseline),
                 then_bytes=None if self._then is None else self._then[0],
                 endings=self._endings,
                 records=self._records,

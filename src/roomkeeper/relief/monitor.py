@@ -18,10 +18,10 @@ asks a lease's holder, through the relieve hook the holder gave, to end
 its turn (:class:`LeaseTarget`).
 
 A relief is one victim like a stop: the hook is called once, and the lease
-counts as relieved once used memory falls by about its share
-(:data:`RELIEVED_SHARE` of what it reserved) within :data:`RELIEF_WAIT_S`;
-else, or when the hook failed, it counts as not relieved and the ladder goes
-on to its next victim.
+counts as relieved once its hook answered and used memory fell by about its
+share (:data:`RELIEVED_SHARE` of what it reserved) within
+:data:`RELIEF_WAIT_S`; else, or when the hook failed, it counts as not
+relieved and the ladder goes on to its next victim.
 """
 
 from __future__ import annotations
@@ -42,7 +42,15 @@ from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.rule import gb
 from roomkeeper.kernel.notify import Notifier
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
-from roomkeeper.relief.ladder import Action, LadderState, Live, Plan, Step, decide
+from roomkeeper.relief.ladder import (
+    RISE_BYTES,
+    Action,
+    LadderState,
+    Live,
+    Plan,
+    Step,
+    decide,
+)
 
 log = logging.getLogger("roomkeeper")
 
@@ -56,7 +64,7 @@ SLOW_READING_S = 0.5  # a reading that takes longer is logged with where its tim
 SLOW_SAID_EVERY_S = 10.0  # ... at most this often
 REACTIONS_KEPT = 1000  # reaction times kept for the percentiles (the latest)
 RELIEF_WAIT_S = 5.0  # a relieved lease's memory must be back within this (the hook's 3 s too)
-RELIEVED_SHARE = 0.5  # ... by at least this share of what the lease reserved
+RELIEVED_SHARE = 0.5  # ... by at least this share of what the lease reserved (and 1 MiB)
 UNRELIEVED_SAID_EVERY_S = 10.0  # "nothing to act on" is logged at most this often
 
 
@@ -321,30 +329,31 @@ class PressureMonitor:
         return plan
 
     def _settle_relief(self, reading: Reading) -> bool:
-        """Settle the relief awaited, if one is: relieved once used fell by about the lease's
-        share; not relieved when its hook failed or the wait is over.  Whether one is
-        still awaited."""
+        """Settle the relief awaited, if one is: relieved once its hook answered and used fell
+        by about the lease's share; not relieved when the hook failed or the wait is over.
+        Whether one is still awaited."""
         pending = self._relieving
         if pending is None or self._leases is None:
             return False
         fell = pending.used - reading.used
         said = _said(pending.hook)
         waited = self._clock() - pending.asked
-        if fell >= pending.share * RELIEVED_SHARE:
-            relieved, outcome = True, f"relieved: used fell {gb(fell)} GB in {waited * 1000:.0f} ms"
-        elif said is not None and not said.startswith("ok"):
-            relieved, outcome = False, f"not relieved: its relieve hook {said}"
+        needed = max(int(pending.share * RELIEVED_SHARE), RISE_BYTES)
+        relieved = False
+        if said is not None and not said.startswith("ok"):
+            outcome = f"not relieved: its relieve hook {said}"
+        elif said is not None and fell >= needed:
+            relieved = True
+            outcome = f"relieved: used fell {gb(fell)} GB in {waited * 1000:.0f} ms (hook {said})"
         elif waited > RELIEF_WAIT_S:
-            relieved = False
             outcome = (
                 f"not relieved: used fell {gb(max(0, fell))} of its {gb(pending.share)} GB "
-                f"within {RELIEF_WAIT_S:g} s"
+                f"within {RELIEF_WAIT_S:g} s (hook {said or 'not answered'})"
             )
+            pending.hook.cancel()  # never called late, once given up (if it still waits)
         else:
             return True
         self._relieving = None
-        if said is not None and said not in outcome:
-            outcome += f" (hook {said})"
         with self._lock:
             self._relieved += relieved
         log.log(
@@ -367,7 +376,8 @@ class PressureMonitor:
         self._unrelieved_said = reading.at
         count, reserved = (0, 0) if self._leases is None else self._leases.unrelievable()
         leases = (
-            f"{count} granted lease(s) reserving {gb(reserved)} GB carry no relieve hook"
+            f"{count} granted lease(s) reserving {gb(reserved)} GB carry no relieve hook or "
+            "were asked already"
             if count
             else "no lease is granted"
         )
