@@ -80,7 +80,9 @@ def test_a_reading_taken_while_a_lease_was_young_is_never_taken_for_a_low_baseli
     """Leases reserve more than their turns hold at first, so the plain baseline reads low
     then; growth is measured from the baseline that counts leases' memory in."""
     w = watch()
-    w.record(record(300 * MB, leased=8 * 100 * MB))  # plain baseline -500 MB
+    w.record(record(300 * MB))
+    w.ended()
+    w.record(record(300 * MB, leased=8 * 100 * MB))  # eight young leases: plain -500 MB
     for _ in range(12):  # every ending returns to the same 300 MB, quiet
         w.ended()
         assert w.record(record(300 * MB)) is None
