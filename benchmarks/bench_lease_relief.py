@@ -101,7 +101,7 @@ class Rig:
             [
                 sys.executable,
                 str(EXAMPLES / "dispatcher.py"),
-                *("--gateway", self.url, "--agent", self.agent, "--token", self.token),
+                *("--gateway", self.url, "--agent", self.agent, f"--token={self.token}"),
                 *args,
             ],
             capture_output=True,

@@ -337,7 +337,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="take leases without a relieve hook: the gateway cannot end a turn under pressure",
     )
-    p.add_argument("--token", help="the gateway's token (default: $ROOMKEEPER_HOME/token)")
+    p.add_argument(
+        "--token",
+        help="the gateway's token (default: $ROOMKEEPER_HOME/token); give it as --token=TOKEN, "
+        "since a token may begin with '-'",
+    )
     p.add_argument("--id-prefix", default="t-", help="turn ids are PREFIX<n> (default t-)")
     p.add_argument("--ttl", type=float, default=60.0, help="lease ttl in seconds (default 60)")
     p.add_argument(

@@ -152,8 +152,7 @@ def dispatch_in(
         str(client.base_url),
         "--agent",
         agent,
-        "--token",
-        token,
+        f"--token={token}",  # a token may begin with "-": never a separate argument
         *args,
     ]
     result = subprocess.run(
