@@ -96,7 +96,7 @@ def test_memory_not_given_back_is_said_with_its_numbers_and_admission_goes_on(
         )
     said = gateway.needs_you()
     assert said["headline"] == "memory not given back"
-    assert "rose from 1.20 to 3.40 GB" in said["body"] and "/" not in said["body"]
+    assert "rose from 1.20 to 3.00 GB" in said["body"] and "/" not in said["body"]
     assert "0 lease(s) ended without a release hook" in said["body"]
     guard = feed_json(gateway)["guard"]
     assert guard["headline"] == "memory not given back" and guard["admit"]

@@ -319,3 +319,35 @@ def test_lease_relief_saves_the_ask_before_the_call_and_ends_a_relieved_lease(
         relief.close()
         journal.close()
     assert codes == ["lease_relieved"]
+
+
+def test_a_leases_own_change_never_puts_its_relief_back_to_nothing(tmp_path: Path) -> None:
+    """The ask is its own column: a heartbeat or an end written after it keeps it; an ask
+    for a lease whose row is not written yet finds no row."""
+    journal = Journal(tmp_path / "j.db", synchronous="OFF")
+    try:
+        now = time.time()
+        view = LeaseView(
+            "a", "o", LeaseState.GRANTED, 100 * MB, None, 60.0, now, now + 60, relieve=HOOK
+        )
+        assert journal.record_relieve("a", RELIEVE_ASKED).result() is False  # no row yet
+        journal.record_lease(view).result()
+        assert journal.record_relieve("a", RELIEVE_ASKED).result() is True
+        journal.record_lease(replace(view, expires_at=now + 120)).result()  # a heartbeat
+        rows = journal.live_leases(now=now)
+    finally:
+        journal.close()
+    assert rows[0].relieve_outcome == RELIEVE_ASKED
+
+
+def test_ended_leases_reserve_until_their_release_hook_has_run(tmp_path: Path) -> None:
+    """Between a lease's end and its hook's outcome its session is still held: counted."""
+    guard, _ = fixture_guard(tmp_path, used=1 * GB)
+    leases = Leases(guard)
+    leases.grant("a", owner="o", memory_bytes=100 * MB)
+    leases.grant("b", owner="o", memory_bytes=50 * MB)
+    assert leases.reserved() == 150 * MB
+    leases.end("a")
+    assert leases.reserved() == 150 * MB  # its hook still runs
+    leases.complete("a", "ok 204")
+    assert leases.reserved() == 50 * MB

@@ -194,14 +194,18 @@ class DurableLeases:
         if lease is None:  # it had ended already: releasing twice is not an error
             return self.leases.get(lease_id)
         outcome = None
-        if lease.release is not None:
-            try:
-                due = replace(lease, hook_outcome=HOOK_DUE)
-                await asyncio.wrap_future(self.record(due))
-            except Exception as err:  # a full disk: the hook still runs, memory comes back
-                log.error("lease %s: its end could not be saved before its hook: %s", lease_id, err)
-            outcome = await self._run_hook(lease.release, lease_id)
-        lease = self.leases.complete(lease_id, outcome)
+        try:
+            if lease.release is not None:
+                try:
+                    due = replace(lease, hook_outcome=HOOK_DUE)
+                    await asyncio.wrap_future(self.record(due))
+                except Exception as err:  # a full disk: the hook still runs, memory comes back
+                    log.error(
+                        "lease %s: its end could not be saved before its hook: %s", lease_id, err
+                    )
+                outcome = await self._run_hook(lease.release, lease_id)
+        finally:  # whatever happened to the hook, the lease's memory is given back
+            lease = self.leases.complete(lease_id, outcome)
         await asyncio.wrap_future(self.record(lease))
         return lease
 

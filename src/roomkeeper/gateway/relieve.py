@@ -103,17 +103,18 @@ class LeaseRelief:
     def _call(self, lease_id: str, hook: ReleaseHook) -> str:
         """Save the ask, then make the call; its outcome in words."""
         write = self._journal.record_relieve(lease_id, RELIEVE_ASKED)
-        self._watch(write)
         try:
-            write.result(timeout=SAVE_BEFORE_CALL_S)
+            saved = write.result(timeout=SAVE_BEFORE_CALL_S)
         except Exception as err:  # not saved: a restart could not know it was made
             return f"failed: the ask could not be saved ({type(err).__name__})"
+        if not saved:  # asked the moment it was granted, before its row was written
+            return "failed: the lease was not saved yet"
         return run_hook(hook)
 
     def settle(self, lease_id: str, relieved: bool, outcome: str, freed: int) -> None:
         """Record how the relief went; end a relieved lease its holder has not ended yet."""
         lease = self._leases.settle_relief(lease_id, outcome)
-        self._watch(self._journal.record_relieve(lease_id, outcome))
+        self._journal.record_relieve(lease_id, outcome)  # a lost outcome: "asked" at restart
         code = RecoveryCode.LEASE_RELIEVED if relieved else RecoveryCode.LEASE_NOT_RELIEVED
         numbers = {"freed_bytes": freed, "lease_bytes": lease.memory_bytes or 0}
         self._watch(self._journal.record_history(HistoryEvent(self._wall(), code, numbers)))

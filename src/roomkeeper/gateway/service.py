@@ -504,12 +504,12 @@ class Gateway:
     def memory_not_given_back(self) -> str | None:
         """While the baseline stays up after endings: what it rose from and to, in words."""
         watch = self.baseline.watch.statistics()
-        if not watch.not_given_back or watch.then_bytes is None or watch.baseline_bytes is None:
+        if not watch.not_given_back or watch.then_bytes is None or watch.judged_bytes is None:
             return None
         without = self.leases.ended_without_hook()
         return (
             f"memory that no running job or granted lease explains rose from "
-            f"{gb(watch.then_bytes)} to {gb(watch.baseline_bytes)} GB across job and lease "
+            f"{gb(watch.then_bytes)} to {gb(watch.judged_bytes)} GB across job and lease "
             f"endings and has not come back ({without} lease(s) ended without a release "
             "hook); work is judged against the room that is left; the status lists the "
             "processes that grew"

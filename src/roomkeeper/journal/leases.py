@@ -56,9 +56,10 @@ INSERT INTO leases (
 )
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state, ttl_s = excluded.ttl_s, expires_at = excluded.expires_at,
-    ended_at = excluded.ended_at, hook_outcome = excluded.hook_outcome,
-    relieve_outcome = excluded.relieve_outcome
+    ended_at = excluded.ended_at, hook_outcome = excluded.hook_outcome
 """
+# A relief's outcome is written by record_relieve alone: a lease's own change, taken before
+# the ask and written after it, must never put the ask back to nothing.
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,15 +120,17 @@ class LeasesTable(Store):
 
         return self.submit(write)
 
-    def record_relieve(self, lease_id: str, outcome: str) -> Future[None]:
+    def record_relieve(self, lease_id: str, outcome: str) -> Future[bool]:
         """How a lease's relief stands (``asked``, then its outcome), and nothing else of the
-        row: the lease's state is written by its own changes, never overwritten from here."""
+        row: the lease's state is written by its own changes, never overwritten from here.
+        The future says whether the lease's row was there to take it."""
 
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
+        def write(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
                 "UPDATE leases SET relieve_outcome = :outcome WHERE id = :id",
                 {"id": lease_id, "outcome": outcome},
             )
+            return cursor.rowcount == 1
 
         return self.submit(write)
 

@@ -105,6 +105,8 @@ class BaselineStatistics:
         records: records taken.
         not_given_back: the rule holds now.
         fired: how many times the rule began to hold.
+        judged_bytes: what the rule last measured against ``then``: the lowest recent
+            baseline, leases' memory counted in while it holds (None until it judged).
     """
 
     baseline_bytes: int | None
@@ -113,6 +115,7 @@ class BaselineStatistics:
     records: int
     not_given_back: bool
     fired: int
+    judged_bytes: int | None = None
 
 
 class BaselineWatch:
@@ -135,6 +138,7 @@ class BaselineWatch:
         self._then: tuple[int, int] | None = None  # (upper baseline, ending count)
         self._holds = False
         self._fired = 0
+        self._judged: int | None = None
 
     def ended(self, count: int = 1) -> None:
         """Count job or lease endings (the record taken after them follows)."""
@@ -162,9 +166,11 @@ class BaselineWatch:
             share = int(record.line * settings.growth_percent / 100)
             grown = now - self._then[0]
             if self._holds:
-                kept = min(upper for _, upper in self._recent) - self._then[0]
-                self._holds = kept > share // 2
+                held = min(upper for _, upper in self._recent)
+                self._judged = held
+                self._holds = held - self._then[0] > share // 2
                 return None
+            self._judged = now
             if grown <= share:
                 return None
             self._holds = True
@@ -182,4 +188,5 @@ class BaselineWatch:
                 records=self._records,
                 not_given_back=self._holds,
                 fired=self._fired,
+                judged_bytes=self._judged,
             )
