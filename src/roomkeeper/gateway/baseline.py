@@ -79,12 +79,6 @@ class BaselineKeeper:
         reading = self._guard.memory_reading()
         return None if reading is None else reading.directory
 
-    def _endings(self) -> int:
-        """Jobs and leases ended so far in this run."""
-        leases = self._leases.counts()
-        ended_leases = sum(n for state, n in leases.items() if state != "granted")
-        return sum(self._scheduler.statistics().ended.values()) + ended_leases
-
     def take(self) -> BaselineRecord | None:
         """One record now; None where memory cannot be read."""
         reading = self._guard.memory_reading()
@@ -101,12 +95,14 @@ class BaselineKeeper:
     def check(self) -> NotGivenBack | None:
         """Record after new endings, or at a quiet moment; what fired, if the rule began to
         hold now (it is logged and kept in the history)."""
-        endings = self._endings()
+        leases = self._leases.counts()
+        ended_leases = sum(n for state, n in leases.items() if state != "granted")
+        endings = sum(self._scheduler.ended_counts().values()) + ended_leases
         new = endings - self._endings_seen
         quiet = (
             self._clock() - self._quiet_at >= QUIET_EVERY_S
+            and leases.get("granted", 0) == 0
             and not self._scheduler.local_sessions()
-            and self._leases.counts().get("granted", 0) == 0
         )
         if new <= 0 and not quiet:
             return None

@@ -312,6 +312,11 @@ class Scheduler:
                 suspended=sum(1 for j in running.values() if j.state is JobState.SUSPENDED),
             )
 
+    def ended_counts(self) -> dict[str, int]:
+        """How many jobs ended so far, by final state (statistics' ``ended`` alone: cheap)."""
+        with self._lock:
+            return self._book.ended_counts()
+
     def local_footprints(self) -> int:
         """What our running jobs here hold together now (their trees' memory)."""
         return self._rounds.local_footprints()
