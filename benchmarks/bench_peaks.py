@@ -16,7 +16,7 @@ from pathlib import Path
 
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.kernel.job_cgroups import JobCgroup
-from roomkeeper.trees.launch import LaunchSpec, launch
+from roomkeeper.processes.launch import LaunchSpec, launch
 
 HOLD_100_MB = (
     "import time; b = bytearray(100 * 10**6); b[::4096] = b'x' * len(range(0, len(b), 4096));"

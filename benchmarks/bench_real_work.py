@@ -101,8 +101,8 @@ def run_roomkeeper(commands: Path, tmp: Path) -> tuple[float, float]:
 def launch_costs(n: int = 40) -> str:
     """What one managed launch costs here: the guard's decision, the spawn, the reap."""
     from roomkeeper import Guard
-    from roomkeeper.trees.launch import LaunchSpec, launch
-    from roomkeeper.trees.lifeline import Lifeline
+    from roomkeeper.processes.launch import LaunchSpec, launch
+    from roomkeeper.processes.lifeline import Lifeline
 
     guard = Guard()
     lifeline = Lifeline()

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 from roomkeeper.guard.admission import Guard
+from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
 from roomkeeper.relief.ladder import Live
 from roomkeeper.testing import CannotSuspend, FakeClock
-from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 from roomkeeper.units import GB
 from tests.kernel_files import Level, v2_tree
 

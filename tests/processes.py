@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 
 from roomkeeper.kernel.proc import ProcStat, cgroup_members, read_stat, scan_proc, tree_members
-from roomkeeper.trees.launch import LaunchSpec, launch
-from roomkeeper.trees.lifeline import Lifeline
-from roomkeeper.trees.process import ManagedProcess
+from roomkeeper.processes.launch import LaunchSpec, launch
+from roomkeeper.processes.lifeline import Lifeline
+from roomkeeper.processes.process import ManagedProcess
 
 
 def python(code: str, *args: str) -> list[str]:

@@ -19,14 +19,14 @@ from roomkeeper.config import read_backend_settings
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
-from roomkeeper.jobs.book import RemoteEnd, RemoteHandle, Settlement
+from roomkeeper.jobs.handle import RemoteEnd, Settlement
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.rounds import ASIDE_SECONDS
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.processes.launch import LaunchSpec
+from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
 from roomkeeper.testing import CannotSuspend, FakeClock
-from roomkeeper.trees.launch import LaunchSpec
-from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 
 
 class FakeRemote(CannotSuspend):
@@ -38,6 +38,8 @@ class FakeRemote(CannotSuspend):
         self.settled: Settlement | None = None
         self.stopped = False
         self.closed = False
+
+    local = False
 
     @property
     def pid(self) -> int | None:
@@ -224,7 +226,7 @@ def test_an_exit_of_a_remote_tree_is_an_exit(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     view = rig.scheduler.submit(JobSpec(["true"]))
     rig.scheduler.tick()
-    assert isinstance(rig.last(view.id), RemoteHandle)
+    assert not rig.last(view.id).local
     rig.last(view.id).code = 3
     rig.scheduler.tick()
     now = rig.scheduler.get(view.id)

@@ -12,8 +12,8 @@ from roomkeeper.errors import SuspendError
 from roomkeeper.kernel import freezer
 from roomkeeper.kernel.freezer import FreezeMethod, FreezerGroup
 from roomkeeper.kernel.job_cgroups import JobCgroup
+from roomkeeper.processes.suspension import Suspension
 from roomkeeper.testing import FakeClock
-from roomkeeper.trees.suspension import Suspension
 
 
 def v2_group(tmp_path: Path, frozen: int) -> Path:

@@ -16,12 +16,12 @@ from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.processes.launch import LaunchSpec
+from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
 from roomkeeper.relief.ladder import LadderState, Live, Plan, Step, decide
 from roomkeeper.relief.monitor import PressureMonitor
 from roomkeeper.testing import CannotSuspend, FakeClock
-from roomkeeper.trees.launch import LaunchSpec
-from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
 from tests.fakes import FakeTarget
 
 GB = 10**9
@@ -210,10 +210,10 @@ def test_the_monitor_asks_whether_a_stop_is_still_going_before_it_reads() -> Non
     target = FakeTarget(list(THREE))
     target.stopping = True
     m = monitor(clock, [reading(STOP + 1), reading(STOP + 1)], target, Cooldown(clock))
-    m.check()
+    m.tick()
     assert not [d for d in target.done if d[0] == "stop"]
     target.stopping = False
-    m.check()
+    m.tick()
     assert ("stop", "newest") in target.done
 
 
@@ -304,22 +304,22 @@ def test_a_stops_cooldown_ends_once_the_memory_is_back_and_the_forecast_fits() -
     calm = replace(reading(1000 * MB), claimed=700 * MB)
     feed = [reading(STOP + 1), reading(1000 * MB), crowded, calm, reading(STOP + 1), crowded]
     m = monitor(clock, feed, target, cooldown)
-    m.check()
+    m.tick()
     assert target.done == [("stop", "newest")] and cooldown.holding(CooldownCause.PRESSURE)
     target.stopping = True  # the stopped tree is not gone: its memory is not back
     clock.advance(1.0)
-    m.check()
+    m.tick()
     assert target.held[-1] is True and cooldown.active()
     target.stopping = False
     clock.advance(1.0)
-    m.check()  # gone, but the running jobs' forecast does not fit yet
+    m.tick()  # gone, but the running jobs' forecast does not fit yet
     assert target.held[-1] is True and cooldown.active()
     clock.advance(1.0)
-    m.check()
+    m.tick()
     assert target.held[-1] is False and not cooldown.active()
-    m.check()  # a second stop: the ceiling ends a hold that never clears
+    m.tick()  # a second stop: the ceiling ends a hold that never clears
     clock.advance(59.9)
-    m.check()
+    m.tick()
     assert cooldown.active()
     clock.advance(0.2)
     assert not cooldown.active()
@@ -363,14 +363,14 @@ def test_a_stop_starts_the_shared_cooldown_and_it_ends_on_time() -> None:
     m = monitor(
         clock, [reading(STOP + 1), reading(100 * MB), reading(100 * MB)], target, cooldown, fixed
     )
-    m.check()
+    m.tick()
     assert target.done == [("stop", "newest")]
     assert cooldown.cause() is CooldownCause.PRESSURE
     assert 59.9 < cooldown.remaining() <= 60.0
     clock.advance(59.0)
-    assert m.check() is not None and target.held[-1] is True  # calm, yet still cooling
+    assert m.tick() is not None and target.held[-1] is True  # calm, yet still cooling
     clock.advance(1.0)
-    m.check()
+    m.tick()
     assert target.held[-1] is False
     assert m.statistics().stops == 1
 
@@ -381,9 +381,9 @@ def test_reaction_time_runs_from_the_crossing_to_the_step() -> None:
     target = FakeTarget(list(THREE))
     readings = [reading(SUSPEND - 10 * MB, at=10.0), reading(SUSPEND + 10 * MB, at=10.25)]
     m = monitor(clock, readings, target, Cooldown(clock))
-    m.check()
+    m.tick()
     clock.advance(0.25)
-    m.check(woken_at=10.2)
+    m.tick(woken_at=10.2)
     stats = m.statistics()
     assert ("suspend", "newest") in target.done
     assert (stats.holds, stats.suspensions) == (1, 1)
@@ -603,7 +603,7 @@ def test_a_slow_reading_says_where_its_time_went_now_and_then(
     )
     with caplog.at_level("WARNING", logger="roomkeeper"):
         for _ in range(3):
-            monitor.check()
+            monitor.tick()
     said = [r.getMessage() for r in caplog.records if "pressure reading took" in r.getMessage()]
     assert said == [
         "a pressure reading took 1200 ms (the reading 0 ms, the live jobs 1200 ms, the steps 0 ms)"
@@ -674,8 +674,8 @@ def test_a_reading_lists_the_live_jobs_before_it_reads_the_container() -> None:
         settings=lambda: SETTINGS,
         clock=FakeClock(),
     )
-    monitor.check()
-    monitor.check()
+    monitor.tick()
+    monitor.tick()
     assert calls == ["live jobs", "reading"] * 2
 
 

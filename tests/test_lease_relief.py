@@ -17,10 +17,10 @@ import pytest
 from roomkeeper.config import PressureSettings
 from roomkeeper.gateway.leases import DurableLeases
 from roomkeeper.gateway.relieve import LeaseRelief
-from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.leases import RELIEVE_ASKED, Leases, LeaseState, LeaseView
 from roomkeeper.guard.lines import Reading
 from roomkeeper.journal.database import Journal
+from roomkeeper.loopback.hooks import HookRunner, ReleaseHook
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
 from roomkeeper.relief.ladder import LadderState, Live, Plan, Step, decide
 from roomkeeper.relief.monitor import RELIEF_WAIT_S, PressureMonitor
@@ -114,16 +114,16 @@ def test_a_relief_counts_once_its_hook_answered_and_used_fell_by_about_its_share
     back = reading(STOP + 1 - 100 * MB)
     feed = [reading(STOP + 1), reading(STOP + 2), back, back]
     m, cooldown = monitor(clock, feed, FakeTarget([]), leases)
-    m.check()
+    m.tick()
     assert leases.asked == ["y"] and cooldown.holding(CooldownCause.PRESSURE)
     clock.advance(0.1)
-    m.check()  # still past the stop line, its memory not back yet: nobody else is asked
+    m.tick()  # still past the stop line, its memory not back yet: nobody else is asked
     assert leases.asked == ["y"] and leases.settled == []
     clock.advance(0.1)
-    m.check()  # used fell, but the hook has not answered: not taken for its doing yet
+    m.tick()  # used fell, but the hook has not answered: not taken for its doing yet
     assert leases.settled == []
     leases.hooks["y"].set_result("ok 200")
-    m.check()
+    m.tick()
     assert [(s[0], s[1]) for s in leases.settled] == [("y", True)]
     assert leases.settled[0][2].startswith("relieved: used fell 0.10 GB")
     assert leases.settled[0][3] == 100 * MB
@@ -136,13 +136,13 @@ def test_a_relief_that_gives_nothing_back_lets_the_ladder_go_on() -> None:
     clock = FakeClock(0.0)
     leases = FakeLeases([lease("x", 1), lease("y", 2), lease("z", 3)])
     m, _ = monitor(clock, [reading(STOP + 1, at=t) for t in range(4)], FakeTarget([]), leases)
-    m.check()
+    m.tick()
     leases.hooks["z"].set_result("ok 200")
     clock.advance(RELIEF_WAIT_S - 0.1)
-    m.check()
+    m.tick()
     assert leases.asked == ["z"] and leases.settled == []
     clock.advance(0.2)
-    m.check()
+    m.tick()
     assert leases.settled[0][:2] == ("z", False)
     assert leases.settled[0][2].startswith("not relieved: used fell 0.00 of its 0.20 GB")
     assert leases.asked == ["z", "y"]
@@ -155,9 +155,9 @@ def test_a_failed_relieve_hook_is_not_waited_for() -> None:
     leases = FakeLeases([lease("x", 1), lease("y", 2)])
     feed = [reading(STOP + 1), reading(STOP + 1 - 150 * MB)]
     m, _ = monitor(clock, feed, FakeTarget([]), leases)
-    m.check()
+    m.tick()
     leases.hooks["y"].set_result("failed: HTTP 500")
-    m.check()
+    m.tick()
     assert leases.settled[0][:3] == ("y", False, "not relieved: its relieve hook failed: HTTP 500")
 
 
@@ -167,19 +167,19 @@ def test_a_lease_reserving_nothing_needs_a_real_fall_and_an_answer() -> None:
     clock = FakeClock(0.0)
     leases = FakeLeases([lease("x", 1), lease("y", 2, share=0)])
     m, _ = monitor(clock, [reading(STOP + 1, at=t) for t in range(3)], FakeTarget([]), leases)
-    m.check()
+    m.tick()
     leases.hooks["y"].set_result("ok 200")
-    m.check()
+    m.tick()
     assert leases.settled == []
     clock.advance(RELIEF_WAIT_S + 0.1)
-    m.check()
+    m.tick()
     assert leases.settled[0][:2] == ("y", False)
     unanswered = FakeLeases([lease("z", 1), lease("w", 2)])
     other = FakeClock(0.0)
     m, _ = monitor(other, [reading(STOP + 1)] * 2, FakeTarget([]), unanswered)
-    m.check()
+    m.tick()
     other.advance(RELIEF_WAIT_S + 0.1)
-    m.check()
+    m.tick()
     assert unanswered.hooks["w"].cancelled()
 
 
@@ -193,7 +193,7 @@ def test_the_log_says_when_leases_without_relieve_leave_nothing_to_act_on(
     m, _ = monitor(clock, feed, FakeTarget([]), leases)
     with caplog.at_level(logging.WARNING, logger="roomkeeper"):
         for _ in feed:
-            m.check()
+            m.tick()
     said = [r.getMessage() for r in caplog.records if "nothing to act on" in r.getMessage()]
     assert len(said) == 2, said
     assert "3 granted lease(s) reserving 0.60 GB carry no relieve hook" in said[0]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.trees.launch import LaunchSpec
-from roomkeeper.trees.peaks import PeakMethod, PeakSampler
+from roomkeeper.processes.launch import LaunchSpec
+from roomkeeper.processes.peaks import PeakMethod, PeakSampler
 from tests.cgroups import cgroup_fs_read_only, memory_cgroup_version
 from tests.processes import Reaper, read_log
 

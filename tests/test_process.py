@@ -20,12 +20,12 @@ from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, job_cgro
 from roomkeeper.kernel.proc import (
     read_stat,
 )
+from roomkeeper.processes import process as process_module
+from roomkeeper.processes.launch import LaunchSpec
+from roomkeeper.processes.lifeline import Lifeline, LifelineStatistics
+from roomkeeper.processes.orphans import become_subreaper
+from roomkeeper.processes.process import ManagedProcess
 from roomkeeper.testing import FakeClock
-from roomkeeper.trees import process as process_module
-from roomkeeper.trees.launch import LaunchSpec
-from roomkeeper.trees.lifeline import Lifeline, LifelineStatistics
-from roomkeeper.trees.orphans import become_subreaper
-from roomkeeper.trees.process import ManagedProcess
 from tests.cgroups import cgroup_fs_read_only
 from tests.kernel_files import FIXTURES
 from tests.processes import Reaper, gone, python, read_log
@@ -216,9 +216,9 @@ def test_stop_does_not_wait_for_a_tree_that_obeys_sigterm(tmp_path: Path, reaper
 SCHEDULER = textwrap.dedent(
     """
     import sys, time
-    from roomkeeper.trees.lifeline import Lifeline
-    from roomkeeper.trees.launch import LaunchSpec, launch
-    from roomkeeper.trees.orphans import become_subreaper
+    from roomkeeper.processes.lifeline import Lifeline
+    from roomkeeper.processes.launch import LaunchSpec, launch
+    from roomkeeper.processes.orphans import become_subreaper
 
     tmp, tree, with_cgroup = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     become_subreaper()

@@ -13,7 +13,7 @@ import pytest
 import roomkeeper.cluster.handle as handle_module
 from roomkeeper.cluster.handle import ENDED_CODE, RayHandle
 from roomkeeper.cluster.node import Begun, Finished, NodeJob
-from roomkeeper.jobs.book import RemoteEnd
+from roomkeeper.jobs.handle import RemoteEnd
 
 JOB = NodeJob("j1", ("true",), False, None, None, 10, 1000, None, None)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from roomkeeper.errors import RoomkeeperError
-from roomkeeper.trees.lifeline import Lifeline
+from roomkeeper.processes.lifeline import Lifeline
 
 
 def wrapper(tmp_path: Path, before: str) -> str:

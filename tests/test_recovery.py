@@ -207,7 +207,7 @@ def test_orphans_of_the_previous_run_are_stopped_at_start(tmp_path: Path) -> Non
         gateway = psutil.Process(gw.proc.pid)
         # Kill the gateway and its lifeline but not the job: an orphan that "somehow survived".
         for child in gateway.children():
-            if "roomkeeper.trees.lifeline" in " ".join(child.cmdline()):
+            if "roomkeeper.processes.lifeline" in " ".join(child.cmdline()):
                 child.kill()
         gateway.kill()
         gw.proc.wait()

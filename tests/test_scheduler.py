@@ -20,8 +20,8 @@ from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.testing import FakeClock
-from roomkeeper.trees.launch import LaunchSpec
 from tests.fakes import FakeHandle
 
 
@@ -386,7 +386,7 @@ def test_an_owner_refused_at_its_bound_leaves_no_line_outside_the_turn() -> None
     queue: FairQueue[str] = FairQueue()
     limits = Limits(10, 0, 4, 2, 80.0, 10)
     with pytest.raises(QueueFullError) as refused:
-        queue.check_room("late", limits)
+        queue.require_room("late", limits)
     assert refused.value.reason == "owner_queue_full"
     assert queue.owners() == set()
     queue.forget_idle(busy=set())

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from roomkeeper.errors import UsageError
-from roomkeeper.paths import check_home, load_token
-from roomkeeper.trees.job_user import read_job_user
+from roomkeeper.paths import load_token, validate_home
+from roomkeeper.processes.job_user import read_job_user
 from tests.gateways import RunningGateway, free_port, gateway_env, roomkeeper_cli, running_gateway
 
 pytestmark = pytest.mark.kernel
@@ -98,7 +98,7 @@ def test_a_home_of_another_user_is_refused(tmp_path: Path) -> None:
     home.mkdir(mode=0o700)
     os.chown(home, 65534, -1)
     with pytest.raises(UsageError, match=r"belongs to uid 65534.*chown 0 "):
-        check_home(home)
+        validate_home(home)
 
 
 def test_a_home_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_a_home_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir(mode=0o700)
     (tmp_path / "home").symlink_to(tmp_path / "real")
     with pytest.raises(UsageError, match="is a symbolic link"):
-        check_home(tmp_path / "home")
+        validate_home(tmp_path / "home")
 
 
 def test_a_readable_home_and_its_logs_are_made_0700(
@@ -118,7 +118,7 @@ def test_a_readable_home_and_its_logs_are_made_0700(
     home.chmod(0o755)
     (home / "logs").chmod(0o755)
     with caplog.at_level(logging.WARNING, logger="roomkeeper"):
-        check_home(home)
+        validate_home(home)
     assert (mode(home), mode(home / "logs")) == (0o700, 0o700)
     assert "was mode 0755; made it 0700" in caplog.text
 

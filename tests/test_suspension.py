@@ -17,9 +17,9 @@ import pytest
 
 from roomkeeper.errors import SuspendError
 from roomkeeper.kernel.freezer import FreezeMethod, freezer_parent
-from roomkeeper.trees.launch import LaunchSpec
-from roomkeeper.trees.peaks import tree_footprint
-from roomkeeper.trees.process import ManagedProcess
+from roomkeeper.processes.launch import LaunchSpec
+from roomkeeper.processes.peaks import tree_footprint
+from roomkeeper.processes.process import ManagedProcess
 from tests.cgroups import cgroup_fs_read_only
 from tests.processes import Reaper, read_log
 

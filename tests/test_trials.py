@@ -198,7 +198,7 @@ def test_the_monitor_counts_trial_pauses_apart_from_the_ladders_steps() -> None:
         settings=lambda: SETTINGS,
         clock=clock,
     )
-    m.check()
+    m.tick()
     stats = m.statistics()
     assert target.done == [("pause", "t1")] and target.held == [True]
     assert (stats.trial_pauses, stats.suspensions, stats.holds) == (1, 0, 0)

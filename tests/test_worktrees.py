@@ -28,7 +28,7 @@ from roomkeeper.worktrees.pruner import (
     registry_protection,
 )
 from roomkeeper.worktrees.request import Worktree, WorktreeRequest
-from roomkeeper.worktrees.service import Worktrees, check_worktree, worktree_path
+from roomkeeper.worktrees.service import Worktrees, validate_worktree, worktree_path
 from tests.worktree_repos import (
     MIB,
     fill,
@@ -364,14 +364,14 @@ def test_what_cannot_work_is_said_before_anything_starts(
     plain = tmp_path / "plain"
     plain.mkdir()
     with pytest.raises(WorktreeError, match="is not a git repository") as err:
-        check_worktree(WorktreeRequest(str(plain)), small_fs)
+        validate_worktree(WorktreeRequest(str(plain)), small_fs)
     assert err.value.reason == "not_a_repository"
     with pytest.raises(WorktreeError, match="checked out in another tree") as err:
-        check_worktree(WorktreeRequest(str(repo), "main"), small_fs)
+        validate_worktree(WorktreeRequest(str(repo), "main"), small_fs)
     assert err.value.reason == "branch_checked_out"
     (repo / "scratch").write_text("untracked\n")
     with pytest.raises(WorktreeError, match="dirty") as err:
-        check_worktree(WorktreeRequest(str(repo)), small_fs)
+        validate_worktree(WorktreeRequest(str(repo)), small_fs)
     assert err.value.reason == "dirty_base"
     with pytest.raises(WorktreeError, match="not a valid branch name") as err:
         workspaces(small_fs, journal).prepare(job_view("y", repo, branch="bad..name"))

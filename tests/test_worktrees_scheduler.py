@@ -13,7 +13,7 @@ from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
-from roomkeeper.trees.launch import LaunchSpec
+from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.worktrees.pruner import PruneReport
 from roomkeeper.worktrees.request import WorktreeRequest
 from roomkeeper.worktrees.service import Worktrees
@@ -221,8 +221,8 @@ def test_a_lease_refused_for_disk_gets_one_reap_then_is_granted(
     from collections import deque
 
     from roomkeeper.gateway.leases import DurableLeases
-    from roomkeeper.guard.hooks import HookRunner
     from roomkeeper.guard.leases import Leases
+    from roomkeeper.loopback.hooks import HookRunner
 
     big = make_repo(tmp_path, big_file_mib=20)
     env = guard_env(small_fs, job_disk_mib=100)

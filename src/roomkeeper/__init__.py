@@ -13,38 +13,43 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
 
 - ``kernel``: parsers, our own cgroup and its levels, fresh readings, job
   cgroups, processes as ``/proc`` lists them.  May import: nothing else of ours.
+- ``loopback``: calls made out on loopback when work ends or must give memory
+  back: release and relieve hooks, each with one deadline and a bounded pool.
+  May import: nothing else of ours.
 - ``guard``: the admission rule and its reservations, memory policies, the
-  lines it draws, leases, release hooks.  May import: ``kernel``.
+  lines it draws, leases.  May import: ``loopback``, ``kernel``.
 - ``relief``: the pressure monitor, the relief ladder, the cooldown.
-  May import: ``guard``, ``kernel``.
-- ``trees``: managed process trees: launching, sampled peaks, suspension,
+  May import: ``guard``, ``loopback``, ``kernel``.
+- ``processes``: managed process trees: launching, sampled peaks, suspension,
   orphans, readiness, the job user, the lifeline.  May import: ``kernel``.
 - ``worktrees``: a git worktree per job, and the pruning of finished ones.
-  May import: ``guard``, ``kernel``.
+  May import: ``guard``, ``loopback``, ``kernel``.
 - ``jobs``: specs and states, the fair queue, the scheduler and its launch
-  rounds, learned-size keys.  May import: ``worktrees``, ``trees``, ``relief``,
-  ``guard``, ``kernel``.
+  rounds, learned-size keys.  May import: ``worktrees``, ``processes``, ``relief``,
+  ``guard``, ``loopback``, ``kernel``.
 - ``journal``: the SQLite journal, one module per table; every SQL string of
-  the project.  May import: ``jobs``, ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``.
+  the project.  May import: ``jobs``, ``worktrees``, ``processes``, ``relief``,
+  ``guard``, ``loopback``, ``kernel``.
 - ``cluster``: the Ray backend: placement on the cluster, the task
   that asks a node's own guard and runs the job there, the gateway's handle
   of it.  Ray itself is imported only when chosen.  May import: ``jobs``,
-  ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``.
+  ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``.
 - ``gateway``: the service that owns scheduler, guard and journal; durable
   jobs and leases, recovery, registered calls, samples, the supervisor link.
-  May import: ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``trees``,
-  ``relief``, ``guard``, ``kernel``, ``ipc``.
+  May import: ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``processes``,
+  ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``.
 - ``api``: the HTTP app, one module per resource's routes, models, views,
   metrics, serving.  May import: ``gateway``, ``cluster``, ``journal``, ``jobs``,
-  ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``, ``ipc``.
+  ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``.
 - ``supervisor``: runs the gateway as its child and watches it from outside;
   talks to it through ``ipc`` only.  May import: ``ipc``.
 - ``batch``: ``roomkeeper batch``, a memory-aware ``parallel`` on the
-  scheduler, without a server.  May import: ``jobs``, ``worktrees``, ``trees``,
-  ``relief``, ``guard``, ``kernel``.
+  scheduler, without a server.  May import: ``jobs``, ``worktrees``, ``processes``,
+  ``relief``, ``guard``, ``loopback``, ``kernel``.
 - ``cli``: the ``roomkeeper`` command, and what ``batch`` shows a person.
   May import: ``api``, ``gateway``, ``batch``, ``cluster``, ``journal``, ``jobs``,
-  ``worktrees``, ``trees``, ``relief``, ``guard``, ``kernel``, ``ipc``, ``supervisor``.
+  ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``,
+  ``supervisor``.
 
 ``ipc`` (the supervisor's socketpair protocol) imports nothing of ours.
 ``testing`` holds fakes for tests and may import anything.  Only ``api``

@@ -113,7 +113,7 @@ def write_private(path: Path, text: str) -> None:
         os.close(dir_fd)
 
 
-def check_home(path: Path, *, searchable: bool = False) -> None:
+def validate_home(path: Path, *, searchable: bool = False) -> None:
     """Refuse a ROOMKEEPER_HOME another user could have planted or can change; tighten its mode.
 
     The home holds the token and the journal: it must be a real directory (a

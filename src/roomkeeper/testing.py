@@ -26,6 +26,11 @@ class CannotSuspend:
     """For a fake handle: a tree the relief ladder may not suspend, as one on another machine."""
 
     suspendable = False
+    local = True  # its (fake) memory counts in this container's reading
+
+    def settlement(self) -> None:
+        """None: it ends by itself, with an exit status, as a local tree does."""
+        return None
 
     def halt(self) -> None:
         """Nothing, as for a remote tree."""

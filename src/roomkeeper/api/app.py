@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from roomkeeper import __version__
 from roomkeeper.api.bodylimit import BodyLimit
 from roomkeeper.api.contract import allowed_methods, install_links, no_unknown_query
-from roomkeeper.api.fairway import HealthFirst
+from roomkeeper.api.health_first import HealthFirst
 from roomkeeper.api.hosts import LoopbackOnly
 from roomkeeper.api.jobs import work_routes
 from roomkeeper.api.leases import lease_routes
@@ -246,7 +246,7 @@ def _add_open_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/health", response_model=HealthOut, **SENT_AS_BUILT)
     async def health() -> dict[str, Any]:
-        """Liveness for a probe; a plain GET is answered by the fairway, ahead of the router."""
+        """Liveness for a probe; a plain GET is answered by HealthFirst, ahead of the router."""
         return health_body(gateway)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

@@ -31,9 +31,9 @@ from roomkeeper.errors import PersistenceError, UnknownJobError, UsageError
 from roomkeeper.gateway.calls import CallState
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.guard.packing import MemoryPolicy
-from roomkeeper.jobs.spec import JobSpec, JobState, check_runnable
+from roomkeeper.jobs.spec import JobSpec, JobState, validate_runnable
 from roomkeeper.worktrees.request import WorktreeRequest
-from roomkeeper.worktrees.service import check_worktree
+from roomkeeper.worktrees.service import validate_worktree
 
 
 def work_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
@@ -134,7 +134,7 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
     worktree = None
     if body.worktree is not None:
         worktree = WorktreeRequest(body.worktree.repo, body.worktree.branch)
-        check_worktree(worktree, gateway.workspace)
+        validate_worktree(worktree, gateway.workspace)
     spec = JobSpec(
         argv=body.argv,
         owner=body.owner,
@@ -155,7 +155,7 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
     program = spec.argv[0]
     if worktree is None or "/" not in program or program.startswith("/"):
         # (a relative path in a worktree job is found in its tree, which is made later)
-        check_runnable(spec)  # 422 saying which, before anything is queued
+        validate_runnable(spec)  # 422 saying which, before anything is queued
     return spec
 
 

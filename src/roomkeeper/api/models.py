@@ -25,9 +25,9 @@ from pydantic import (
 )
 
 from roomkeeper.errors import UsageError
-from roomkeeper.guard.hooks import ReleaseHook, parse_hook
 from roomkeeper.guard.leases import DEFAULT_TTL_S
 from roomkeeper.guard.rule import Reason
+from roomkeeper.loopback.hooks import ReleaseHook, parse_hook
 
 NAME = r"^[A-Za-z0-9._:@-]+$"
 # No NUL anywhere a process's argv, cwd or env goes (the kernel cannot take one).

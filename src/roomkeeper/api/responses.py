@@ -37,12 +37,12 @@ Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
 def _closed(words: tuple[str, ...], what: str) -> AfterValidator:
     """A check that a string is one of ``words`` (the document lists them as an enum)."""
 
-    def check(value: str) -> str:
+    def validate(value: str) -> str:
         if value not in words:
             raise ValueError(f"{what} {value!r} is not one of {', '.join(words)}")
         return value
 
-    return AfterValidator(check)
+    return AfterValidator(validate)
 
 
 JOB_REASONS = (*(r.value for r in Reason), STOP_REQUESTED)

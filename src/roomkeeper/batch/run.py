@@ -48,9 +48,9 @@ from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.sizes import SizeBook, size_key, with_learned_size
-from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, check_kind
+from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, validate_kind
+from roomkeeper.processes.peaks import PeakMethod
 from roomkeeper.relief.monitor import MonitorStatistics
-from roomkeeper.trees.peaks import PeakMethod
 from roomkeeper.units import format_bytes
 from roomkeeper.worktrees.request import WorktreeRequest
 from roomkeeper.worktrees.service import BRANCH_PREFIX, Worktrees
@@ -97,7 +97,7 @@ def line_kind(command: str, number: int) -> str | None:
     if found is None:
         return None
     try:
-        return check_kind(found.group(1))
+        return validate_kind(found.group(1))
     except UsageError as err:
         raise UsageError(
             f"line {number}: {err}; write it at the end of the line, as in "

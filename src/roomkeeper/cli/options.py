@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from roomkeeper.errors import SizeError, UsageError
-from roomkeeper.jobs.spec import check_kind
+from roomkeeper.jobs.spec import validate_kind
 from roomkeeper.units import parse_size
 
 
@@ -24,6 +24,6 @@ def parse_kind_option(ctx: click.Context, param: click.Parameter, value: str | N
     if value is None:
         return None
     try:
-        return check_kind(value)
+        return validate_kind(value)
     except UsageError as err:
         raise click.BadParameter(str(err), ctx=ctx, param=param) from err

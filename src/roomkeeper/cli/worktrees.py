@@ -25,7 +25,7 @@ from roomkeeper.paths import home_dir, workspace_dir
 from roomkeeper.units import format_bytes
 from roomkeeper.worktrees.pruner import Protection, PruneReport, WorktreeVerdict
 from roomkeeper.worktrees.request import WorktreeRequest
-from roomkeeper.worktrees.service import Worktrees, check_worktree
+from roomkeeper.worktrees.service import Worktrees, validate_worktree
 
 REGISTER_TIMEOUT_S = 30.0
 
@@ -63,7 +63,7 @@ def batch_worktrees(repo: str, journal: Journal) -> BatchWorktrees:
         WorktreeError: REPO is no repository, or its base is dirty: said before any line starts.
     """
     request = WorktreeRequest(os.path.abspath(repo))
-    check_worktree(request, workspace_dir())
+    validate_worktree(request, workspace_dir())
 
     owner = process_identity()  # a killed batch's rows stop protecting its trees
 

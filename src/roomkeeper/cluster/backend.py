@@ -45,7 +45,7 @@ from roomkeeper.cluster.node import Begun, NodeJob, run_job
 from roomkeeper.cluster.ray_import import load_ray
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.rule import Decision, Reason
-from roomkeeper.trees.launch import LaunchSpec
+from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.units import GB
 
 log = logging.getLogger("roomkeeper")

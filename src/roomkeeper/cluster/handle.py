@@ -1,4 +1,4 @@
-"""The gateway's side of one job on a Ray node: a :class:`~roomkeeper.jobs.book.Handle`.
+"""The gateway's side of one job on a Ray node: a :class:`~roomkeeper.jobs.handle.Handle`.
 
 The scheduler polls it like a local tree (it has no local pid, so no
 pidfd: the scheduler's loop polls every 50 ms), with its lock held; so a
@@ -32,8 +32,8 @@ from typing import Any
 from roomkeeper.cluster.node import Begun, Finished, NodeJob
 from roomkeeper.errors import SuspendError
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.book import RemoteEnd, Settlement
-from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
+from roomkeeper.jobs.handle import RemoteEnd, Settlement
+from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
 
 log = logging.getLogger("roomkeeper")
 
@@ -192,6 +192,11 @@ class RayHandle:
         """How it ended when not by itself: refused, lost, or failed to start; else None."""
         with self._lock:
             return self._settled
+
+    @property
+    def local(self) -> bool:
+        """Never: its memory is in its node's reading, not in this container's."""
+        return False
 
     @property
     def suspendable(self) -> bool:

@@ -9,7 +9,7 @@ readings as the gateway's, of *this* node's container.  A refusal is the
 task's one answer (:class:`Begun` with ``admitted`` False) and the gateway
 puts the job back in line; nothing was started.
 
-Admitted, the command runs as a managed tree (:func:`roomkeeper.trees.launch.launch`:
+Admitted, the command runs as a managed tree (:func:`roomkeeper.processes.launch.launch`:
 its own session and process group, output in a file, whole-tree stop) under
 the worker's lifeline, so that the tree dies with the worker even when the
 node is killed.  The task's first answer (:class:`Begun`: node, pid,
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 from roomkeeper.errors import LaunchError
 from roomkeeper.guard.admission import Guard
-from roomkeeper.trees.launch import LaunchSpec, launch
-from roomkeeper.trees.lifeline import Lifeline
-from roomkeeper.trees.process import ManagedProcess
+from roomkeeper.processes.launch import LaunchSpec, launch
+from roomkeeper.processes.lifeline import Lifeline
+from roomkeeper.processes.process import ManagedProcess
 
 STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when the deadline passes on the node
 WAIT_STEP_S = 0.1  # a cancel interrupts Python code only between steps, not inside a poll

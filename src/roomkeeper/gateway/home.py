@@ -25,7 +25,7 @@ from roomkeeper.paths import write_private
 RUN_RECORD = "gateway.json"
 
 
-def check_token_outside_workspace(home: Path, workspace: Path) -> None:
+def require_token_outside_workspace(home: Path, workspace: Path) -> None:
     """Refuse a workspace that contains the token.
 
     Raises:

@@ -41,7 +41,6 @@ from roomkeeper.errors import (
 )
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.hooks import HOOK_DUE, HookRunner, ReleaseHook
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.queue import Limits
@@ -51,9 +50,10 @@ from roomkeeper.jobs.sizes import size_key, with_learned_size
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+from roomkeeper.loopback.hooks import HOOK_DUE, HookRunner, ReleaseHook
+from roomkeeper.processes.job_user import JobUser
 from roomkeeper.relief.ladder import Step
 from roomkeeper.relief.monitor import ReliefEvent
-from roomkeeper.trees.job_user import JobUser
 from roomkeeper.worktrees.request import WorktreeRequest
 from roomkeeper.worktrees.service import Worktrees
 

@@ -20,7 +20,6 @@ from dataclasses import replace
 from roomkeeper.errors import UsageError
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.hooks import HOOK_DUE, HookRunner, ReleaseHook
 from roomkeeper.guard.leases import (
     NOT_RELIEVED,
     RELIEVE_ASKED,
@@ -31,6 +30,7 @@ from roomkeeper.guard.leases import (
 )
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.journal.database import Journal
+from roomkeeper.loopback.hooks import HOOK_DUE, HookRunner, ReleaseHook
 
 LEASE_CHECK_EVERY_S = 0.5
 UNJUDGED_RELIEF = (

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from roomkeeper.gateway.leases import DurableLeases
-from roomkeeper.guard.hooks import ReleaseHook, run_hook
 from roomkeeper.guard.leases import RELIEVE_ASKED, LeaseState
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
+from roomkeeper.loopback.hooks import ReleaseHook, run_hook
 from roomkeeper.relief.ladder import Live
 
 log = logging.getLogger("roomkeeper")

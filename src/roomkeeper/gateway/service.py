@@ -47,9 +47,9 @@ from roomkeeper.config import (
 from roomkeeper.gateway.baseline import BaselineKeeper
 from roomkeeper.gateway.calls import Calls
 from roomkeeper.gateway.home import (
-    check_token_outside_workspace,
     open_journal,
     remove_run_record,
+    require_token_outside_workspace,
     unclean_stop_pid,
     write_run_record,
 )
@@ -62,19 +62,19 @@ from roomkeeper.gateway.relieve import LeaseRelief
 from roomkeeper.gateway.samples import Sample, Sampler
 from roomkeeper.gateway.worktrees import gateway_worktrees
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.hooks import HookRunner, ReleaseHook
 from roomkeeper.guard.leases import Leases
 from roomkeeper.guard.rule import Decision, Reason, gb
 from roomkeeper.ipc import Channel
 from roomkeeper.jobs.queue import Limits
-from roomkeeper.trees.job_user import JobUser, read_job_user
+from roomkeeper.loopback.hooks import HookRunner, ReleaseHook
+from roomkeeper.processes.job_user import JobUser, read_job_user
 
 if TYPE_CHECKING:
     from roomkeeper.cluster.backend import NodeView, RayBackend
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.integrity import is_damage
 from roomkeeper.kernel.resources import cpu_pressure_percent
-from roomkeeper.paths import check_home, home_dir, load_token, workspace_dir
+from roomkeeper.paths import home_dir, load_token, validate_home, workspace_dir
 from roomkeeper.relief.cooldown import CooldownCause
 
 log = logging.getLogger("roomkeeper")
@@ -205,15 +205,15 @@ class Gateway:
 
         Raises:
             UsageError: ROOMKEEPER_WORKSPACE contains the token, or the home or the
-                token is not ours alone (:func:`~roomkeeper.paths.check_home`,
+                token is not ours alone (:func:`~roomkeeper.paths.validate_home`,
                 :func:`~roomkeeper.paths.load_token`); the message says so.
         """
         env = os.environ if env is None else env
         home = home or home_dir(env)
         job_user = read_job_user(env)
         # A job user reaches its workspace inside the home by path: search access only.
-        check_home(home, searchable=job_user is not None)
-        check_token_outside_workspace(home, workspace_dir(env))
+        validate_home(home, searchable=job_user is not None)
+        require_token_outside_workspace(home, workspace_dir(env))
         token = load_token(home)
         previous_pid = unclean_stop_pid(home)  # before this run writes its own record
         journal = open_journal(home, env)

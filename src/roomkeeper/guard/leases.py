@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 
 from roomkeeper.errors import AlreadyEndedError, QueueFullError, UnknownJobError, UsageError
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.hooks import ReleaseHook
 from roomkeeper.guard.rule import Decision
+from roomkeeper.loopback.hooks import ReleaseHook
 
 DEFAULT_TTL_S = 300.0
 MAX_GRANTED = 256  # leases granted at once, all owners together

@@ -10,98 +10,20 @@ forgotten beyond KEEP_FINISHED; the journal keeps every one.
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 from roomkeeper.errors import UnknownJobError
 from roomkeeper.guard.rule import Reason
+from roomkeeper.jobs.handle import Handle
 from roomkeeper.jobs.spec import Estimate, JobSpec, JobState, JobView, Transition
-from roomkeeper.trees.peaks import MemoryPeak, PeakMethod
+from roomkeeper.processes.peaks import PeakMethod
 from roomkeeper.worktrees.request import Worktree
 
 KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one
-
-
-class Handle(Protocol):
-    """What the scheduler needs of a launched process tree (see :mod:`roomkeeper.trees.process`).
-
-    ``pid`` is the leader's pid on this machine, or None for a tree that runs
-    elsewhere (the Ray backend): the scheduler then polls instead of waiting on a pidfd.
-    """
-
-    @property
-    def pid(self) -> int | None: ...
-
-    @property
-    def suspendable(self) -> bool:
-        """Whether :meth:`suspend` and :meth:`resume` can act on the tree from here."""
-        ...
-
-    def poll(self) -> int | None: ...
-    def footprint_bytes(self) -> int: ...
-    def peak(self) -> MemoryPeak: ...
-    def stop(self, grace: float = ...) -> int | None: ...
-    def close(self) -> None: ...
-
-    def halt(self) -> None:
-        """Stop the tree's growth at once where that needs no walk of ``/proc`` (SIGSTOP to
-        the processes known already); :meth:`suspend` must follow.  Nothing where a
-        suspension is as quick (a group's freezer) or impossible."""
-        ...
-
-    def suspend(self, *, timeout: float = ...) -> object:
-        """Suspend the whole tree (the relief ladder).
-
-        Raises:
-            SuspendError: it could not be suspended, or cannot be from here.
-        """
-        ...
-
-    def resume(self) -> object:
-        """Let a suspended tree go on.
-
-        Raises:
-            SuspendError: it could not be resumed, or cannot be from here.
-        """
-        ...
-
-
-class RemoteEnd(enum.Enum):
-    """How a tree that ran elsewhere ended without an exit status of its own."""
-
-    REFUSED = "refused"  # the node's own guard refused it before it started: it waits again
-    LOST = "lost"  # the node or its runner was lost mid-job: uncertain, never re-run
-    FAILED = "failed"  # the node could not start it (the node's runner says why)
-    DEADLINE = "deadline"  # its node stopped it at the deadline the gateway holds too
-
-
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """Why a remote handle's poll ended without a real exit status.
-
-    Attributes:
-        end: what happened.
-        reason: the node guard's reason (REFUSED), else None.
-        summary: the node's words, for the job's error or the refusal log.
-    """
-
-    end: RemoteEnd
-    reason: Reason | None
-    summary: str
-
-
-@runtime_checkable
-class RemoteHandle(Handle, Protocol):
-    """A handle whose tree runs on another machine and can end in a :class:`Settlement`."""
-
-    def settlement(self) -> Settlement | None:
-        """None while it runs or when it exited by itself; else how it ended."""
-        ...
 
 
 @dataclass(slots=True)

@@ -70,7 +70,7 @@ class FairQueue(Generic[T]):
         self._queues: dict[str, deque[T]] = {}  # owner -> waiting jobs, oldest first
         self._turn: deque[str] = deque()  # owner rotation: the next owner to serve is first
 
-    def check_room(self, owner: str, limits: Limits) -> None:
+    def require_room(self, owner: str, limits: Limits) -> None:
         """Refuse at once when a waiting bound is reached.
 
         Raises:

@@ -24,7 +24,7 @@ them (they use other machines' CPUs).  A placement may set a job *aside*
 jobs behind it, of its owner and of others, are judged meanwhile; it is
 judged again every ``ASIDE_SECONDS``, so a node that joins is seen.  Their
 handles may end in a
-:class:`~roomkeeper.jobs.book.Settlement`: refused by their node's guard
+:class:`~roomkeeper.jobs.handle.Settlement`: refused by their node's guard
 (the job goes back to the head of its owner's line and waits), lost with
 their node (``uncertain``, never re-run), or failed to start there.
 
@@ -48,15 +48,16 @@ from roomkeeper.config import read_pressure_settings
 from roomkeeper.errors import LaunchError, WorktreeError
 from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.guard.rule import Decision, Reason
-from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteEnd, RemoteHandle, Settlement
+from roomkeeper.jobs.book import JobBook, JobRecord
+from roomkeeper.jobs.handle import Handle, RemoteEnd, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.reruns import is_last_run, rerun_estimate
 from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, JobView
 from roomkeeper.kernel.delegation import prepare_job_groups
-from roomkeeper.trees.job_user import JobUser
-from roomkeeper.trees.launch import LaunchSpec, launch
-from roomkeeper.trees.lifeline import Lifeline
-from roomkeeper.trees.orphans import become_subreaper
+from roomkeeper.processes.job_user import JobUser
+from roomkeeper.processes.launch import LaunchSpec, launch
+from roomkeeper.processes.lifeline import Lifeline
+from roomkeeper.processes.orphans import become_subreaper
 from roomkeeper.worktrees.request import Worktree
 
 log = logging.getLogger("roomkeeper")
@@ -203,7 +204,7 @@ class LaunchRounds:
                 os.close(job.pidfd)
                 job.pidfd = -1
             self._guard.release(job.id)
-            settled = job.handle.settlement() if isinstance(job.handle, RemoteHandle) else None
+            settled = job.handle.settlement()
             if settled is not None:
                 self._settle(job, settled)
                 continue
@@ -426,7 +427,7 @@ class LaunchRounds:
         with self._lock:
             handles = [j.handle for j in self.running.values() if j.handle is not None]
         # Memory on another machine is not in this container's reading.
-        return [h for h in handles if not isinstance(h, RemoteHandle)]
+        return [h for h in handles if h.local]
 
     def local_footprints(self) -> int:
         """What the running jobs here hold together now, read from their trees."""
@@ -584,7 +585,7 @@ class LaunchRounds:
         )
         stopper.start()
         self._stoppers.append(stopper)
-        if not isinstance(handle, RemoteHandle):
+        if handle.local:
             self._local_stoppers.append(stopper)
 
     def stop_in_progress(self) -> bool:

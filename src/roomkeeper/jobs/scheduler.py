@@ -35,7 +35,6 @@ from roomkeeper.errors import QueueFullError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
-from roomkeeper.jobs.ladder_target import SchedulerRelief
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.rounds import (
     RETRY_SECONDS,
@@ -47,8 +46,10 @@ from roomkeeper.jobs.rounds import (
     ReclaimDisk,
     RoundSettings,
 )
+from roomkeeper.jobs.scheduler_relief import SchedulerRelief
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.kernel.resources import cpu_pressure_percent
+from roomkeeper.processes.job_user import JobUser
 from roomkeeper.relief.cooldown import Cooldown
 from roomkeeper.relief.monitor import (
     INTERVAL_S,
@@ -57,7 +58,6 @@ from roomkeeper.relief.monitor import (
     ReliefEvent,
     arm_container,
 )
-from roomkeeper.trees.job_user import JobUser
 
 log = logging.getLogger("roomkeeper")
 
@@ -88,7 +88,7 @@ class Scheduler:
         guard: the admission guard; a new :class:`Guard` when omitted.
         limits: returns the bounds for a round; read from ``ROOMKEEPER_*`` on
             every round when omitted (no restart to reconfigure).
-        launcher: starts a tree; :func:`roomkeeper.trees.launch.launch` with a
+        launcher: starts a tree; :func:`roomkeeper.processes.launch.launch` with a
             lifeline when omitted.
         cpu_percent: CPU pressure in percent, or None when unknown.
         clock: monotonic seconds (deadlines).
@@ -208,7 +208,7 @@ class Scheduler:
             QueueFullError: ``queue_full`` or ``owner_queue_full``, with the bound.
             UsageError: an empty argv, or a duplicate id.
         """
-        spec.check()
+        spec.validate()
         limits = self._limits()
         # Read outside the lock (it reads the container), and only when the job has no size.
         default = self._guard.estimate(None) if spec.memory_estimate is None else 0
@@ -219,7 +219,7 @@ class Scheduler:
             job_id = job_id or uuid.uuid4().hex[:12]
             if job_id in self._book:
                 raise QueueFullError(f"job id {job_id!r} is already taken", reason="duplicate")
-            self._queue.check_room(spec.owner, limits)
+            self._queue.require_room(spec.owner, limits)
             now = self._clock()
             deadline = now + spec.timeout_s if spec.timeout_s is not None else None
             log_path = str(self._logs_dir / f"{job_id}.log")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from roomkeeper.errors import UnrunnableError, UsageError
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Reason
-from roomkeeper.trees.peaks import PeakMethod
+from roomkeeper.processes.peaks import PeakMethod
 from roomkeeper.worktrees.request import Worktree, WorktreeRequest
 
 KIND_PATTERN = r"[A-Za-z0-9._:@-]{1,200}"
@@ -152,7 +152,7 @@ class JobSpec:
             return self.env
         return {**inherited_environment(), **(self.env or {})}
 
-    def check(self) -> None:
+    def validate(self) -> None:
         """Raise :class:`UsageError` saying what is wrong with this spec, if anything."""
         if not self.argv or not all(isinstance(a, str) for a in self.argv):
             raise UsageError("argv must be a non-empty list of strings", name="argv")
@@ -175,10 +175,10 @@ class JobSpec:
             if value is not None and value < 0:
                 raise UsageError(f"{name} must be >= 0 (got {value})", name=name)
         if self.kind is not None:
-            check_kind(self.kind)
+            validate_kind(self.kind)
 
 
-def check_kind(kind: str) -> str:
+def validate_kind(kind: str) -> str:
     """Return ``kind`` if it is a valid name.
 
     Raises:
@@ -198,10 +198,10 @@ def inherited_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
 
 
-def check_runnable(spec: JobSpec) -> None:
+def validate_runnable(spec: JobSpec) -> None:
     """What a submission can check before anything starts: the directory and the command.
 
-    Not part of :meth:`JobSpec.check`, which runs again when deferred work is
+    Not part of :meth:`JobSpec.validate`, which runs again when deferred work is
     resumed after a restart: a directory gone since then fails that job at
     launch, with its reason, instead of failing the recovery.
 

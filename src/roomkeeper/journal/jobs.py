@@ -15,11 +15,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from roomkeeper.guard.hooks import HOOK_DUE, ReleaseHook
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.markers import MarkerKind, clear, is_marked, mark, marked
 from roomkeeper.journal.store import Store
 from roomkeeper.journal.worktrees import follow, register
+from roomkeeper.loopback.hooks import HOOK_DUE, ReleaseHook
 
 STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
 # The states a job's record may be removed in: ended, and not in doubt.

@@ -13,9 +13,9 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from roomkeeper.guard.hooks import HOOK_DUE, ReleaseHook
 from roomkeeper.guard.leases import LeaseView
 from roomkeeper.journal.store import Store
+from roomkeeper.loopback.hooks import HOOK_DUE, ReleaseHook
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (

@@ -304,13 +304,13 @@ def _make_jobs_folder(directory: str) -> None:
     _enable_memory(directory)
 
 
-def _move_all(source: str, target: str, proc_root: str, *, check: bool) -> str | None:
+def _move_all(source: str, target: str, proc_root: str, *, refuse_foreign: bool) -> str | None:
     """Move every process of ``source`` into ``target``; a sentence where a stranger shows up."""
     for _ in range(_MOVE_ROUNDS):
         pids = _procs(source)
         if not pids:
             return None
-        if check and (foreign := _foreign_processes(source, proc_root)):
+        if refuse_foreign and (foreign := _foreign_processes(source, proc_root)):
             return _refusal(source, foreign)
         for pid in pids:
             try:
@@ -335,7 +335,7 @@ def _move_into_leaf(group: Hierarchy, proc_root: str) -> str | None:
         os.mkdir(leaf)
     enabled = False
     try:
-        refused = _move_all(own, leaf, proc_root, check=True)
+        refused = _move_all(own, leaf, proc_root, refuse_foreign=True)
         if refused is None:
             enabled = "memory" not in read_file(f"{own}/cgroup.subtree_control").decode().split()
             _enable_memory(own)
@@ -346,7 +346,7 @@ def _move_into_leaf(group: Hierarchy, proc_root: str) -> str | None:
     with contextlib.suppress(OSError):  # put everything back as it was
         if enabled:
             _write(f"{own}/cgroup.subtree_control", "-memory")
-        _move_all(leaf, own, proc_root, check=False)
+        _move_all(leaf, own, proc_root, refuse_foreign=False)
         if made:
             os.rmdir(leaf)
     return refused

@@ -9,7 +9,7 @@
 - Neither: SIGSTOP to every process of the tree, listed again until a
   listing finds none still running (a member may fork between the listing
   and the signal), and SIGCONT to let them go on.  Which processes belong to
-  the tree is the caller's to say (:mod:`roomkeeper.trees.process` finds
+  the tree is the caller's to say (:mod:`roomkeeper.processes.process` finds
   descendants that left the job's process group too).
 
 A suspended tree is not scheduled: it uses no CPU and its memory stops

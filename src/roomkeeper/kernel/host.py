@@ -7,7 +7,7 @@ is handed its answer instead of testing ``sys.platform`` again.
 The roots are defaults, not fixed paths: every reader takes them as
 parameters, so tests point it at captured trees (``tests/kernel_fixtures``).
 Defined once here, at the bottom of the package, so that the lifeline
-helper (:mod:`roomkeeper.trees.lifeline`) can share them without loading the
+helper (:mod:`roomkeeper.processes.lifeline`) can share them without loading the
 readers.
 """
 

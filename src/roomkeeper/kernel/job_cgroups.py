@@ -45,7 +45,7 @@ class JobCgroup:
         v2's ``memory.peak`` exists since Linux 5.19; v1's
         ``memory.max_usage_in_bytes`` counts the file cache the job wrote,
         which is why a v1 job's peak is sampled instead
-        (:mod:`roomkeeper.trees.process`).
+        (:mod:`roomkeeper.processes.process`).
         """
         name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
         try:

@@ -263,7 +263,7 @@ class PressureMonitor:
 
     # ------------------------------------------------------------ one reading
 
-    def check(self, *, woken_at: float | None = None) -> Plan | None:
+    def tick(self, *, woken_at: float | None = None) -> Plan | None:
         """Take one reading and carry out its plan; None when nothing could be read.
 
         Args:
@@ -553,7 +553,7 @@ class PressureMonitor:
         woken_at: float | None = None
         while not self._closing.is_set():
             try:
-                self.check(woken_at=woken_at)
+                self.tick(woken_at=woken_at)
             except Exception:  # the monitor must outlive any one bad reading
                 log.exception("a pressure reading failed; trying again shortly")
             woken_at = self._wait()

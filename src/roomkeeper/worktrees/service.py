@@ -10,7 +10,7 @@ cut afresh with ``-B`` (a re-dispatch that cut the branch afresh would lose its 
 unpushed commit that way).
 
 What cannot work is said before anything starts, by
-:func:`check_worktree` at submission and again when the tree is made: a path
+:func:`validate_worktree` at submission and again when the tree is made: a path
 that is no repository, a branch checked out in another tree, a dirty base.
 
 :class:`Worktrees` is what a scheduler calls: :meth:`Worktrees.prepare`
@@ -170,7 +170,7 @@ def _require_clean_base(root: str, repo: str) -> None:
         )
 
 
-def check_worktree(request: WorktreeRequest, workspace: str | os.PathLike[str]) -> None:
+def validate_worktree(request: WorktreeRequest, workspace: str | os.PathLike[str]) -> None:
     """What a submission can check before anything is queued (the branch named for the
     job is new, so its base must be clean).
 

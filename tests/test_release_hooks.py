@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from roomkeeper.guard.hooks import HOOK_BODY_MAX, HookRunner, ReleaseHook, run_hook
+from roomkeeper.loopback.hooks import HOOK_BODY_MAX, HookRunner, ReleaseHook, run_hook
 
 Serve = Callable[[socket.socket], None]
 

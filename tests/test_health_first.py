@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from roomkeeper.api.fairway import HealthFirst
+from roomkeeper.api.health_first import HealthFirst
 from roomkeeper.api.serve import YOUNG_OBJECTS_PER_COLLECTION
 from tests.gateways import free_port, gateway_env, stop_process, wait_answering
 

@@ -3,7 +3,7 @@
 A job's descendant whose parent exits is reparented to the nearest
 subreaper, so with :func:`become_subreaper` its tree can still be walked,
 and its zombie is ours to reap once the job is closed
-(:func:`reap_orphans`).  Moved out of :mod:`roomkeeper.trees.process`,
+(:func:`reap_orphans`).  Moved out of :mod:`roomkeeper.processes.process`,
 unchanged, before that module grew suspension and sampled peaks.
 """
 

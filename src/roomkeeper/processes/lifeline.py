@@ -2,7 +2,7 @@
 
 A job's descendants are cleaned up even when the scheduler is killed
 abruptly.  One small helper per scheduler, ``python -m
-roomkeeper.trees.lifeline``, reads registrations from a pipe on its stdin::
+roomkeeper.processes.lifeline``, reads registrations from a pipe on its stdin::
 
     add <pid> <session id = process group id> <cgroup dir or ->
     frz <pid> <v1 freezer group dir>
@@ -232,7 +232,7 @@ class Lifeline:
         python: the interpreter that runs the helper.
         stall_s: how long a starting helper may make no progress at all before it
             is given up on (a slow start that makes progress is waited out);
-            :data:`roomkeeper.trees.readiness.STALL_S` when None.
+            :data:`roomkeeper.processes.readiness.STALL_S` when None.
     """
 
     def __init__(self, *, python: str = sys.executable, stall_s: float | None = None) -> None:
@@ -318,13 +318,13 @@ class Lifeline:
             assert self._proc.stdin is not None
             self._proc.stdin.close()  # a dead helper: let it go, start another
             self._proc = None
-        # src/roomkeeper/trees/lifeline.py -> src: the lifeline imports the package from there
+        # src/roomkeeper/processes/lifeline.py -> src: the lifeline imports the package from there
         package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
         try:
             proc = subprocess.Popen(
-                [self._python, "-m", "roomkeeper.trees.lifeline", str(os.getpid())],
+                [self._python, "-m", "roomkeeper.processes.lifeline", str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 start_new_session=True,  # out of reach of the terminal's Ctrl-C
@@ -335,14 +335,14 @@ class Lifeline:
             raise RoomkeeperError(f"the lifeline helper could not start: {err}") from err
         assert proc.stdout is not None
         # Imported here: the helper imports this module too, and must start light.
-        from roomkeeper.trees.readiness import STALL_S, await_ready
+        from roomkeeper.processes.readiness import STALL_S, await_ready
 
         try:
             await_ready(
                 proc,
                 proc.stdout.fileno(),
                 _READY,
-                what=f"the lifeline helper ({self._python} -m roomkeeper.trees.lifeline)",
+                what=f"the lifeline helper ({self._python} -m roomkeeper.processes.lifeline)",
                 stall_s=STALL_S if self._stall_s is None else self._stall_s,
             )
         finally:

@@ -9,7 +9,7 @@ measures its footprint and finds every member, however it tried to leave.
 
 Where the job has no v2 group but a v1 freezer hierarchy is mounted, it
 also gets a freezer group of its own, so that it can be suspended whole
-(:meth:`~roomkeeper.trees.process.ManagedProcess.suspend`).
+(:meth:`~roomkeeper.processes.process.ManagedProcess.suspend`).
 
 The job must join its cgroups and be reniced *before* the real command runs,
 or a fork could escape them.  ``preexec_fn`` is unsafe in a multithreaded
@@ -25,7 +25,7 @@ the executable is looked up first, on the PATH the job will use: a missing
 one is a :class:`LaunchError`, not a job that ran and failed (one removed
 between the look-up and the exec still exits 127).
 
-:func:`launch` hands back a :class:`~roomkeeper.trees.process.ManagedProcess`,
+:func:`launch` hands back a :class:`~roomkeeper.processes.process.ManagedProcess`,
 which owns the running tree from then on.
 """
 
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from roomkeeper.errors import LaunchError, RoomkeeperError, UsageError
 from roomkeeper.kernel.freezer import FreezerGroup
 from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, create_job_freezer
-from roomkeeper.trees.job_user import JobUser
-from roomkeeper.trees.lifeline import Lifeline
-from roomkeeper.trees.process import ManagedProcess
+from roomkeeper.processes.job_user import JobUser
+from roomkeeper.processes.lifeline import Lifeline
+from roomkeeper.processes.process import ManagedProcess
 
 __all__ = ["LaunchSpec", "launch"]
 
@@ -69,7 +69,7 @@ class LaunchSpec:
         use_cgroup: try a memory cgroup of the job's own; without one, psutil measures.
         use_freezer: where the job has no v2 group, try a v1 freezer group of
             its own; without either, suspending it signals every process.
-        user: the user the job runs as (:mod:`roomkeeper.trees.job_user`); None: ours.
+        user: the user the job runs as (:mod:`roomkeeper.processes.job_user`); None: ours.
         memory_bytes: the job's memory estimate, for a launcher that places it
             elsewhere (the Ray backend's ``memory`` resource); unused here.
         disk_bytes: the job's own disk estimate (None: the default); unused here.

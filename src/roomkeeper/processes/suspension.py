@@ -1,6 +1,6 @@
 """Suspending a managed tree and letting it go on, the kernel's way where it has one.
 
-:class:`Suspension` is a :class:`~roomkeeper.trees.process.ManagedProcess`'s
+:class:`Suspension` is a :class:`~roomkeeper.processes.process.ManagedProcess`'s
 state of being suspended, and the choice of way (the mechanisms are
 :mod:`roomkeeper.kernel.freezer`'s): the job's v2 group is frozen with
 ``cgroup.freeze``, else its v1 freezer group, else every process of the

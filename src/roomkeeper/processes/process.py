@@ -1,13 +1,13 @@
 """Managed processes: one job, one process tree, stopped whole.
 
 A :class:`ManagedProcess` is a running job's tree, started by
-:func:`roomkeeper.trees.launch.launch`.  Where the job has its own memory cgroup,
+:func:`roomkeeper.processes.launch.launch`.  Where the job has its own memory cgroup,
 the group measures its footprint and finds every member, however it tried
 to leave; without one, the tree is found through ``/proc`` and psutil
-measures it.  Its peak says how it was taken (:mod:`roomkeeper.trees.peaks`
+measures it.  Its peak says how it was taken (:mod:`roomkeeper.processes.peaks`
 samples what the kernel does not keep).  The whole tree can be suspended
 and resumed (:mod:`roomkeeper.kernel.freezer`'s three ways).
-:func:`~roomkeeper.trees.orphans.become_subreaper` makes a job's orphans
+:func:`~roomkeeper.processes.orphans.become_subreaper` makes a job's orphans
 ours, so that closing the job can reap them.
 
 The leader is never reaped before :meth:`ManagedProcess.close`: its exit
@@ -39,10 +39,10 @@ from roomkeeper.kernel.proc import (
     scan_proc,
     tree_members,
 )
-from roomkeeper.trees.lifeline import Lifeline
-from roomkeeper.trees.orphans import reap_orphans
-from roomkeeper.trees.peaks import MemoryPeak, PeakMethod, sampler, tree_footprint
-from roomkeeper.trees.suspension import Suspension
+from roomkeeper.processes.lifeline import Lifeline
+from roomkeeper.processes.orphans import reap_orphans
+from roomkeeper.processes.peaks import MemoryPeak, PeakMethod, sampler, tree_footprint
+from roomkeeper.processes.suspension import Suspension
 
 __all__ = ["ManagedProcess", "ProcessStatistics"]
 
@@ -67,7 +67,7 @@ class ProcessStatistics:
 
 
 class ManagedProcess:
-    """A running job's tree; made by :func:`roomkeeper.trees.launch.launch`.
+    """A running job's tree; made by :func:`roomkeeper.processes.launch.launch`.
 
     Attributes:
         job_id: the scheduler's name for the job.
@@ -154,7 +154,7 @@ class ManagedProcess:
 
         A descendant that leaves the session and loses its parent can be found
         later only if it was seen here (or is in the job's cgroup), so a
-        tree without a cgroup is sampled now and then (:mod:`roomkeeper.trees.peaks`).
+        tree without a cgroup is sampled now and then (:mod:`roomkeeper.processes.peaks`).
 
         Args:
             table: the machine's processes (:func:`scan_proc`), when just read.
@@ -248,7 +248,7 @@ class ManagedProcess:
 
         A v2 job group's ``memory.peak`` where the kernel keeps one (file
         cache included); else the highest of the samples, taken every
-        :data:`~roomkeeper.trees.peaks.SAMPLE_SECONDS` from the v1 group
+        :data:`~roomkeeper.processes.peaks.SAMPLE_SECONDS` from the v1 group
         (less file cache) or from the tree's processes.
         """
         if self._kernel_keeps_peak and self._cgroup is not None:
@@ -265,9 +265,18 @@ class ManagedProcess:
     # ------------------------------------------------------------- suspension
 
     @property
+    def local(self) -> bool:
+        """Always: the tree runs here, in this container's reading."""
+        return True
+
+    @property
     def suspendable(self) -> bool:
         """Always: a tree here can be frozen (its group) or stopped by signals."""
         return True
+
+    def settlement(self) -> None:
+        """None: a tree here always ends with an exit status of its own."""
+        return None
 
     def halt(self) -> None:
         """SIGSTOP the processes of the tree known already, without a walk of ``/proc``, where

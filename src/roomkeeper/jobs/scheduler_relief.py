@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from roomkeeper.errors import SuspendError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.book import Handle, JobBook, JobRecord, RemoteHandle
+from roomkeeper.jobs.book import JobBook, JobRecord
+from roomkeeper.jobs.handle import Handle
 from roomkeeper.jobs.reruns import is_last_run
 from roomkeeper.jobs.rounds import LaunchRounds
 from roomkeeper.jobs.spec import JobState
@@ -103,7 +104,7 @@ class SchedulerRelief:
                     is_last_run(j.reruns, retries),
                 )
                 for j in self._rounds.running.values()
-                if j.handle is not None and not isinstance(j.handle, RemoteHandle)
+                if j.handle is not None and j.handle.local
             ]
         on_trial = set(self._guard.trials())
         oldest = min(seen, key=lambda j: j.started, default=None)  # as the ladder ranks
