@@ -7,9 +7,9 @@
 - ``browser``: headless Debian chromium, or a skip that names what is missing.
 
 Helpers that are not fixtures live in their own modules beside this one
-(``gateways``, ``processes``, ``fakes``, ``kernel_files``, ``cgroups``,
-``batch_cli``, ``pages``, ``worktree_repos``, ``ray_cluster``); no test
-module imports from another.
+(``gateways``, ``supervisors``, ``processes``, ``fakes``, ``kernel_files``,
+``cgroups``, ``batch_cli``, ``pages``, ``worktree_repos``, ``ray_cluster``); no
+test module imports from another (tests/test_layers.py holds it).
 """
 
 from __future__ import annotations

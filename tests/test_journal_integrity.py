@@ -28,7 +28,7 @@ from roomkeeper.journal.integrity import (
     recover_journal,
 )
 from tests.gateways import gateway_env, roomkeeper_cli
-from tests.test_supervisor import names, serve
+from tests.supervisors import names, serve
 
 PAGE = 4096
 ROWS = 3000
