@@ -1,10 +1,10 @@
 """The Ray backend against the local one: jobs per second, and the latency it adds per job.
 
 Starts a local Ray cluster on loopback (a head with no CPUs and two worker
-nodes of 2 CPUs each, every one ``ray start`` in its own process group, as
-the tests do: ``tests/ray_cluster.py``), then two gateways on the same
-machine, one with ROOMKEEPER_BACKEND=local and one with
-ROOMKEEPER_BACKEND=ray, and runs through each:
+nodes of 2 CPUs each, every one ``ray start`` in its own process group:
+``local_ray.py`` beside this file), then two gateways on the same machine,
+one with ROOMKEEPER_BACKEND=local and one with ROOMKEEPER_BACKEND=ray, and
+runs through each:
 
 After a warm-up (2 jobs one after the other, then 8 at once, so that Ray
 has started a worker for each of the 4 slots):
@@ -33,7 +33,6 @@ import contextlib
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,11 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests' cluster and gateway
-
-from tests.gateways import RunningGateway, running_gateway
-from tests.ray_cluster import local_cluster
+from live_gateway import RunningGateway, running_gateway
+from local_ray import local_cluster
 
 MB = 1_000_000
 POLL_S = 0.01
