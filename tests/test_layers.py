@@ -1,8 +1,14 @@
-"""The package map, as the package docstring states it, holds in the code."""
+"""The package map, as the package docstring states it, holds in the code.
+
+Two rules around the package hold here too: no test module imports another, and
+the benchmarks stand alone (the package, the standard library, third-party code
+and their own helpers in ``benchmarks/``; never ``tests``).
+"""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -240,3 +246,125 @@ def test_the_sql_check_tells_sql_from_http() -> None:
         assert SQL.search(text), text
     for text in ("DELETE", "an HTTP DELETE of the agent's session", "update the settings"):
         assert not SQL.search(text), text
+
+
+# ------------------------------------------------------------- tests and benchmarks
+
+ROOT = PACKAGE.parent.parent
+TESTS = ROOT / "tests"
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def imported_names(text: str) -> list[tuple[int, str]]:
+    """Each module a source text imports anywhere (lazy imports too), dotted, with its line.
+
+    ``from tests import test_a`` names ``tests.test_a``; a relative import keeps
+    its dots (``.test_a``), since what it reaches depends on where it runs.
+    """
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            found.append((node.lineno, base))
+            joiner = "" if base.endswith(".") else "."
+            found += [(node.lineno, f"{base}{joiner}{a.name}") for a in node.names]
+    return found
+
+
+def outermost(found: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """``found`` less each name whose module is already there from the same line."""
+    return sorted(
+        (line, name)
+        for line, name in set(found)
+        if not any(line == at and name.startswith(f"{other}.") for at, other in found)
+    )
+
+
+def imports_of_test_modules(text: str) -> list[str]:
+    """The test modules (``test_*``) a source text imports, however it reaches them."""
+    found = [
+        (line, name)
+        for line, name in imported_names(text)
+        if any(part.startswith("test_") for part in name.split("."))
+    ]
+    return [f"line {line}: {name}" for line, name in outermost(found)]
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.glob("*.py")), ids=lambda p: p.name)
+def test_no_test_module_imports_another(path: Path) -> None:
+    """What two test modules share lives in conftest.py or a helper module, never in either."""
+    found = imports_of_test_modules(path.read_text())
+    assert found == [], f"{path.name} imports a test module (move the helper out): {found}"
+
+
+def test_the_test_import_check_finds_each_form() -> None:
+    """The check above finds a test module by any import, lazy ones too, and lets helpers by."""
+    for text in (
+        "from tests.test_crash import crash_cycle",
+        "import tests.test_crash",
+        "from tests import test_crash",
+        "from .test_crash import crash_cycle",
+        "from . import test_crash",
+        "from test_crash import crash_cycle",
+        "def f():\n    from tests.test_supervisor import serve\n",
+    ):
+        assert imports_of_test_modules(text), text
+    for text in (
+        "from tests.gateways import running_gateway",
+        "from roomkeeper import testing",
+        "from roomkeeper.testing import FakeClock",
+        "import pytest",
+    ):
+        assert imports_of_test_modules(text) == [], text
+
+
+def foreign_to_benchmarks(text: str) -> list[str]:
+    """What a benchmark imports beyond roomkeeper, the standard library, installed
+    distributions and the modules beside it in ``benchmarks/``."""
+    own = {p.stem for p in BENCHMARKS.glob("*.py")}
+    repository = {p.stem for p in ROOT.iterdir() if p.suffix in ("", ".py")}
+    repository |= {p.stem for p in TESTS.glob("*.py")}  # tests' helpers by their bare names
+    installed = set(importlib.metadata.packages_distributions())
+    found = []
+    for line, name in outermost(imported_names(text)):
+        top = name.split(".")[0]
+        if name.startswith("."):
+            found.append(f"line {line}: {name} (a benchmark is a script: no relative import)")
+        elif top in own or top in sys.stdlib_module_names or top == "roomkeeper":
+            continue
+        elif top in repository:
+            found.append(f"line {line}: {name} (the repository's, outside the package)")
+        elif top not in installed:
+            found.append(f"line {line}: {name} (no installed distribution holds it)")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(BENCHMARKS.glob("*.py")), ids=lambda p: p.name)
+def test_benchmarks_stand_alone(path: Path) -> None:
+    """A benchmark imports the package, the standard library, third-party code and its own
+    helpers in ``benchmarks/``: never ``tests`` or anything else of the repository."""
+    found = foreign_to_benchmarks(path.read_text())
+    assert found == [], f"{path.name} reaches outside the package and benchmarks/: {found}"
+
+
+def test_the_benchmark_import_check_finds_each_form() -> None:
+    """The check above finds tests (their helpers by bare name too) and a relative import, and
+    lets the package, stdlib, third-party code and benchmarks' own modules by."""
+    for text in (
+        "from tests.gateways import running_gateway",
+        "import tests.test_crash",
+        "from tests import ray_cluster",
+        "from gateways import running_gateway",
+        "from . import swarmgen",
+        "def f():\n    from tests.ray_cluster import local_cluster\n",
+    ):
+        assert foreign_to_benchmarks(text), text
+    for text in (
+        "from roomkeeper.units import parse_size",
+        "import httpx, psutil, argparse",
+        "from bench_swarm import run_in_group",
+        "from live_gateway import running_gateway",
+    ):
+        assert foreign_to_benchmarks(text) == [], text
