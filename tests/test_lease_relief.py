@@ -17,6 +17,7 @@ import pytest
 from roomkeeper.config import PressureSettings
 from roomkeeper.gateway.leases import DurableLeases
 from roomkeeper.gateway.relieve import LeaseRelief
+from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import RELIEVE_ASKED, Leases, LeaseState, LeaseView
 from roomkeeper.guard.lines import Reading
 from roomkeeper.journal.database import Journal
@@ -206,9 +207,9 @@ def test_a_lease_is_asked_once_and_ends_relieved_unless_it_gave_nothing_back(
     or ``released`` when the relief was found to give nothing back."""
     guard, _ = fixture_guard(tmp_path, used=1 * GB)
     leases = Leases(guard)
-    leases.grant("a", owner="o", memory_bytes=100 * MB, relieve=HOOK)
-    leases.grant("b", owner="o", memory_bytes=100 * MB, relieve=HOOK)
-    leases.grant("c", owner="o", memory_bytes=100 * MB)
+    leases.grant("a", LeaseTerms(owner="o", memory_bytes=100 * MB, relieve=HOOK))
+    leases.grant("b", LeaseTerms(owner="o", memory_bytes=100 * MB, relieve=HOOK))
+    leases.grant("c", LeaseTerms(owner="o", memory_bytes=100 * MB))
     assert [v.id for v in leases.relievable()] == ["a", "b"]
     assert leases.unrelievable() == (1, 100 * MB)
     assert leases.ask_relief("a") is not None and leases.ask_relief("a") is None
@@ -244,9 +245,8 @@ def test_an_older_leases_table_gains_relieve_and_a_restart_never_asks_twice(
     hooks = HookRunner(run=lambda hook: "ok 200")
     try:
         now = time.time()
-        view = LeaseView(
-            "a", "o", LeaseState.GRANTED, 100 * MB, None, 60.0, now, now + 60, relieve=HOOK
-        )
+        terms = LeaseTerms(owner="o", memory_bytes=100 * MB, ttl_s=60.0, relieve=HOOK)
+        view = LeaseView("a", terms, LeaseState.GRANTED, now, now + 60)
         journal.record_lease(view).result()
         journal.record_lease(replace(view, id="b")).result()
         journal.record_relieve("b", RELIEVE_ASKED).result()
@@ -266,10 +266,10 @@ def test_an_older_leases_table_gains_relieve_and_a_restart_never_asks_twice(
         journal.close()
     assert [v.id for v in durable.leases.relievable()] == ["a"]
     b = durable.leases.get("b")
-    assert b.relieve == HOOK and b.relieve_outcome is not None
+    assert b.terms.relieve == HOOK and b.relieve_outcome is not None
     assert b.relieve_outcome.startswith("not relieved: the gateway restarted")
     assert rows["b"].relieve_outcome == b.relieve_outcome
-    assert rows["a"].relieve == HOOK and rows["a"].relieve_outcome is None
+    assert rows["a"].terms.relieve == HOOK and rows["a"].relieve_outcome is None
 
 
 def test_lease_relief_saves_the_ask_before_the_call_and_ends_a_relieved_lease(
@@ -301,7 +301,7 @@ def test_lease_relief_saves_the_ask_before_the_call_and_ends_a_relieved_lease(
     relief = LeaseRelief(leases=durable, journal=journal, watch=writes.append, end=ended.append)
     monkeypatch.setattr("roomkeeper.gateway.relieve.run_hook", call)
     try:
-        granted, _ = leases.grant("a", owner="o", memory_bytes=100 * MB, relieve=HOOK)
+        granted, _ = leases.grant("a", LeaseTerms(owner="o", memory_bytes=100 * MB, relieve=HOOK))
         assert granted is not None
         journal.record_lease(granted).result()
         future = relief.relieve("a", "test")
@@ -327,9 +327,8 @@ def test_a_leases_own_change_never_puts_its_relief_back_to_nothing(tmp_path: Pat
     journal = Journal(tmp_path / "j.db", synchronous="OFF")
     try:
         now = time.time()
-        view = LeaseView(
-            "a", "o", LeaseState.GRANTED, 100 * MB, None, 60.0, now, now + 60, relieve=HOOK
-        )
+        terms = LeaseTerms(owner="o", memory_bytes=100 * MB, ttl_s=60.0, relieve=HOOK)
+        view = LeaseView("a", terms, LeaseState.GRANTED, now, now + 60)
         assert journal.record_relieve("a", RELIEVE_ASKED).result() is False  # no row yet
         journal.record_lease(view).result()
         assert journal.record_relieve("a", RELIEVE_ASKED).result() is True
@@ -344,8 +343,8 @@ def test_ended_leases_reserve_until_their_release_hook_has_run(tmp_path: Path) -
     """Between a lease's end and its hook's outcome its session is still held: counted."""
     guard, _ = fixture_guard(tmp_path, used=1 * GB)
     leases = Leases(guard)
-    leases.grant("a", owner="o", memory_bytes=100 * MB)
-    leases.grant("b", owner="o", memory_bytes=50 * MB)
+    leases.grant("a", LeaseTerms(owner="o", memory_bytes=100 * MB))
+    leases.grant("b", LeaseTerms(owner="o", memory_bytes=50 * MB))
     assert leases.reserved() == 150 * MB
     leases.end("a")
     assert leases.reserved() == 150 * MB  # its hook still runs

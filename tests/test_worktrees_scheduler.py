@@ -221,6 +221,7 @@ def test_a_lease_refused_for_disk_gets_one_reap_then_is_granted(
     from collections import deque
 
     from roomkeeper.gateway.leases import DurableLeases
+    from roomkeeper.guard.lease_terms import LeaseTerms
     from roomkeeper.guard.leases import Leases
     from roomkeeper.loopback.hooks import HookRunner
 
@@ -248,11 +249,8 @@ def test_a_lease_refused_for_disk_gets_one_reap_then_is_granted(
         reclaim_disk=ws.reclaim_space,
     )
     try:
-        lease, decision, created = asyncio.run(
-            leases.grant(
-                None, owner="o", memory_bytes=1, disk_bytes=None, ttl_s=60, wait_s=0, release=None
-            )
-        )
+        terms = LeaseTerms(owner="o", memory_bytes=1, ttl_s=60)
+        lease, decision, created = asyncio.run(leases.grant(None, terms, wait_s=0))
         assert lease is not None and created, decision
         assert [Path(t.path).is_dir() for t in trees] == [False, True, True]
     finally:

@@ -42,14 +42,7 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
     async def grant_lease(body: LeaseIn, answer: Response) -> dict[str, Any] | JSONResponse:
         """Grant a lease (201; 200 for a retried id) or refuse it (409 with the guard's reason)."""
         lease, decision, created = await gateway.durable_leases.grant(
-            body.id,
-            owner=body.owner,
-            memory_bytes=body.memory_bytes,
-            disk_bytes=body.disk_bytes,
-            ttl_s=body.ttl_s,
-            wait_s=body.wait_s,
-            release=body.release.hook() if body.release else None,
-            relieve=body.relieve.hook() if body.relieve else None,
+            body.id, body.terms(), wait_s=body.wait_s
         )
         if lease is None:
             assert decision is not None

@@ -10,6 +10,7 @@ no float may be ``NaN`` or infinite.
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from typing import Annotated, Any, Literal
 
 from fastapi import Path as PathParam
@@ -25,7 +26,7 @@ from pydantic import (
 )
 
 from roomkeeper.errors import UsageError
-from roomkeeper.guard.leases import DEFAULT_TTL_S
+from roomkeeper.guard.lease_terms import DEFAULT_TTL_S, LeaseTerms
 from roomkeeper.guard.rule import Reason
 from roomkeeper.loopback.hooks import ReleaseHook, parse_hook
 
@@ -316,7 +317,11 @@ class ResolveIn(BaseModel):
 
 
 class LeaseIn(BaseModel):
-    """A lease: admission for a turn that runs elsewhere."""
+    """A lease: admission for a turn that runs elsewhere.
+
+    Its fields are the lease's terms (:class:`~roomkeeper.guard.lease_terms.LeaseTerms`, by
+    the same names, bounded here), its ``id`` and how long the request may wait.
+    """
 
     model_config = STRICT
     id: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
@@ -327,6 +332,14 @@ class LeaseIn(BaseModel):
     wait_s: Annotated[float, Field(ge=0, le=600)] = 0.0
     release: ReleaseIn | None = None
     relieve: RelieveIn | None = None
+
+    def terms(self) -> LeaseTerms:
+        """The terms asked for: each field of :class:`LeaseTerms` by name, hooks checked."""
+        asked: dict[str, Any] = {}
+        for f in fields(LeaseTerms):
+            value = getattr(self, f.name)
+            asked[f.name] = value.hook() if isinstance(value, ReleaseIn) else value
+        return LeaseTerms(**asked)
 
 
 class HeartbeatIn(BaseModel):

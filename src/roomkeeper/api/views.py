@@ -7,6 +7,7 @@ authorizes or changes the gateway.
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from typing import Any
@@ -14,10 +15,11 @@ from typing import Any
 from roomkeeper.gateway.calls import CallView
 from roomkeeper.gateway.samples import Sample
 from roomkeeper.gateway.service import HEADLINES, PERSON_HEADLINES, Gateway
-from roomkeeper.guard.leases import LeaseView
+from roomkeeper.guard.leases import LeaseView, lease_fields
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.jobs import JobRow
+from roomkeeper.loopback.hooks import ReleaseHook
 
 LAST_OUTPUT_BYTES = 500
 FEED_JOBS = 50  # this run's newest jobs on the Health page
@@ -92,22 +94,17 @@ def _tail(path: str, size: int = LAST_OUTPUT_BYTES) -> str:
 
 
 def lease_json(lease: LeaseView) -> dict[str, Any]:
-    """A lease as the API shows it."""
-    return {
-        "id": lease.id,
-        "owner": lease.owner,
-        "state": lease.state.value,
-        "memory_bytes": lease.memory_bytes,
-        "disk_bytes": lease.disk_bytes,
-        "ttl_s": lease.ttl_s,
-        "granted_at": lease.granted_at,
-        "expires_at": lease.expires_at,
-        "ended_at": lease.ended_at,
-        "release": lease.release.to_json() if lease.release else None,
-        "hook_outcome": lease.hook_outcome,
-        "relieve": lease.relieve.to_json() if lease.relieve else None,
-        "relieve_outcome": lease.relieve_outcome,
-    }
+    """A lease as the API shows it: each of its fields by name (its terms' among its own), a
+    hook as its method and URL, a state as its word."""
+    return {name: _plain(value) for name, value in lease_fields(lease).items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ReleaseHook):
+        return value.to_json()
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
 
 
 # needs-you headlines under which admission goes on (a person is asked, nothing is held).

@@ -20,6 +20,7 @@ from dataclasses import replace
 from roomkeeper.errors import UsageError
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import (
     NOT_RELIEVED,
     RELIEVE_ASKED,
@@ -90,26 +91,15 @@ class DurableLeases:
         except Exception as err:  # a full disk: the expiry is saved by the next start
             log.error("leases past their ttl could not be saved as expired: %s", err)
         self._due = self._journal.leases_with_hooks_due()
-        for row in self._journal.live_leases(now=now):
-            relief = row.relieve_outcome
-            if relief == RELIEVE_ASKED:  # asked before the restart and never judged
-                relief = UNJUDGED_RELIEF
+        for saved in self._journal.live_leases(now=now):
+            lease = saved
+            if saved.relieve_outcome == RELIEVE_ASKED:  # asked before the restart, never judged
+                lease = replace(saved, relieve_outcome=UNJUDGED_RELIEF)
                 with contextlib.suppress(Exception):  # a full disk: said again next start
-                    self._journal.record_relieve(row.id, relief).result()
-            lease, _ = self.leases.restore(
-                row.id,
-                row.owner,
-                row.memory_bytes,
-                row.disk_bytes or None,
-                row.ttl_s,
-                row.granted_at,
-                row.expires_at,
-                row.release,
-                row.relieve,
-                relief,
-            )
+                    self._journal.record_relieve(lease.id, UNJUDGED_RELIEF).result()
+            self.leases.restore(lease)
             self._guard.hold(
-                guard_key(lease.id), lease.memory_bytes or 0, age_s=now - lease.granted_at
+                guard_key(lease.id), lease.terms.memory_bytes or 0, age_s=now - lease.granted_at
             )
 
     def record(self, lease: LeaseView) -> concurrent.futures.Future[None]:
@@ -119,33 +109,17 @@ class DurableLeases:
         return write
 
     async def grant(
-        self,
-        lease_id: str | None,
-        *,
-        owner: str,
-        memory_bytes: int | None,
-        disk_bytes: int | None,
-        ttl_s: float,
-        wait_s: float,
-        release: ReleaseHook | None,
-        relieve: ReleaseHook | None = None,
+        self, lease_id: str | None, terms: LeaseTerms, *, wait_s: float
     ) -> tuple[LeaseView | None, Decision | None, bool]:
-        """Grant a lease, waiting up to ``wait_s`` for room; (lease, decision, created)."""
+        """Grant a lease on ``terms`` (an id is made when None), waiting up to ``wait_s`` for
+        room; (lease, decision, created)."""
         if self._closing():
             raise UsageError("the gateway is shutting down", name="shutdown")
         lease_id = lease_id or uuid.uuid4().hex[:16]
         deadline = time.monotonic() + wait_s
         pruned = False
         while True:
-            lease, decision = self.leases.grant(
-                lease_id,
-                owner=owner,
-                memory_bytes=memory_bytes,
-                disk_bytes=disk_bytes,
-                ttl_s=ttl_s,
-                release=release,
-                relieve=relieve,
-            )
+            lease, decision = self.leases.grant(lease_id, terms)
             if lease is not None:
                 if decision is not None:  # a new grant, not a retried request
                     try:
@@ -195,7 +169,7 @@ class DurableLeases:
             return self.leases.get(lease_id)
         outcome = None
         try:
-            if lease.release is not None:
+            if lease.terms.release is not None:
                 try:
                     due = replace(lease, hook_outcome=HOOK_DUE)
                     await asyncio.wrap_future(self.record(due))
@@ -203,7 +177,7 @@ class DurableLeases:
                     log.error(
                         "lease %s: its end could not be saved before its hook: %s", lease_id, err
                     )
-                outcome = await self._run_hook(lease.release, lease_id)
+                outcome = await self._run_hook(lease.terms.release, lease_id)
         finally:  # whatever happened to the hook, the lease's memory is given back
             lease = self.leases.complete(lease_id, outcome)
         await asyncio.wrap_future(self.record(lease))

@@ -80,7 +80,7 @@ class LeaseRelief:
                 job_id=v.id,
                 started=v.granted_at + offset,
                 footprint=0,  # its turn runs elsewhere: never measured here
-                estimate=v.memory_bytes or 0,
+                estimate=v.terms.memory_bytes or 0,
                 suspendable=False,
                 lease=True,
             )
@@ -95,9 +95,9 @@ class LeaseRelief:
         """Call the lease's relieve hook once, on the reliefs' own pool, after the ask is
         saved; None when it cannot be relieved now."""
         lease = self._leases.ask_relief(lease_id)
-        if lease is None or lease.relieve is None:
+        if lease is None or lease.terms.relieve is None:
             return None
-        hook = replace(lease.relieve, key=f"relieve-{lease_id}")
+        hook = replace(lease.terms.relieve, key=f"relieve-{lease_id}")
         return self._pool.submit(self._call, lease_id, hook)
 
     def _call(self, lease_id: str, hook: ReleaseHook) -> str:
@@ -116,7 +116,7 @@ class LeaseRelief:
         lease = self._leases.settle_relief(lease_id, outcome)
         self._journal.record_relieve(lease_id, outcome)  # a lost outcome: "asked" at restart
         code = RecoveryCode.LEASE_RELIEVED if relieved else RecoveryCode.LEASE_NOT_RELIEVED
-        numbers = {"freed_bytes": freed, "lease_bytes": lease.memory_bytes or 0}
+        numbers = {"freed_bytes": freed, "lease_bytes": lease.terms.memory_bytes or 0}
         self._watch(self._journal.record_history(HistoryEvent(self._wall(), code, numbers)))
         if relieved and lease.state is LeaseState.GRANTED:
             self._end(lease_id)

@@ -22,6 +22,11 @@ the relief ladder calls it once to ask the holder to end that turn now
 whoever ends it, unless the relief was found to give nothing back first (a
 failed hook, no memory back in time); its ``relieve_outcome`` says whether
 the memory came back.
+
+What a holder asks for is a :class:`~roomkeeper.guard.lease_terms.LeaseTerms`, declared
+once; a lease holds its terms whole, beside what happened to it since.
+:func:`lease_fields` and :func:`lease_of` turn a lease into one flat mapping of
+field names and back: the shape of the journal's row and of the API's answer.
 """
 
 from __future__ import annotations
@@ -30,15 +35,15 @@ import enum
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from roomkeeper.errors import AlreadyEndedError, QueueFullError, UnknownJobError, UsageError
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.rule import Decision
-from roomkeeper.loopback.hooks import ReleaseHook
 
-DEFAULT_TTL_S = 300.0
 MAX_GRANTED = 256  # leases granted at once, all owners together
 MAX_GRANTED_PER_OWNER = 64  # leases granted at once to one owner
 KEEP_ENDED = 1000  # ended leases kept in memory; the journal keeps every one
@@ -59,20 +64,27 @@ NOT_RELIEVED = "not relieved"  # how an outcome that gave nothing back begins
 
 @dataclass(frozen=True, slots=True)
 class LeaseView:
-    """A snapshot of one lease; times are wall-clock seconds."""
+    """A snapshot of one lease; times are wall-clock seconds.
+
+    Attributes:
+        id: the lease's id, the holder's or one made for it.
+        terms: what it was granted with (its memory as reserved, its ttl as last renewed).
+        state: where it stands.
+        granted_at: when it was granted.
+        expires_at: when it expires without a heartbeat.
+        ended_at: when it ended.
+        hook_outcome: how its release hook went (``due`` while a crash may have cut it).
+        relieve_outcome: how its relief stands: None until asked, then :data:`RELIEVE_ASKED`,
+            then what came of it.
+    """
 
     id: str
-    owner: str
+    terms: LeaseTerms
     state: LeaseState
-    memory_bytes: int | None
-    disk_bytes: int | None
-    ttl_s: float
     granted_at: float
     expires_at: float
     ended_at: float | None = None
-    release: ReleaseHook | None = None
     hook_outcome: str | None = None
-    relieve: ReleaseHook | None = None
     relieve_outcome: str | None = None
 
     @property
@@ -81,6 +93,26 @@ class LeaseView:
         an end now is the relief's."""
         outcome = self.relieve_outcome
         return outcome is not None and not outcome.startswith(NOT_RELIEVED)
+
+
+LEASE_FIELDS = (
+    *(f.name for f in fields(LeaseView) if f.name != "terms"),
+    *(f.name for f in fields(LeaseTerms)),
+)
+"""A lease's fields by name, flat: its own, then its terms' (no name is in both)."""
+
+
+def lease_fields(lease: LeaseView) -> dict[str, Any]:
+    """The lease as one flat mapping, each of :data:`LEASE_FIELDS` to its value."""
+    own = {f.name: getattr(lease, f.name) for f in fields(LeaseView) if f.name != "terms"}
+    return {**own, **{f.name: getattr(lease.terms, f.name) for f in fields(LeaseTerms)}}
+
+
+def lease_of(values: Mapping[str, Any]) -> LeaseView:
+    """The lease a flat mapping of :data:`LEASE_FIELDS` holds (:func:`lease_fields` undone)."""
+    terms = LeaseTerms(**{f.name: values[f.name] for f in fields(LeaseTerms)})
+    own = {f.name: values[f.name] for f in fields(LeaseView) if f.name != "terms"}
+    return LeaseView(terms=terms, **own)
 
 
 def guard_key(lease_id: str) -> str:
@@ -125,18 +157,8 @@ class Leases:
         self._finishing: dict[str, int] = {}
         self._completed: dict[str, None] = {}  # ended, hook run: oldest first
 
-    def grant(
-        self,
-        lease_id: str,
-        *,
-        owner: str,
-        memory_bytes: int | None = None,
-        disk_bytes: int | None = None,
-        ttl_s: float = DEFAULT_TTL_S,
-        release: ReleaseHook | None = None,
-        relieve: ReleaseHook | None = None,
-    ) -> tuple[LeaseView | None, Decision | None]:
-        """Ask the guard for room; on a yes, hold it as a lease.
+    def grant(self, lease_id: str, terms: LeaseTerms) -> tuple[LeaseView | None, Decision | None]:
+        """Ask the guard for room for ``terms``; on a yes, hold it as a lease.
 
         Returns:
             (the lease, the decision); a lease that is already granted is
@@ -148,8 +170,8 @@ class Leases:
             QueueFullError: ``leases_full`` or ``owner_leases_full``: a cap on granted
                 leases is reached (the guard was not asked).
         """
-        if not ttl_s > 0:
-            raise UsageError(f"ttl_s must be > 0 (got {ttl_s})", name="ttl_s")
+        if not terms.ttl_s > 0:
+            raise UsageError(f"ttl_s must be > 0 (got {terms.ttl_s})", name="ttl_s")
         with self._lock:
             existing = self._leases.get(lease_id)
             if existing is not None:
@@ -159,27 +181,18 @@ class Leases:
                     f"lease {lease_id!r} already ended ({existing.state.value}); use a new id",
                     lease_id=lease_id,
                 )
-            self._check_caps(owner)
+            self._check_caps(terms.owner)
             decision = self._guard.admit(
-                guard_key(lease_id), memory_bytes=memory_bytes, disk_bytes=disk_bytes
+                guard_key(lease_id), memory_bytes=terms.memory_bytes, disk_bytes=terms.disk_bytes
             )
             if not decision.admit:
                 return None, decision
+            if terms.memory_bytes is None:  # it holds what the guard reserved for it
+                terms = replace(terms, memory_bytes=decision.estimate_bytes)
             now = self._wall()
-            lease = LeaseView(
-                lease_id,
-                owner,
-                LeaseState.GRANTED,
-                memory_bytes if memory_bytes is not None else decision.estimate_bytes,
-                disk_bytes,
-                ttl_s,
-                now,
-                now + ttl_s,
-                release=release,
-                relieve=relieve,
-            )
+            lease = LeaseView(lease_id, terms, LeaseState.GRANTED, now, now + terms.ttl_s)
             self._leases[lease_id] = lease
-            self._deadlines[lease_id] = self._clock() + ttl_s
+            self._deadlines[lease_id] = self._clock() + terms.ttl_s
             return lease, decision
 
     def _check_caps(self, owner: str) -> None:
@@ -192,7 +205,7 @@ class Leases:
                 reason="leases_full",
                 owner=owner,
             )
-        mine = sum(1 for v in granted if v.owner == owner)
+        mine = sum(1 for v in granted if v.terms.owner == owner)
         if mine >= self._max_granted_per_owner:
             raise QueueFullError(
                 f"owner {owner!r} holds {mine} granted leases, the most one owner may; "
@@ -201,37 +214,12 @@ class Leases:
                 owner=owner,
             )
 
-    def restore(
-        self,
-        lease_id: str,
-        owner: str,
-        memory_bytes: int | None,
-        disk_bytes: int | None,
-        ttl_s: float,
-        granted_at: float,
-        expires_at: float,
-        release: ReleaseHook | None,
-        relieve: ReleaseHook | None = None,
-        relieve_outcome: str | None = None,
-    ) -> tuple[LeaseView, None]:
-        """Take back a lease granted before a restart (the caller re-reserves its memory)."""
-        lease = LeaseView(
-            lease_id,
-            owner,
-            LeaseState.GRANTED,
-            memory_bytes,
-            disk_bytes,
-            ttl_s,
-            granted_at,
-            expires_at,
-            release=release,
-            relieve=relieve,
-            relieve_outcome=relieve_outcome,
-        )
+    def restore(self, lease: LeaseView) -> None:
+        """Take back a lease granted before a restart, as the journal kept it, whole (the
+        caller re-reserves its memory); it expires when it would have."""
         with self._lock:
-            self._leases[lease_id] = lease
-            self._deadlines[lease_id] = self._clock() + max(0.0, expires_at - self._wall())
-        return lease, None
+            self._leases[lease.id] = lease
+            self._deadlines[lease.id] = self._clock() + max(0.0, lease.expires_at - self._wall())
 
     def heartbeat(self, lease_id: str, ttl_s: float | None = None) -> LeaseView:
         """Extend a granted lease by its ttl (or a new one) from now.
@@ -246,11 +234,12 @@ class Leases:
                 raise AlreadyEndedError(
                     f"lease {lease_id!r} already ended ({lease.state.value})", lease_id=lease_id
                 )
-            ttl = lease.ttl_s if ttl_s is None else ttl_s
+            ttl = lease.terms.ttl_s if ttl_s is None else ttl_s
             if not ttl > 0:
                 raise UsageError(f"ttl_s must be > 0 (got {ttl})", name="ttl_s")
             self._deadlines[lease_id] = self._clock() + ttl
-            lease = replace(lease, ttl_s=ttl, expires_at=self._wall() + ttl)
+            terms = replace(lease.terms, ttl_s=ttl)
+            lease = replace(lease, terms=terms, expires_at=self._wall() + ttl)
             self._leases[lease_id] = lease
             return lease
 
@@ -278,8 +267,8 @@ class Leases:
             self._leases[lease_id] = lease
             self._deadlines.pop(lease_id, None)
             self._ended[state.value] += 1
-            self._without_hook += lease.release is None
-            self._finishing[lease_id] = lease.memory_bytes or 0
+            self._without_hook += lease.terms.release is None
+            self._finishing[lease_id] = lease.terms.memory_bytes or 0
             return lease
 
     def ask_relief(self, lease_id: str) -> LeaseView | None:
@@ -290,7 +279,7 @@ class Leases:
             if (
                 lease is None
                 or lease.state is not LeaseState.GRANTED
-                or lease.relieve is None
+                or lease.terms.relieve is None
                 or lease.relieve_outcome is not None
             ):
                 return None
@@ -313,7 +302,7 @@ class Leases:
                 v
                 for v in self._leases.values()
                 if v.state is LeaseState.GRANTED
-                and v.relieve is not None
+                and v.terms.relieve is not None
                 and v.relieve_outcome is None
             ]
 
@@ -325,16 +314,18 @@ class Leases:
                 v
                 for v in self._leases.values()
                 if v.state is LeaseState.GRANTED
-                and (v.relieve is None or v.relieve_outcome is not None)
+                and (v.terms.relieve is None or v.relieve_outcome is not None)
             ]
-            return len(found), sum(v.memory_bytes or 0 for v in found)
+            return len(found), sum(v.terms.memory_bytes or 0 for v in found)
 
     def reserved(self) -> int:
         """What our leases reserve together: the granted ones, and the ended ones whose release
         hook has not finished (their sessions are still held)."""
         with self._lock:
             granted = sum(
-                v.memory_bytes or 0 for v in self._leases.values() if v.state is LeaseState.GRANTED
+                v.terms.memory_bytes or 0
+                for v in self._leases.values()
+                if v.state is LeaseState.GRANTED
             )
             return granted + sum(self._finishing.values())
 

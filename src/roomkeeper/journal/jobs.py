@@ -8,14 +8,17 @@ named in every statement, so adding one breaks nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import sqlite3
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.markers import MarkerKind, clear, is_marked, mark, marked
 from roomkeeper.journal.store import Store
 from roomkeeper.journal.worktrees import follow, register
@@ -134,8 +137,14 @@ class InFlightJob:
     marked: bool
 
 
+SPEC_COLUMNS = ("owner", "resumable")
+"""The fields of a :class:`JobSpec` the jobs table keeps as columns of their own; every
+other field is a key of its ``spec`` column's JSON."""
+
+
 def spec_json(view: JobView) -> str:
-    """The job's spec, so work deferred by a crash can run again as it was asked for.
+    """The job's spec, so work deferred by a crash can run again as it was asked for: each
+    field of :class:`JobSpec` by name, but :data:`SPEC_COLUMNS`.
 
     Only the environment the submitter gave is kept (the journal is private
     to ROOMKEEPER_HOME, mode 0600; it is never shown by the API, the feed or
@@ -146,23 +155,24 @@ def spec_json(view: JobView) -> str:
     spec = view.spec
     return json.dumps(
         {
-            "argv": list(spec.argv),
-            "cwd": spec.cwd,
-            "env": dict(spec.env) if spec.env is not None else None,
-            "memory_bytes": spec.memory_bytes,
-            "disk_bytes": spec.disk_bytes,
-            "timeout_s": spec.timeout_s,
-            "shell": spec.shell,
-            "inherit_env": spec.inherit_env,
-            "restartable": spec.restartable,
-            "worktree": None
-            if spec.worktree is None
-            else {"repo": spec.worktree.repo, "branch": spec.worktree.branch},
-            "memory_policy": spec.memory_policy.value,
-            "kind": spec.kind,
-            "learned_bytes": spec.learned_bytes,
+            f.name: _plain(getattr(spec, f.name))
+            for f in dataclasses.fields(JobSpec)
+            if f.name not in SPEC_COLUMNS
         }
     )
+
+
+def _plain(value: Any) -> Any:
+    """A spec field's value as JSON holds it: a record as an object, a word as a string."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return list(value)
+    return value
 
 
 def _upsert(conn: sqlite3.Connection, view: JobView, pid_started: float | None) -> None:

@@ -3,17 +3,26 @@
 A lease's row is rewritten at each grant, heartbeat and end, with the change
 appended beside it in the same transaction.  A restart reads back the leases
 still within their ttl; the others are expired.
+
+The row has one column per field of the lease (:data:`~roomkeeper.guard.leases.LEASE_FIELDS`,
+its own and its terms'), written and read by name: a new field is its column here
+(in :data:`SCHEMA` and, for older files, :data:`ADDED_COLUMNS`), nothing else.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import sqlite3
 import time
+import types
+import typing
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from typing import Any
 
-from roomkeeper.guard.leases import LeaseView
+from roomkeeper.guard.lease_terms import LeaseTerms
+from roomkeeper.guard.leases import LEASE_FIELDS, LeaseView, lease_fields, lease_of
 from roomkeeper.journal.store import Store
 from roomkeeper.loopback.hooks import HOOK_DUE, ReleaseHook
 
@@ -46,36 +55,22 @@ ADDED_COLUMNS = (
     ("leases", "relieve_outcome", "TEXT"),
 )
 
-_UPSERT = """
-INSERT INTO leases (
-    id, owner, state, memory_bytes, disk_bytes, ttl_s, granted_at, expires_at, ended_at,
-    release, hook_outcome, relieve, relieve_outcome
-) VALUES (
-    :id, :owner, :state, :memory_bytes, :disk_bytes, :ttl_s, :granted_at, :expires_at,
-    :ended_at, :release, :hook_outcome, :relieve, :relieve_outcome
-)
+# Every field is written when the row is first made; a later change of the lease rewrites
+# only what changes over its life.  A relief's outcome is written by record_relieve alone: a
+# lease's own change, taken before the ask and written after it, must never put the ask back
+# to nothing.
+_UPSERT = f"""
+INSERT INTO leases ({", ".join(LEASE_FIELDS)})
+VALUES ({", ".join(f":{name}" for name in LEASE_FIELDS)})
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state, ttl_s = excluded.ttl_s, expires_at = excluded.expires_at,
     ended_at = excluded.ended_at, hook_outcome = excluded.hook_outcome
 """
-# A relief's outcome is written by record_relieve alone: a lease's own change, taken before
-# the ask and written after it, must never put the ask back to nothing.
 
-
-@dataclass(frozen=True, slots=True)
-class LeaseRow:
-    """A granted lease as the journal keeps it; no disk or memory is stored as 0."""
-
-    id: str
-    owner: str
-    memory_bytes: int
-    disk_bytes: int
-    ttl_s: float
-    granted_at: float
-    expires_at: float
-    release: ReleaseHook | None
-    relieve: ReleaseHook | None = None
-    relieve_outcome: str | None = None
+# Columns declared NOT NULL that keep a field's None as 0.  Read back, a disk of 0 is None
+# again (a restored lease reserves no disk); memory is what the lease reserves, so 0 stays 0.
+_NONE_AS_ZERO = ("memory_bytes", "disk_bytes")
+_ZERO_AS_NONE = ("disk_bytes",)
 
 
 def _hook_json(hook: ReleaseHook | None) -> str | None:
@@ -89,27 +84,54 @@ def _hook_of(text: str | None) -> ReleaseHook | None:
     return ReleaseHook(value["method"], value["url"])
 
 
+def _column(value: Any) -> Any:
+    """A field's value as its column keeps it: a hook as its JSON, a state as its word."""
+    if isinstance(value, ReleaseHook):
+        return _hook_json(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def lease_columns(lease: LeaseView) -> dict[str, Any]:
+    """The lease's row: each of its fields by name, as its column keeps it."""
+    row = {name: _column(value) for name, value in lease_fields(lease).items()}
+    return row | {name: row[name] or 0 for name in _NONE_AS_ZERO}
+
+
+def _reader(kind: Any) -> Callable[[Any], Any]:
+    """How a column reads back as a field declared ``kind`` (``X`` or ``X | None``)."""
+    found = [k for k in typing.get_args(kind) if k is not types.NoneType] or [kind]
+    declared = found[0] if len(found) == 1 else None
+    if declared is ReleaseHook:
+        return _hook_of
+    if isinstance(declared, type) and issubclass(declared, enum.Enum):
+        return lambda value: None if value is None else declared(value)
+    return lambda value: value
+
+
+# Each field's reader, from its declared type: a new field needs no line here.
+_READERS = {
+    name: _reader(kind)
+    for record in (LeaseView, LeaseTerms)
+    for name, kind in typing.get_type_hints(record).items()
+    if name in LEASE_FIELDS
+}
+
+
+def lease_of_row(row: sqlite3.Row) -> LeaseView:
+    """The lease a row keeps (:func:`lease_columns` undone)."""
+    values = {name: _READERS[name](row[name]) for name in LEASE_FIELDS}
+    return lease_of(values | {name: values[name] or None for name in _ZERO_AS_NONE})
+
+
 class LeasesTable(Store):
     """The leases' named operations (``Journal`` has them)."""
 
     def record_lease(self, lease: LeaseView) -> Future[None]:
         """The lease's latest state change and its row as it stands now, in one transaction."""
         at = time.time()
-        row = {
-            "id": lease.id,
-            "owner": lease.owner,
-            "state": lease.state.value,
-            "memory_bytes": lease.memory_bytes or 0,
-            "disk_bytes": lease.disk_bytes or 0,
-            "ttl_s": lease.ttl_s,
-            "granted_at": lease.granted_at,
-            "expires_at": lease.expires_at,
-            "ended_at": lease.ended_at,
-            "release": _hook_json(lease.release),
-            "hook_outcome": lease.hook_outcome,
-            "relieve": _hook_json(lease.relieve),
-            "relieve_outcome": lease.relieve_outcome,
-        }
+        row = lease_columns(lease)
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -172,22 +194,7 @@ class LeasesTable(Store):
 
         return self.submit(write)
 
-    def live_leases(self, *, now: float) -> list[LeaseRow]:
-        """The granted leases still within their ttl at ``now``."""
+    def live_leases(self, *, now: float) -> list[LeaseView]:
+        """The granted leases still within their ttl at ``now``, whole."""
         sql = "SELECT * FROM leases WHERE state = 'granted' AND expires_at > :now"
-        return self._read(lambda conn: [_lease_row(r) for r in conn.execute(sql, {"now": now})])
-
-
-def _lease_row(row: sqlite3.Row) -> LeaseRow:
-    return LeaseRow(
-        id=row["id"],
-        owner=row["owner"],
-        memory_bytes=row["memory_bytes"],
-        disk_bytes=row["disk_bytes"],
-        ttl_s=row["ttl_s"],
-        granted_at=row["granted_at"],
-        expires_at=row["expires_at"],
-        release=_hook_of(row["release"]),
-        relieve=_hook_of(row["relieve"]),
-        relieve_outcome=row["relieve_outcome"],
-    )
+        return self._read(lambda conn: [lease_of_row(r) for r in conn.execute(sql, {"now": now})])
