@@ -44,8 +44,14 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.queue import Limits
-from roomkeeper.jobs.rounds import Launcher, Placement
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import (
+    Launcher,
+    Placement,
+    SchedulerListeners,
+    SchedulerParts,
+    SchedulerSettings,
+)
 from roomkeeper.jobs.sizes import size_key, with_learned_size
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
@@ -136,20 +142,24 @@ class DurableJobs:
         # The latest journal write of each job; a failed one is kept (see _job_changed).
         self.writes: dict[str, concurrent.futures.Future[None]] = {}
         self.scheduler = Scheduler(
-            logs_dir=logs_dir,
-            guard=guard,
-            limits=limits,
-            on_change=self._job_changed,
-            on_end=self._job_ended,
-            on_refusal=self._job_refused,
-            before_launch=self._mark_launch,
-            job_user=job_user,
-            pressure_settings=pressure_settings,
-            on_relief=self._relief_step,
-            prepare=worktrees.prepare if worktrees is not None else None,
-            reclaim_disk=worktrees.reclaim if worktrees is not None else None,
-            launcher=launcher,
-            placement=placement,
+            SchedulerSettings(
+                logs_dir=logs_dir, limits=limits, pressure_settings=pressure_settings
+            ),
+            parts=SchedulerParts(
+                guard=guard,
+                job_user=job_user,
+                prepare=worktrees.prepare if worktrees is not None else None,
+                reclaim_disk=worktrees.reclaim if worktrees is not None else None,
+                launcher=launcher,
+                placement=placement,
+            ),
+            listeners=SchedulerListeners(
+                on_change=self._job_changed,
+                on_end=self._job_ended,
+                on_refusal=self._job_refused,
+                before_launch=self._mark_launch,
+                on_relief=self._relief_step,
+            ),
         )
 
     def _relief_step(self, event: ReliefEvent) -> None:
