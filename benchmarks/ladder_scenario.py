@@ -22,6 +22,7 @@ from pathlib import Path
 from roomkeeper.guard.admission import Guard
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import SchedulerListeners, SchedulerParts, SchedulerSettings
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 
 GROW = Path(__file__).resolve().parent / "grow.py"
@@ -50,11 +51,12 @@ def main() -> None:
             launches.append((view.id, view.history[-1].at))
 
     scheduler = Scheduler(
-        logs_dir=logs,
-        guard=Guard(env=env),
-        limits=lambda: Limits(32, None, 3, None, 100.0, 0),
-        on_change=changed,
-        on_relief=lambda e: steps.append((e.step.value, e.job_id, time.time())),
+        SchedulerSettings(logs_dir=logs, limits=lambda: Limits(32, None, 3, None, 100.0, 0)),
+        parts=SchedulerParts(guard=Guard(env=env)),
+        listeners=SchedulerListeners(
+            on_change=changed,
+            on_relief=lambda e: steps.append((e.step.value, e.job_id, time.time())),
+        ),
     )
     scheduler.start()
     ids = []

@@ -23,6 +23,12 @@ from roomkeeper.jobs.handle import RemoteEnd, Settlement
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.rounds import ASIDE_SECONDS
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import (
+    SchedulerClocks,
+    SchedulerListeners,
+    SchedulerParts,
+    SchedulerSettings,
+)
 from roomkeeper.jobs.spec import JobSpec, JobState
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
@@ -90,15 +96,16 @@ class Rig:
                 return Decision(job_id, True, Reason.OK, "room here")
 
         self.scheduler = Scheduler(
-            logs_dir=tmp_path,
-            guard=CountingGuard(env={"ROOMKEEPER_JOB_MEMORY_MB": "64"}),
-            limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
-            launcher=self.launch,
-            placement=self.place,
-            cpu_percent=lambda: self.cpu,
-            clock=self.clock,
-            wall=self.clock,
-            on_refusal=lambda job_id, d: self.told.append((job_id, d.summary)),
+            SchedulerSettings(logs_dir=tmp_path, limits=lambda: Limits(32, 8, 4, 2, 100.0, 10)),
+            parts=SchedulerParts(
+                guard=CountingGuard(env={"ROOMKEEPER_JOB_MEMORY_MB": "64"}),
+                launcher=self.launch,
+                placement=self.place,
+            ),
+            listeners=SchedulerListeners(
+                on_refusal=lambda job_id, d: self.told.append((job_id, d.summary))
+            ),
+            clocks=SchedulerClocks(cpu_percent=lambda: self.cpu, clock=self.clock, wall=self.clock),
         )
 
     def launch(self, job_id: str, spec: LaunchSpec) -> FakeRemote:

@@ -15,7 +15,7 @@ from typing import Any
 from roomkeeper.api.models import JobIn, LeaseIn
 from roomkeeper.api.responses import LeaseOut
 from roomkeeper.api.views import lease_json
-from roomkeeper.gateway.jobs import DurableJobs
+from roomkeeper.gateway.doubt import spec_from_row
 from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import LEASE_FIELDS, LeaseState, LeaseView
 from roomkeeper.guard.packing import MemoryPolicy
@@ -169,8 +169,7 @@ def test_a_job_spec_comes_back_from_the_journal_whole() -> None:
     spec a deferred job runs again with)."""
     spec = every_spec_field()
     saved = json.loads(spec_json(job_view(spec)))
-    # It reads nothing of the gateway's: called without one.
-    again = DurableJobs.spec_from_row(None, saved, spec.owner, spec.resumable)  # type: ignore[arg-type]
+    again = spec_from_row(saved, spec.owner, spec.resumable)
     assert again == spec
 
 

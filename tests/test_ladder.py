@@ -15,12 +15,13 @@ from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
 from roomkeeper.jobs.spec import JobSpec, JobState
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
 from roomkeeper.relief.ladder import LadderState, Live, Plan, Step, decide
-from roomkeeper.relief.monitor import PressureMonitor
+from roomkeeper.relief.monitor import MonitorPace, PressureMonitor
 from roomkeeper.testing import CannotSuspend, FakeClock
 from tests.fakes import FakeTarget
 
@@ -290,7 +291,7 @@ def monitor(
         read=lambda: next(feed),
         cooldown=cooldown,
         settings=lambda: settings,
-        clock=clock,
+        pace=MonitorPace(clock=clock),
     )
 
 
@@ -436,11 +437,13 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
         return Handle(700 * MB)
 
     scheduler = Scheduler(
-        logs_dir=tmp_path,
-        launcher=launcher,
-        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
-        pressure=False,
-        pressure_settings=lambda: SETTINGS,
+        SchedulerSettings(
+            logs_dir=tmp_path,
+            limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+            pressure=False,
+            pressure_settings=lambda: SETTINGS,
+        ),
+        parts=SchedulerParts(launcher=launcher),
     )
     view = scheduler.submit(JobSpec(argv=["x"], memory_bytes=100 * MB, restartable=True))
     plain = scheduler.submit(JobSpec(argv=["y"], owner="b", memory_bytes=100 * MB))
@@ -465,10 +468,10 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
 def test_a_job_that_never_fits_is_not_run_again(tmp_path: Path) -> None:
     """A restartable job that alone outgrows the container ends stopped, saying it never fits."""
     scheduler = Scheduler(
-        logs_dir=tmp_path,
-        launcher=lambda job_id, spec: Handle(3 * GB),
-        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
-        pressure=False,
+        SchedulerSettings(
+            logs_dir=tmp_path, limits=lambda: Limits(32, 8, 4, 2, 100.0, 10), pressure=False
+        ),
+        parts=SchedulerParts(launcher=lambda job_id, spec: Handle(3 * GB)),
     )
     view = scheduler.submit(JobSpec(argv=["x"], restartable=True))
     scheduler.tick()
@@ -483,10 +486,10 @@ def test_a_job_that_never_fits_is_not_run_again(tmp_path: Path) -> None:
 def test_pressure_hold_makes_waiting_jobs_say_pressure(tmp_path: Path) -> None:
     """While the ladder holds, nothing launches and waiting jobs give the reason ``pressure``."""
     scheduler = Scheduler(
-        logs_dir=tmp_path,
-        launcher=lambda job_id, spec: Handle(0),
-        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
-        pressure=False,
+        SchedulerSettings(
+            logs_dir=tmp_path, limits=lambda: Limits(32, 8, 4, 2, 100.0, 10), pressure=False
+        ),
+        parts=SchedulerParts(launcher=lambda job_id, spec: Handle(0)),
     )
     scheduler.relief.hold_for_pressure(True)
     view = scheduler.submit(JobSpec(argv=["x"]))
@@ -524,11 +527,13 @@ def test_a_reading_while_a_stopped_job_is_queued_again_stays_sighted(tmp_path: P
         return handles[job_id]
 
     scheduler = Scheduler(
-        logs_dir=tmp_path,
-        launcher=launcher,
-        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
-        pressure=False,
-        pressure_settings=lambda: SETTINGS,
+        SchedulerSettings(
+            logs_dir=tmp_path,
+            limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+            pressure=False,
+            pressure_settings=lambda: SETTINGS,
+        ),
+        parts=SchedulerParts(launcher=launcher),
     )
     try:
         first = scheduler.submit(JobSpec(argv=["x"], memory_bytes=100 * MB))
@@ -568,7 +573,7 @@ def test_a_reading_that_fails_is_tried_again_at_the_next_interval() -> None:
         read=read,
         cooldown=Cooldown(FakeClock()),
         settings=lambda: SETTINGS,
-        interval=0.05,
+        pace=MonitorPace(interval=0.05),
     )
     monitor.start()
     try:
@@ -599,7 +604,7 @@ def test_a_slow_reading_says_where_its_time_went_now_and_then(
         read=lambda: reading(LINE - 100 * MB, at=clock()),
         cooldown=Cooldown(clock),
         settings=lambda: SETTINGS,
-        clock=clock,
+        pace=MonitorPace(clock=clock),
     )
     with caplog.at_level("WARNING", logger="roomkeeper"):
         for _ in range(3):
@@ -636,11 +641,13 @@ def test_the_suspensions_of_one_reading_halt_every_tree_before_any_walk(tmp_path
     before the first one is suspended in full, which walks /proc (slow on a busy machine)."""
     calls: list[tuple[str, str]] = []
     scheduler = Scheduler(
-        logs_dir=tmp_path,
-        launcher=lambda job_id, spec: _Freezable(job_id, calls),
-        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
-        pressure=False,
-        pressure_settings=lambda: SETTINGS,
+        SchedulerSettings(
+            logs_dir=tmp_path,
+            limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+            pressure=False,
+            pressure_settings=lambda: SETTINGS,
+        ),
+        parts=SchedulerParts(launcher=lambda job_id, spec: _Freezable(job_id, calls)),
     )
     try:
         ids = [scheduler.submit(JobSpec(argv=["x"], owner=o, memory_bytes=MB)).id for o in "abc"]
@@ -672,7 +679,7 @@ def test_a_reading_lists_the_live_jobs_before_it_reads_the_container() -> None:
         read=read,
         cooldown=Cooldown(FakeClock()),
         settings=lambda: SETTINGS,
-        clock=FakeClock(),
+        pace=MonitorPace(clock=FakeClock()),
     )
     monitor.tick()
     monitor.tick()
@@ -703,11 +710,13 @@ def test_a_last_run_is_protected_only_while_it_keeps_to_what_it_reserved(
         return handles[-1]
 
     scheduler = Scheduler(
-        logs_dir=tmp_path,
-        launcher=launcher,
-        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
-        pressure=False,
-        pressure_settings=lambda: replace(SETTINGS, retries=1),
+        SchedulerSettings(
+            logs_dir=tmp_path,
+            limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+            pressure=False,
+            pressure_settings=lambda: replace(SETTINGS, retries=1),
+        ),
+        parts=SchedulerParts(launcher=launcher),
     )
     try:
         view = scheduler.submit(JobSpec(argv=["x"], memory_bytes=100 * MB, restartable=True))

@@ -368,3 +368,43 @@ def test_the_benchmark_import_check_finds_each_form() -> None:
         "from live_gateway import running_gateway",
     ):
         assert foreign_to_benchmarks(text) == [], text
+
+
+MOST_PARAMETERS = 8  # more is a sign the settings record is missing
+MOST_GATEWAY_CLASS_LINES = 300  # the gateway's classes stay one concept each
+
+
+def constructor_parameters(node: ast.ClassDef) -> int | None:
+    """How many parameters the class's ``__init__`` takes besides ``self`` (``*args`` and
+    ``**kwargs`` count one each); None when it defines none."""
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+            args = item.args
+            named = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+            return len(named) - 1 + (args.vararg is not None) + (args.kwarg is not None)
+    return None
+
+
+def test_no_constructor_takes_more_than_eight_parameters() -> None:
+    """Every ``__init__`` in the package takes at most eight parameters besides ``self``: a
+    part takes its settings as a record, passed whole, not one keyword per value."""
+    wide = []
+    for module in all_modules():
+        for node in ast.walk(ast.parse(source(module).read_text())):
+            if isinstance(node, ast.ClassDef):
+                count = constructor_parameters(node)
+                if count is not None and count > MOST_PARAMETERS:
+                    wide.append(f"{module}.{node.name}: {count}")
+    assert wide == [], f"constructors over {MOST_PARAMETERS} parameters: {wide}"
+
+
+def test_no_gateway_class_is_longer_than_three_hundred_lines() -> None:
+    """Each class in ``gateway`` is one concept: none runs past 300 lines."""
+    long = []
+    for module in (m for m in all_modules() if unit(m) == "gateway"):
+        for node in ast.walk(ast.parse(source(module).read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MOST_GATEWAY_CLASS_LINES:
+                    long.append(f"{module}.{node.name}: {lines}")
+    assert long == [], f"gateway classes over {MOST_GATEWAY_CLASS_LINES} lines: {long}"

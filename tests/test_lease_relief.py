@@ -24,7 +24,7 @@ from roomkeeper.journal.database import Journal
 from roomkeeper.loopback.hooks import HookRunner, ReleaseHook
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
 from roomkeeper.relief.ladder import LadderState, Live, Plan, Step, decide
-from roomkeeper.relief.monitor import RELIEF_WAIT_S, PressureMonitor
+from roomkeeper.relief.monitor import RELIEF_WAIT_S, MonitorPace, PressureMonitor
 from roomkeeper.testing import FakeClock
 from tests.fakes import FakeLeases, FakeTarget, fixture_guard
 
@@ -101,7 +101,7 @@ def monitor(
         read=lambda: next(readings),
         cooldown=cooldown,
         settings=lambda: SETTINGS,
-        clock=clock,
+        pace=MonitorPace(clock=clock),
     )
     m.watch_leases(leases)
     return m, cooldown

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from roomkeeper.batch.run import BatchOptions, BatchResult, run_batch
+from roomkeeper.batch.run import BatchOptions, BatchResult, BatchSettings, run_batch
 from roomkeeper.cli import local
 from roomkeeper.cli.app import main
 from roomkeeper.cli.batch_view import BatchProgress
@@ -224,8 +224,10 @@ def test_batch_packs_unless_strict_and_passes_its_kind(
     """``roomkeeper batch`` runs its lines under pack; ``--strict`` and ``--kind`` reach them."""
     seen: list[BatchOptions] = []
 
-    def fake_run_batch(commands: Sequence[str], **kw: Any) -> list[BatchResult]:
-        seen.append(kw["options"])
+    def fake_run_batch(
+        commands: Sequence[str], settings: BatchSettings, **kw: Any
+    ) -> list[BatchResult]:
+        seen.append(settings.options)
         return []
 
     monkeypatch.setattr(local, "run_batch", fake_run_batch)
@@ -259,11 +261,7 @@ def test_run_batch_defaults_to_pack(tmp_path: Path) -> None:
     )
     results = run_batch(
         ["true", "true"],
-        logs_dir=tmp_path / "logs",
-        job_memory=MB,
-        max_running=2,
-        timeout_s=None,
-        quiet=True,
+        BatchSettings(logs_dir=tmp_path / "logs", max_running=2, job_memory=MB, quiet=True),
         progress=progress,
         guard=guard,
     )

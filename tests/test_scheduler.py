@@ -19,6 +19,12 @@ from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import (
+    SchedulerClocks,
+    SchedulerListeners,
+    SchedulerParts,
+    SchedulerSettings,
+)
 from roomkeeper.jobs.spec import JobSpec, JobState
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.testing import FakeClock
@@ -112,13 +118,10 @@ class Rig:
         self.limits = limits(**over)
         self.events: list[tuple[str, JobState]] = []
         self.scheduler = Scheduler(
-            logs_dir=tmp_path / "logs",
-            guard=self.guard,
-            limits=lambda: self.limits,
-            launcher=self.launcher,
-            cpu_percent=lambda: self.cpu,
-            clock=self.clock,
-            on_change=lambda v: self.events.append((v.id, v.state)),
+            SchedulerSettings(logs_dir=tmp_path / "logs", limits=lambda: self.limits),
+            parts=SchedulerParts(guard=self.guard, launcher=self.launcher),
+            listeners=SchedulerListeners(on_change=lambda v: self.events.append((v.id, v.state))),
+            clocks=SchedulerClocks(cpu_percent=lambda: self.cpu, clock=self.clock),
         )
 
     def submit(self, job_id: str, owner: str = "a", **kw: object) -> None:
@@ -417,12 +420,10 @@ def test_a_pending_release_hook_holds_only_its_own_jobs_memory(tmp_path: Path) -
     launcher = FakeLauncher()
     hook: concurrent.futures.Future[str] = concurrent.futures.Future()
     scheduler = Scheduler(
-        logs_dir=tmp_path / "logs",
-        guard=guard,
-        limits=limits,
-        launcher=launcher,
-        cpu_percent=lambda: None,
-        on_end=lambda view: hook if view.id == "hooked" else None,
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=limits),
+        parts=SchedulerParts(guard=guard, launcher=launcher),
+        listeners=SchedulerListeners(on_end=lambda view: hook if view.id == "hooked" else None),
+        clocks=SchedulerClocks(cpu_percent=lambda: None),
     )
     try:
         scheduler.submit(JobSpec(argv=["true"], owner="a", memory_bytes=300), job_id="hooked")
@@ -451,10 +452,10 @@ def test_building_or_closing_a_scheduler_moves_no_process(
     calls: list[str] = []
     monkeypatch.setattr(rounds, "become_subreaper", lambda: calls.append("subreaper"))
     monkeypatch.setattr(rounds, "prepare_job_groups", lambda: calls.append("job groups"))
-    unused = Scheduler(logs_dir=tmp_path / "a", pressure=False)
+    unused = Scheduler(SchedulerSettings(logs_dir=tmp_path / "a", pressure=False))
     unused.close()
     assert calls == []
-    started = Scheduler(logs_dir=tmp_path / "b", pressure=False)
+    started = Scheduler(SchedulerSettings(logs_dir=tmp_path / "b", pressure=False))
     try:
         started.prepare()
         started.start()

@@ -18,6 +18,7 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from tests.fakes import NO_DISK
 
@@ -36,8 +37,12 @@ import json, os, sys, time
 from roomkeeper.guard.admission import Guard
 from roomkeeper.jobs.spec import JobSpec
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
 pids_dir = sys.argv[1]
-s = Scheduler(logs_dir=pids_dir + "/logs", guard=Guard(env={"ROOMKEEPER_JOB_DISK_MB": "0"}))
+s = Scheduler(
+    SchedulerSettings(logs_dir=pids_dir + "/logs"),
+    parts=SchedulerParts(guard=Guard(env={"ROOMKEEPER_JOB_DISK_MB": "0"})),
+)
 s.start()
 line = ("sleep 60 & echo $! > {d}/$$.child; setsid sleep 60 & echo $! > {d}/$$.setsid; "
         "echo $$ > {d}/$$.leader; wait")
@@ -100,7 +105,8 @@ def test_real_deadline_stops_the_tree_and_reports_timed_out(tmp_path: Path) -> N
     """A real job past its deadline is stopped, grandchild included, and ends as timed_out."""
     marker = tmp_path / "grandchild"
     scheduler = Scheduler(
-        logs_dir=tmp_path / "logs", guard=Guard(env=NO_DISK), limits=limits, stop_grace=0.5
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=limits, stop_grace=0.5),
+        parts=SchedulerParts(guard=Guard(env=NO_DISK)),
     )
     scheduler.start()
     try:
@@ -117,7 +123,10 @@ def test_real_deadline_stops_the_tree_and_reports_timed_out(tmp_path: Path) -> N
 
 def test_output_and_exit_code_of_a_real_job(tmp_path: Path) -> None:
     """argv runs without a shell; its output is kept in the log after it ends."""
-    scheduler = Scheduler(logs_dir=tmp_path / "logs", guard=Guard(env=NO_DISK), limits=limits)
+    scheduler = Scheduler(
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=limits),
+        parts=SchedulerParts(guard=Guard(env=NO_DISK)),
+    )
     scheduler.start()
     try:
         view = scheduler.submit(
@@ -140,7 +149,10 @@ HOLD = (
 def test_young_job_reserves_only_what_its_measured_footprint_does_not_show(tmp_path: Path) -> None:
     """A running job holding 200 MiB with a 300 MiB estimate reserves about 100 MiB."""
     guard = Guard(env=NO_DISK)
-    scheduler = Scheduler(logs_dir=tmp_path / "logs", guard=guard, limits=limits)
+    scheduler = Scheduler(
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=limits),
+        parts=SchedulerParts(guard=guard),
+    )
     try:
         holder = scheduler.submit(
             JobSpec(argv=[sys.executable, "-c", HOLD.format(n=200 * MIB)], memory_bytes=300 * MIB)
@@ -167,7 +179,10 @@ def test_young_job_reserves_only_what_its_measured_footprint_does_not_show(tmp_p
 def test_failed_spawn_is_failed_and_releases_its_reservation(tmp_path: Path) -> None:
     """A missing executable ends the job as failed with the reason, and nothing stays reserved."""
     guard = Guard(env=NO_DISK)
-    scheduler = Scheduler(logs_dir=tmp_path / "logs", guard=guard, limits=limits)
+    scheduler = Scheduler(
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=limits),
+        parts=SchedulerParts(guard=guard),
+    )
     try:
         view = scheduler.submit(JobSpec(argv=["/no/such/program"]))
         scheduler.tick()
@@ -192,7 +207,8 @@ def test_a_stop_is_in_progress_until_the_whole_tree_is_gone(tmp_path: Path) -> N
     """The relief ladder waits for a stopped tree, not its leader: the job is reaped when its
     leader dies, and the stop counts as still going until the last member is gone."""
     scheduler = Scheduler(
-        logs_dir=tmp_path / "logs", guard=Guard(env=NO_DISK), limits=limits, pressure=False
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=limits, pressure=False),
+        parts=SchedulerParts(guard=Guard(env=NO_DISK)),
     )
     scheduler.start()
     marker = tmp_path / "child-ready"
@@ -234,11 +250,13 @@ def test_restartable_work_stopped_twice_while_growing_then_finishes(tmp_path: Pa
     more than the evidence showed (its peak, its growth, twice what failed), and its last
     allowed run finishes."""
     scheduler = Scheduler(
-        logs_dir=tmp_path / "logs",
-        guard=Guard(env=NO_DISK),
-        limits=limits,
-        pressure=False,  # the test takes the monitor's readings and its stops
-        pressure_settings=lambda: PressureSettings(retries=2),
+        SchedulerSettings(
+            logs_dir=tmp_path / "logs",
+            limits=limits,
+            pressure=False,  # the test takes the monitor's readings and its stops
+            pressure_settings=lambda: PressureSettings(retries=2),
+        ),
+        parts=SchedulerParts(guard=Guard(env=NO_DISK)),
     )
     scheduler.start()
     grower = f"echo started; exec {sys.executable} {GROW} {300 * MB} 3 0.5"

@@ -21,10 +21,11 @@ from roomkeeper.guard.packing import (
 )
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
 from roomkeeper.jobs.spec import JobSpec
 from roomkeeper.relief.cooldown import Cooldown
 from roomkeeper.relief.ladder import LadderState, Live, Step, decide
-from roomkeeper.relief.monitor import PressureMonitor
+from roomkeeper.relief.monitor import MonitorPace, PressureMonitor
 from roomkeeper.testing import FakeClock
 from tests.fakes import FakeHandle, FakeTarget, fixture_guard
 
@@ -196,7 +197,7 @@ def test_the_monitor_counts_trial_pauses_apart_from_the_ladders_steps() -> None:
         read=lambda: next(feed),
         cooldown=Cooldown(clock),
         settings=lambda: SETTINGS,
-        clock=clock,
+        pace=MonitorPace(clock=clock),
     )
     m.tick()
     stats = m.statistics()
@@ -210,11 +211,12 @@ def test_every_reading_of_live_jobs_tells_the_guard_their_footprints(tmp_path: P
     guard, _ = fixture_guard(tmp_path, used=GB)
     tree = FakeHandle("x")
     scheduler = Scheduler(
-        logs_dir=tmp_path / "logs",
-        guard=guard,
-        launcher=lambda job_id, spec: tree,
-        limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
-        pressure=False,
+        SchedulerSettings(
+            logs_dir=tmp_path / "logs",
+            limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+            pressure=False,
+        ),
+        parts=SchedulerParts(guard=guard, launcher=lambda job_id, spec: tree),
     )
     scheduler.submit(JobSpec(argv=["x"], memory_bytes=GB))
     scheduler.tick()

@@ -11,6 +11,12 @@ import pytest
 from roomkeeper.guard.admission import Guard
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import (
+    SchedulerClocks,
+    SchedulerListeners,
+    SchedulerParts,
+    SchedulerSettings,
+)
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.database import Journal
 from roomkeeper.processes.launch import LaunchSpec
@@ -69,14 +75,12 @@ def scheduler(
     tmp_path: Path, guard: Guard, ws: Worktrees, recorder: Recorder | None = None
 ) -> Scheduler:
     return Scheduler(
-        logs_dir=tmp_path / "logs",
-        guard=guard,
-        limits=lambda: LIMITS,
-        launcher=recorder,
-        cpu_percent=lambda: None,
-        before_launch=recorder.before_launch if recorder else None,
-        prepare=ws.prepare,
-        reclaim_disk=ws.reclaim,
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=lambda: LIMITS),
+        parts=SchedulerParts(
+            guard=guard, launcher=recorder, prepare=ws.prepare, reclaim_disk=ws.reclaim
+        ),
+        listeners=SchedulerListeners(before_launch=recorder.before_launch if recorder else None),
+        clocks=SchedulerClocks(cpu_percent=lambda: None),
     )
 
 
@@ -185,12 +189,11 @@ def test_a_real_command_runs_inside_its_tree_on_its_branch(
     env = guard_env(small_fs)
     ws = Worktrees(workspace=lambda: small_fs, registry=journal, env=env)
     sched = Scheduler(
-        logs_dir=tmp_path / "logs",
-        guard=Guard(env=env, workspace=small_fs),
-        limits=lambda: LIMITS,
-        cpu_percent=lambda: None,
-        prepare=ws.prepare,
-        reclaim_disk=ws.reclaim,
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=lambda: LIMITS),
+        parts=SchedulerParts(
+            guard=Guard(env=env, workspace=small_fs), prepare=ws.prepare, reclaim_disk=ws.reclaim
+        ),
+        clocks=SchedulerClocks(cpu_percent=lambda: None),
     )
     sched.start()
     try:
@@ -263,11 +266,11 @@ def test_a_scheduler_without_workspaces_never_runs_a_worktree_job_elsewhere(
     """No prepare given: the job fails saying so instead of running in some other directory."""
     recorder = Recorder()
     sched = Scheduler(
-        logs_dir=tmp_path / "logs",
-        guard=Guard(env=guard_env(small_fs), workspace=small_fs),
-        limits=lambda: LIMITS,
-        launcher=recorder,
-        cpu_percent=lambda: None,
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=lambda: LIMITS),
+        parts=SchedulerParts(
+            guard=Guard(env=guard_env(small_fs), workspace=small_fs), launcher=recorder
+        ),
+        clocks=SchedulerClocks(cpu_percent=lambda: None),
     )
     try:
         view = sched.submit(JobSpec(argv=["true"], worktree=WorktreeRequest(str(repo))))

@@ -71,6 +71,12 @@ if TYPE_CHECKING:
     from roomkeeper.guard.rule import Decision, Reason
     from roomkeeper.jobs.queue import Limits
     from roomkeeper.jobs.scheduler import Scheduler, SchedulerStatistics
+    from roomkeeper.jobs.settings import (
+        SchedulerClocks,
+        SchedulerListeners,
+        SchedulerParts,
+        SchedulerSettings,
+    )
     from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView
     from roomkeeper.kernel.resources import (
         DiskReading,
@@ -92,6 +98,10 @@ _HOMES = {
     "Limits": "jobs.queue",
     "Scheduler": "jobs.scheduler",
     "SchedulerStatistics": "jobs.scheduler",
+    "SchedulerClocks": "jobs.settings",
+    "SchedulerListeners": "jobs.settings",
+    "SchedulerParts": "jobs.settings",
+    "SchedulerSettings": "jobs.settings",
     "EstimateSource": "jobs.spec",
     "JobSpec": "jobs.spec",
     "JobState": "jobs.spec",
@@ -122,6 +132,10 @@ __all__ = [
     "Reason",
     "Resources",
     "Scheduler",
+    "SchedulerClocks",
+    "SchedulerListeners",
+    "SchedulerParts",
+    "SchedulerSettings",
     "SchedulerStatistics",
     "read_resources",
     "run_batch",

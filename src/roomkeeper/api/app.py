@@ -112,7 +112,7 @@ def _lifespan(
         try:
             yield
         finally:
-            await gateway.shutdown()
+            await gateway.shutdown_path.run()
 
     return lifespan
 
@@ -227,7 +227,7 @@ def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
     @app.exception_handler(sqlite3.Error)
     async def journal_error(request: Request, err: sqlite3.Error) -> JSONResponse:
         # A journal that cannot save is reported as such, never as a success or a 500.
-        gateway.note_persistence_error(err)
+        gateway.persistence.note(err)
         return error(507, "not_saved", f"not saved: the journal could not write ({err})")
 
     @app.exception_handler(QueueFullError)
@@ -276,18 +276,18 @@ def _add_service_routes(app: FastAPI, gateway: Gateway, auth: Sequence[params.De
     @app.get("/v1/needs-you", dependencies=auth, response_model=NeedsYouOut, **SENT_AS_BUILT)
     def needs_you() -> dict[str, str]:
         """A headline from a closed vocabulary, and the guard's summary."""
-        return gateway.needs_you()
+        return gateway.headlines.needs_you()
 
     @app.post("/v1/shutdown", dependencies=auth, response_model=ShutdownOut, **SENT_AS_BUILT)
     async def shutdown() -> dict[str, str]:
         """Stop the service (not a restart): the same path as SIGTERM, through both layers."""
-        gateway.request_stop()
+        gateway.shutdown_path.request_stop()
         return {"state": "stopping"}
 
     @app.post("/v1/restart", dependencies=auth, response_model=RestartOut, **SENT_AS_BUILT)
     async def restart() -> dict[str, str] | JSONResponse:
         """A fast restart by the supervisor (409 when the gateway runs alone)."""
-        if not gateway.request_restart():
+        if not gateway.shutdown_path.request_restart():
             return error(409, "no_supervisor", "no supervisor: restarts need `roomkeeper serve`")
         return {"state": "restarting"}
 

@@ -120,7 +120,7 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
     def resolve_job(job_id: Id, body: ResolveIn) -> dict[str, Any]:
         """Settle an uncertain job: succeeded, failed, or run it again."""
         _require_saving(gateway)
-        gateway.durable_jobs.resolve(job_id, body.resolution)
+        gateway.doubt.resolve(job_id, body.resolution)
         return _find_job(gateway, job_id)
 
 

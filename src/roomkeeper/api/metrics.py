@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from roomkeeper.gateway.jobs import WAIT_BUCKETS
+from roomkeeper.gateway.waits import WAIT_BUCKETS
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.relief.monitor import MonitorStatistics
@@ -69,13 +69,13 @@ class GatewayCollector(Collector):
         yield admitted
         yield refused
         cumulative = list(
-            zip((str(b) for b in WAIT_BUCKETS), g.durable_jobs.wait_buckets, strict=True)
+            zip((str(b) for b in WAIT_BUCKETS), g.durable_jobs.waits.buckets, strict=True)
         )
         yield HistogramMetricFamily(
             "roomkeeper_queue_wait_seconds",
             "Time from submission to start.",
-            buckets=[*cumulative, ("+Inf", g.durable_jobs.wait_count)],
-            sum_value=g.durable_jobs.wait_sum,
+            buckets=[*cumulative, ("+Inf", g.durable_jobs.waits.count)],
+            sum_value=g.durable_jobs.waits.sum,
         )
         yield from _pressure_metrics(g.scheduler.pressure_statistics())
         leases = GaugeMetricFamily(

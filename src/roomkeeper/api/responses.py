@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from roomkeeper.gateway.calls import CallState
-from roomkeeper.gateway.service import HEADLINES, PERSON_HEADLINES
+from roomkeeper.gateway.headlines import HEADLINES, PERSON_HEADLINES
 from roomkeeper.guard.leases import LeaseState
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.spec import JobState

@@ -50,14 +50,14 @@ def run_gateway(port: int, socket_path: str | None) -> None:
         access_log=False,
         lifespan="on",
         # Open streams may hold the door for a third of the deadline, no more.
-        timeout_graceful_shutdown=gateway.shutdown_deadline() / 3,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=gateway.shutdown_path.deadline() / 3,  # type: ignore[arg-type]
         http=HeaderDeadlineProtocol,  # request headers within HEADER_TIMEOUT_S
         timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=MAX_CONNECTIONS,
     )
     raise_file_limit()
     server = _server_class()(config, gateway)
-    gateway.attach_server(server)
+    gateway.shutdown_path.attach_server(server)
     where = socket_path or f"http://127.0.0.1:{port}"
     click.echo(
         f"roomkeeper gateway on {where} (Health page at /); journal in {gateway.home}", err=True
@@ -120,7 +120,7 @@ def _server_class() -> type[Any]:
             # uvicorn's own handler first: it tells a first signal (exit gracefully)
             # from a second SIGINT (force the exit) by whether should_exit is set.
             super().handle_exit(sig, frame)
-            self.gateway.begin_shutdown()  # stop admitting at once
+            self.gateway.shutdown_path.begin()  # stop admitting at once
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

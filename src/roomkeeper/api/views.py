@@ -13,8 +13,9 @@ import time
 from typing import Any
 
 from roomkeeper.gateway.calls import CallView
+from roomkeeper.gateway.headlines import HEADLINES, PERSON_HEADLINES
 from roomkeeper.gateway.samples import Sample
-from roomkeeper.gateway.service import HEADLINES, PERSON_HEADLINES, Gateway
+from roomkeeper.gateway.service import Gateway
 from roomkeeper.guard.leases import LeaseView, lease_fields
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.spec import JobState, JobView
@@ -113,11 +114,11 @@ ADMITTING = frozenset({*HEADLINES.values(), "uncertain work needs you", "memory 
 
 def feed_json(gateway: Gateway) -> dict[str, Any]:
     """What the Health page shows: ids, owners, states, reasons and numbers only."""
-    decision = gateway.check()
+    decision = gateway.headlines.check()
     latest = gateway.samples[-1] if gateway.samples else gateway.sample()
     stats = gateway.scheduler.statistics()
-    held = gateway.held_after_pressure()
-    said = gateway.needs_you(decision)  # what a person is told first leads the page too
+    held = gateway.headlines.held_after_pressure()
+    said = gateway.headlines.needs_you(decision)  # what a person is told first leads the page too
     person = said["headline"] in PERSON_HEADLINES
     headline = said["headline"] if person or held else HEADLINES.get(decision.reason, "ok")
     return {
@@ -259,7 +260,7 @@ def _feed_call(call: CallView) -> dict[str, Any]:
 
 def status_json(gateway: Gateway) -> dict[str, Any]:
     """The guard's reading and last decision, queue and running counts per owner, holds."""
-    decision = gateway.check()
+    decision = gateway.headlines.check()
     memory, disk = decision.memory, decision.disk
     stats = gateway.scheduler.statistics()
     guard_stats = gateway.guard.statistics()

@@ -36,17 +36,18 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from roomkeeper.config import read_batch_cpu_settings
+from roomkeeper.config import QueueSettings, read_batch_cpu_settings
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import SchedulerListeners, SchedulerParts, SchedulerSettings
 from roomkeeper.jobs.sizes import SizeBook, size_key, with_learned_size
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, validate_kind
 from roomkeeper.processes.peaks import PeakMethod
@@ -169,19 +170,35 @@ class BatchOptions:
     sizes: SizeBook | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """How one batch runs its lines: the command's options, read once, passed whole.
+
+    Attributes:
+        logs_dir: where each line's output goes (``N.log``).
+        max_running: how many lines run at once at most.
+        job_memory: each line's memory estimate; None: its learned size or the default.
+        timeout_s: each line's deadline in seconds; None: none.
+        quiet: keep each line's output in its log only, printing none of it.
+        options: how the lines are sized (policy, kinds, learned sizes).
+    """
+
+    logs_dir: Path
+    max_running: int = QueueSettings().max_running
+    job_memory: int | None = None
+    timeout_s: float | None = None
+    quiet: bool = False
+    options: BatchOptions = field(default_factory=BatchOptions)
+
+
 def run_batch(
     commands: Sequence[str],
+    settings: BatchSettings,
     *,
-    logs_dir: Path,
-    job_memory: int | None,
-    max_running: int,
-    timeout_s: float | None,
-    quiet: bool,
     progress: BatchReporter,
     guard: Guard | None = None,
     scheduler_factory: Callable[..., Scheduler] = Scheduler,
     worktrees: BatchWorktrees | None = None,
-    options: BatchOptions | None = None,
 ) -> list[BatchResult]:
     """Run every command as memory allows, print each job's output as it ends.
 
@@ -189,36 +206,28 @@ def run_batch(
     With ``worktrees``, each line runs in its own git worktree.
     """
     guard = guard if guard is not None else Guard()
-    _clear_old_logs(logs_dir, len(commands))
+    _clear_old_logs(settings.logs_dir, len(commands))
     events: queue.Queue[JobView] = queue.Queue()
-    hooks: dict[str, Any] = {"on_change": events.put}
+    parts = SchedulerParts(guard=guard)
+    listeners = SchedulerListeners(on_change=events.put)
     if worktrees is not None:
 
         def changed(view: JobView) -> None:
             worktrees.follow(view)
             events.put(view)
 
-        hooks = {
-            "on_change": changed,
-            "prepare": worktrees.service.prepare,
-            "reclaim_disk": worktrees.service.reclaim,
-            "before_launch": worktrees.register,
-        }
+        parts = replace(
+            parts, prepare=worktrees.service.prepare, reclaim_disk=worktrees.service.reclaim
+        )
+        listeners = SchedulerListeners(on_change=changed, before_launch=worktrees.register)
+    max_running = settings.max_running
     scheduler = scheduler_factory(
-        logs_dir=logs_dir, guard=guard, limits=lambda: _limits(max_running), **hooks
+        SchedulerSettings(logs_dir=settings.logs_dir, limits=lambda: _limits(max_running)),
+        parts=parts,
+        listeners=listeners,
     )
     run = _BatchRun(
-        commands,
-        scheduler,
-        events,
-        job_memory=job_memory,
-        max_running=max_running,
-        timeout_s=timeout_s,
-        quiet=quiet,
-        progress=progress,
-        worktrees=worktrees,
-        options=options or BatchOptions(),
-        guard=guard,
+        commands, scheduler, events, settings, progress=progress, guard=guard, worktrees=worktrees
     )
     # The handler stays while the trees are stopped: a second Ctrl-C then exits at once.
     with _interrupts() as interrupted:
@@ -296,28 +305,21 @@ class _BatchRun:
         commands: Sequence[str],
         scheduler: Scheduler,
         events: queue.Queue[JobView],
+        settings: BatchSettings,
         *,
-        job_memory: int | None,
-        max_running: int,
-        timeout_s: float | None,
-        quiet: bool,
         progress: BatchReporter,
-        options: BatchOptions,
         guard: Guard,
         worktrees: BatchWorktrees | None = None,
     ) -> None:
         self._worktrees = worktrees
         self._commands = commands
-        self._options = options
+        self._settings = settings
+        self._options = settings.options
         self._guard = guard
         self._keys: dict[str, str] = {}  # each submitted line's learned-size key
         self._line: int | None = None  # the guard's memory line, read once for learned sizes
         self._scheduler = scheduler
         self._events = events
-        self._job_memory = job_memory
-        self._max_running = max_running
-        self._timeout_s = timeout_s
-        self._quiet = quiet
         self._progress = progress
         self._results: dict[str, BatchResult] = {}
         self._next_line = 0  # index of the first line not yet submitted
@@ -330,7 +332,9 @@ class _BatchRun:
     def feed(self) -> None:
         """Submit lines as room frees: keep a few lines ready, never the whole file."""
         waiting = self._scheduler.statistics().waiting
-        while self._next_line < len(self._commands) and waiting < max(2, self._max_running):
+        while self._next_line < len(self._commands) and waiting < max(
+            2, self._settings.max_running
+        ):
             job_id = str(self._next_line + 1)
             self._scheduler.submit(self._spec(self._next_line, job_id), job_id=job_id)
             self._next_line += 1
@@ -342,8 +346,8 @@ class _BatchRun:
         spec = JobSpec(
             argv=[self._commands[index]],
             owner="batch",
-            memory_bytes=self._job_memory,
-            timeout_s=self._timeout_s,
+            memory_bytes=self._settings.job_memory,
+            timeout_s=self._settings.timeout_s,
             shell=True,
             memory_policy=self._options.policy,
             kind=kinds[index] if index < len(kinds) else None,
@@ -416,7 +420,7 @@ class _BatchRun:
                 estimate_source=v.estimate_source,
             )
             self._learn(v)
-            if not self._quiet:
+            if not self._settings.quiet:
                 with contextlib.suppress(OSError):
                     self._progress.output(Path(v.log_path).read_bytes())
 

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from roomkeeper.batch.run import (
     BatchOptions,
+    BatchSettings,
     BatchWorktrees,
     default_logs_dir,
     line_kinds,
@@ -266,21 +267,19 @@ def batch(
             )
         worktrees = batch_worktrees(worktree_repo, journal) if worktree_repo and journal else None
         policy = MemoryPolicy.STRICT if strict else MemoryPolicy.PACK
-        options = BatchOptions(policy=policy, kinds=kinds, sizes=journal)
-        _run_batch_lines(
-            commands, logs_dir, job_memory, max_running, timeout_s, quiet, worktrees, options
+        settings = BatchSettings(
+            logs_dir=logs_dir,
+            max_running=max_running,
+            job_memory=job_memory,
+            timeout_s=timeout_s,
+            quiet=quiet,
+            options=BatchOptions(policy=policy, kinds=kinds, sizes=journal),
         )
+        _run_batch_lines(commands, settings, worktrees)
 
 
 def _run_batch_lines(
-    commands: list[str],
-    logs_dir: Path,
-    job_memory: int | None,
-    max_running: int,
-    timeout_s: float | None,
-    quiet: bool,
-    worktrees: BatchWorktrees | None,
-    options: BatchOptions,
+    commands: list[str], settings: BatchSettings, worktrees: BatchWorktrees | None
 ) -> None:
     """Run the lines, print the summary, exit non-zero unless every line exited 0."""
     err_console = Console(stderr=True)
@@ -294,17 +293,7 @@ def _run_batch_lines(
         out=sys.stdout.buffer,
     ) as progress:
         try:
-            results = run_batch(
-                commands,
-                logs_dir=logs_dir,
-                job_memory=job_memory,
-                max_running=max_running,
-                timeout_s=timeout_s,
-                quiet=quiet,
-                progress=progress,
-                worktrees=worktrees,
-                options=options,
-            )
+            results = run_batch(commands, settings, progress=progress, worktrees=worktrees)
         except KeyboardInterrupt:
             interrupted = True
             results = []
@@ -312,7 +301,7 @@ def _run_batch_lines(
         err_console.print("roomkeeper batch: interrupted; every running command was stopped")
         sys.exit(130)
     click.echo(summary_table(results, time.monotonic() - started, progress.pressure), err=True)
-    click.echo(f"logs kept in {logs_dir}", err=True)
+    click.echo(f"logs kept in {settings.logs_dir}", err=True)
     if not all(r.succeeded for r in results):
         sys.exit(1)
 

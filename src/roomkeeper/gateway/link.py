@@ -11,21 +11,19 @@ which shuts down.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from roomkeeper.config import read_pressure_settings, read_watchdog_settings
-from roomkeeper.guard.admission import Guard
+from roomkeeper.gateway.context import GatewayContext
 from roomkeeper.ipc import CAPABILITIES, PROTOCOL, RECOVERY_MODE_VARIABLE, Channel
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 from roomkeeper.relief.cooldown import CooldownCause
 
@@ -41,38 +39,33 @@ class SupervisorLink:
 
     Args:
         channel: to the supervisor; None when the gateway runs alone.
-        env: the variables to read.
+        context: the variables to read, the journal a repair is recorded in (its
+            writes watched), and whether the gateway is shutting down (heartbeats stop).
         boot_id: this gateway process's boot id, carried by hello and heartbeats.
-        scheduler: whose newest running job relief stops, and whose launches are held.
-        guard: asked for headroom before a repair.
-        journal: where a repair is recorded in the history.
-        closing: whether the gateway is shutting down (heartbeats stop).
+        scheduler: whose newest running job relief stops, and whose launches are held;
+            its guard is asked for headroom before a repair.
         gone: called on the listener thread when the channel ends.
-        watch: told of every journal write, to report one that fails.
     """
 
     def __init__(
         self,
         channel: Channel | None,
+        context: GatewayContext,
         *,
-        env: Mapping[str, str],
         boot_id: str,
         scheduler: Scheduler,
-        guard: Guard,
-        journal: Journal,
-        closing: Callable[[], bool],
         gone: Callable[[], None],
-        watch: Callable[[concurrent.futures.Future[None]], None],
     ) -> None:
+        env = context.env
         self.channel = channel
         self.boot_id = boot_id
         self._env = env
         self._scheduler = scheduler
-        self._guard = guard
-        self._journal = journal
-        self._closing = closing
+        self._guard = scheduler.guard
+        self._journal = context.journal
+        self._closing = context.closing
         self._gone = gone
-        self._watch = watch
+        self._watch = context.watch
         # The supervisor's latch: automatic work is held.  Known from the start, so
         # nothing slips out before the channel's first message.
         self.recovery_mode = channel is not None and env.get(RECOVERY_MODE_VARIABLE) == "1"

@@ -6,106 +6,80 @@ work cannot squeeze the process that must stay responsive.  Managed jobs do
 not inherit ``ROOMKEEPER_*`` variables, and the token never lies under the
 workspace, so an agent's tool command does not find the keys by accident.
 
-The Gateway owns its parts and keeps the names :mod:`roomkeeper.api.app` calls:
+The Gateway owns its parts and wires them; each concept lives in its own module:
 :mod:`~roomkeeper.gateway.home` (the token, the journal, the run record),
 :mod:`~roomkeeper.gateway.jobs` and :mod:`~roomkeeper.gateway.leases` (each
-change durable), :mod:`~roomkeeper.gateway.link` (the supervisor, its holds,
-repair), :mod:`~roomkeeper.gateway.samples` (the Health page's chart) and
-:mod:`~roomkeeper.gateway.refusals` (its recent refusals).  It owns its state
-too: the API reads ``closing`` and ``persistence_error`` and calls operations.
+change durable), :mod:`~roomkeeper.gateway.doubt` (work a crash left in doubt),
+:mod:`~roomkeeper.gateway.startup` (what it does at start, and what a full disk
+left owed), :mod:`~roomkeeper.gateway.background` (what runs while it serves),
+:mod:`~roomkeeper.gateway.headlines` (what it says first),
+:mod:`~roomkeeper.gateway.persistence` (whether the journal can save),
+:mod:`~roomkeeper.gateway.link` (the supervisor, its holds, repair),
+:mod:`~roomkeeper.gateway.samples` (the Health page's chart) and
+:mod:`~roomkeeper.gateway.refusals` (its recent refusals).  The parts share one
+:class:`~roomkeeper.gateway.context.GatewayContext`.  The API reads
+``closing`` and ``persistence_error`` and calls the parts' operations.
 
-One idempotent shutdown path serves SIGTERM, SIGINT and ``POST /v1/shutdown``:
-:meth:`Gateway.begin_shutdown` stops admission at once and asks the server to
-exit; the server's lifespan then runs :meth:`Gateway.shutdown`, the stop steps
-(stop timers, save state, stop managed trees, close the journal), within
+One idempotent shutdown path serves SIGTERM, SIGINT and ``POST /v1/shutdown``
+(:mod:`~roomkeeper.gateway.shutdown`): it stops admission at once and asks the
+server to exit; the server's lifespan then runs the Gateway's stop steps (stop
+timers, save state, stop managed trees, close the journal), within
 ROOMKEEPER_SHUTDOWN_S.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import logging
 import os
-import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from roomkeeper.config import (
     gateway_reserve_bytes,
     read_backend_settings,
-    read_gateway_settings,
     read_pressure_settings,
     read_queue_settings,
-    read_watchdog_settings,
 )
+from roomkeeper.gateway.background import Background
 from roomkeeper.gateway.baseline import BaselineKeeper
 from roomkeeper.gateway.calls import Calls
+from roomkeeper.gateway.context import GatewayContext
+from roomkeeper.gateway.doubt import WorkInDoubt
+from roomkeeper.gateway.headlines import Headlines
 from roomkeeper.gateway.home import (
     open_journal,
-    remove_run_record,
     require_token_outside_workspace,
     unclean_stop_pid,
-    write_run_record,
 )
 from roomkeeper.gateway.jobs import DurableJobs
 from roomkeeper.gateway.leases import DurableLeases
 from roomkeeper.gateway.link import SupervisorLink
-from roomkeeper.gateway.recovery import recover
+from roomkeeper.gateway.persistence import Persistence
 from roomkeeper.gateway.refusals import REFUSALS_KEPT, Refusal
 from roomkeeper.gateway.relieve import LeaseRelief
 from roomkeeper.gateway.samples import Sample, Sampler
+from roomkeeper.gateway.shutdown import ShutdownPath
+from roomkeeper.gateway.startup import Startup, say_who_jobs_run_as
 from roomkeeper.gateway.worktrees import gateway_worktrees
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.leases import Leases
-from roomkeeper.guard.rule import Decision, Reason, gb
 from roomkeeper.ipc import Channel
 from roomkeeper.jobs.queue import Limits
-from roomkeeper.loopback.hooks import HookRunner, ReleaseHook
+from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
+from roomkeeper.loopback.hooks import HookRunner
 from roomkeeper.processes.job_user import JobUser, read_job_user
 
 if TYPE_CHECKING:
     from roomkeeper.cluster.backend import NodeView, RayBackend
 from roomkeeper.journal.database import Journal
-from roomkeeper.journal.integrity import is_damage
-from roomkeeper.kernel.resources import cpu_pressure_percent
 from roomkeeper.paths import home_dir, load_token, validate_home, workspace_dir
-from roomkeeper.relief.cooldown import CooldownCause
 
 log = logging.getLogger("roomkeeper")
-
-RESUME_CHECK_S = 0.5
-
-HEADLINES = {
-    Reason.OK: "ok",
-    Reason.NO_CONTAINER: "ok",
-    Reason.MEMORY: "no room in the container: memory",
-    Reason.DISK: "no room in the container: disk",
-    Reason.CPU: "no room: cpu",
-    Reason.UNKNOWN: "measurements unavailable",
-    Reason.OFF: "guard off",
-    Reason.PRESSURE: "admission held after pressure",
-}
-# What needs-you (and the Health page's headline) says first when a person is needed.
-PERSON_HEADLINES = (
-    "persistence failed",
-    "journal damaged",
-    "recovery mode",
-    "cluster unreachable",
-    "uncertain work needs you",
-    "memory not given back",
-)
-
-
-class Server(Protocol):
-    """What the gateway asks of the HTTP server that serves it (uvicorn's ``Server``)."""
-
-    should_exit: bool
 
 
 class Gateway:
@@ -142,35 +116,44 @@ class Gateway:
         self.journal = journal
         self.boot_id = uuid.uuid4().hex
         self.started = time.monotonic()
+        self.persistence = Persistence()  # whether the journal can save
+        self.shutdown_path = ShutdownPath(
+            env=env,
+            home=home,
+            supervised=channel is not None,
+            tell=lambda kind: self.link.tell(kind),  # noqa: PLW0108 (the link comes later)
+            steps=self._shutdown_steps,
+        )
+        self.context = GatewayContext(
+            env=env,
+            journal=journal,
+            watch=self.persistence.watch,
+            closing=lambda: self.shutdown_path.closing,
+        )
         self.guard = Guard(env=env, reserve=self._gateway_reserve)
         self.cluster = open_cluster(env)  # None: jobs run here, as managed trees
         self.calls = Calls(journal)
         self.leases = Leases(self.guard)
         self.hooks = HookRunner()  # release hooks: their own pool, one deadline each
         self.refusals: deque[Refusal] = deque(maxlen=REFUSALS_KEPT)  # newest last
-        self._persistence_error: str | None = None  # why the journal cannot save, while so
-        self._closing = False  # shutting down: nothing new is admitted
-        self._server: Server | None = None  # asked to exit when the shutdown path begins
-        self._tasks: list[asyncio.Task[None]] = []
-        self._shutdown_lock = asyncio.Lock()
-        self._shut = False
-        self._shutdown_task: asyncio.Task[None] | None = None  # when no server runs it
-        self._run_record_due: tuple[int | None, str | None] | None = None  # refused at start
-        self._hooks_due: list[tuple[str, ReleaseHook]] = []  # job hooks owed since before
-        # Start-up recovery a full disk refused, with the previous pid: until it is saved, the
-        # journal counts as not saving, so no new job starts (recovery would stop its tree).
-        self._recovery_due: tuple[int | None] | None = None
         self.worktrees = gateway_worktrees(
-            journal=journal, workspace=self.workspace, env=env, watch=self._watch
+            journal=journal, workspace=self.workspace, env=env, watch=self.persistence.watch
         )
-        self.durable_jobs = self._durable_jobs()
+        self.durable_jobs = DurableJobs(
+            self.context,
+            settings=self._scheduler_settings(),
+            parts=self._scheduler_parts(),
+            hooks=self.hooks,
+            refusals=self.refusals,
+        )
         self.scheduler = self.durable_jobs.scheduler
+        self.doubt = WorkInDoubt(self.context, scheduler=self.scheduler)
         self.durable_leases = self._durable_leases()
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start: leases end there
         self.lease_relief = LeaseRelief(
             leases=self.durable_leases,
             journal=journal,
-            watch=self._watch,
+            watch=self.persistence.watch,
             end=self._end_relieved,
         )
         self.scheduler.monitor.watch_leases(self.lease_relief)
@@ -179,14 +162,44 @@ class Gateway:
             scheduler=self.scheduler,
             leases=self.leases,
             journal=journal,
-            watch=self._watch,
+            watch=self.persistence.watch,
             env=env,
         )
         self.sampler = Sampler(
             guard=self.guard, scheduler=self.scheduler, explained=self._explained
         )
         self.samples = self.sampler.samples  # the Health page's chart, newest last
-        self.link = self._supervisor_link(channel)
+        self.link = SupervisorLink(
+            channel,
+            self.context,
+            boot_id=self.boot_id,
+            scheduler=self.scheduler,
+            gone=self.shutdown_path.supervisor_gone,
+        )
+        self.headlines = Headlines(
+            self.context,
+            scheduler=self.scheduler,
+            leases=self.leases,
+            baseline=self.baseline,
+            cluster=self.cluster,
+            link=self.link,
+            persistence_error=lambda: self.persistence_error,
+        )
+        self.startup = Startup(
+            self.context,
+            home=home,
+            boot_id=self.boot_id,
+            jobs=self.durable_jobs,
+            leases=self.durable_leases,
+            persistence=self.persistence,
+        )
+        self.background = Background(
+            startup=self.startup,
+            jobs=self.durable_jobs,
+            leases=self.durable_leases,
+            doubt=self.doubt,
+            may_resume=self._may_resume,
+        )
 
     @classmethod
     def open(
@@ -220,51 +233,31 @@ class Gateway:
         gateway = cls(
             home=home, env=env, token=token, journal=journal, channel=channel, job_user=job_user
         )
-        gateway.say_who_jobs_run_as()
-        if journal.unwritable is not None:
-            gateway.note_persistence_error(journal.unwritable)
-        # Before recovery: on cgroup v2 the last run's job groups are found beside the
-        # leaf this process moves into, so it must be there first.
-        gateway.scheduler.prepare()
-        if not gateway._recover(previous_pid):
-            # Saved nothing (a full disk): the resume loop runs it again once the journal can
-            # save, before anything new launches (new work is refused until then).
-            gateway._recovery_due = (previous_pid,)
-        # Release hooks of jobs the last run ended (or its crash did) without a recorded
-        # outcome are made once the gateway serves; deferred jobs get theirs back.
-        gateway._hooks_due = gateway.durable_jobs.restore_hooks()
+        say_who_jobs_run_as(job_user)
+        gateway.startup.settle(previous_pid)
         return gateway
 
     # ---------------------------------------------------------------- setup
 
-    def _durable_jobs(self) -> DurableJobs:
-        """The scheduler, with the journal behind every job (its holds read at each round)."""
-        return DurableJobs(
+    def _scheduler_settings(self) -> SchedulerSettings:
+        """The scheduler's settings: its bounds and the pressure variables read from our
+        variables afresh on each use, with the gateway's holds on top of the bounds."""
+        return SchedulerSettings(
             logs_dir=self.home / "logs",
-            guard=self.guard,
             limits=self._limits,
-            journal=self.journal,
-            refusals=self.refusals,
-            closing=lambda: self._closing,
-            watch=self._watch,
-            hooks=self.hooks,
-            job_user=self.job_user,
             pressure_settings=lambda: read_pressure_settings(self.env),
-            worktrees=self.worktrees,
-            launcher=None if self.cluster is None else self.cluster.launch,
-            placement=None if self.cluster is None else self.cluster.place,
         )
 
-    def say_who_jobs_run_as(self) -> None:
-        """Say once, at start, which user managed jobs run as and what that protects."""
-        if self.job_user is not None:
-            log.info("managed jobs run as user %s (uid %d)", self.job_user.name, self.job_user.uid)
-            return
-        log.warning(
-            "managed jobs run as roomkeeper's own user (uid %d): a job can read the token and "
-            "the journal, so roomkeeper protects against accidents, not against a hostile job; "
-            "run roomkeeper as root with ROOMKEEPER_JOB_USER=USER to keep jobs out",
-            os.geteuid(),
+    def _scheduler_parts(self) -> SchedulerParts:
+        """The scheduler's parts: our guard, the job user, the jobs' worktrees, and the Ray
+        backend's launcher and placement when jobs run there."""
+        return SchedulerParts(
+            guard=self.guard,
+            job_user=self.job_user,
+            prepare=self.worktrees.prepare,
+            reclaim_disk=self.worktrees.reclaim,
+            launcher=None if self.cluster is None else self.cluster.launch,
+            placement=None if self.cluster is None else self.cluster.place,
         )
 
     def ensure_workspace(self) -> Path:
@@ -281,59 +274,11 @@ class Gateway:
             guard=self.guard,
             journal=self.journal,
             refusals=self.refusals,
-            closing=lambda: self._closing,
-            watch=self._watch,
+            closing=self.context.closing,
+            watch=self.persistence.watch,
             hooks=self.hooks,
             reclaim_disk=self.worktrees.reclaim_space,
         )
-
-    def _supervisor_link(self, channel: Channel | None) -> SupervisorLink:
-        """Our side of the supervisor: its holds on launches, heartbeats, repair."""
-        return SupervisorLink(
-            channel,
-            env=self.env,
-            boot_id=self.boot_id,
-            scheduler=self.scheduler,
-            guard=self.guard,
-            journal=self.journal,
-            closing=lambda: self._closing,
-            gone=self._supervisor_gone,
-            watch=self._watch,
-        )
-
-    def _recover(self, previous_pid: int | None, *, restore: bool = True) -> bool:
-        """Restore live leases and settle what the previous run left, before anything launches;
-        whether it was saved.
-
-        Args:
-            previous_pid: the previous gateway's pid when it did not stop cleanly, else None.
-            restore: restore the leases too (not again when recovery runs late).
-        """
-        if restore:
-            self.durable_leases.restore()
-        # Orphans stopped and interrupted work settled before anything new launches.
-        try:
-            recover(
-                self.journal,
-                crashed=previous_pid is not None,
-                previous_pid=previous_pid,
-                logs_dir=self.home / "logs",
-            )
-        except Exception as err:  # e.g. a full disk: report it and keep serving
-            log.error("start-up recovery could not be saved: %s", err)
-            self.note_persistence_error(err)
-            return False
-        return True
-
-    def _recover_late(self) -> None:
-        """Start-up recovery that a full disk refused: again, once the journal can save."""
-        if self._recovery_due is None or self.journal.unwritable is not None:
-            return
-        (previous_pid,) = self._recovery_due
-        if self._recover(previous_pid, restore=False):
-            self._recovery_due = None
-            self._persistence_error = None
-            log.warning("start-up recovery ran once the journal could save again")
 
     def _limits(self) -> Limits:
         """The bounds from the variables, with the gateway's holds on top."""
@@ -347,13 +292,6 @@ class Gateway:
     def nodes(self) -> list[NodeView]:
         """The Ray cluster's nodes, our jobs and headroom on each; empty for the local backend."""
         return [] if self.cluster is None else self.cluster.nodes()
-
-    def shutdown_deadline(self) -> float:
-        """min(ROOMKEEPER_SHUTDOWN_S, 2/3 of ROOMKEEPER_WATCHDOG_SHUTDOWN), under a supervisor."""
-        own = read_gateway_settings(self.env).shutdown_s
-        if self.link.channel is None:
-            return own
-        return min(own, read_watchdog_settings(self.env).shutdown_s * 2 / 3)
 
     def _explained(self) -> int:
         """What our live work explains of used memory: jobs' footprints, leases' reservations."""
@@ -381,213 +319,32 @@ class Gateway:
         """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""
         self._loop = asyncio.get_running_loop()
         self.scheduler.start()
-        self._tasks = [
-            asyncio.create_task(self.sampler.loop()),
-            asyncio.create_task(self.baseline.loop()),
-            asyncio.create_task(self.durable_leases.expiry_loop()),
-            asyncio.create_task(self.durable_leases.run_due_hooks()),
-            asyncio.create_task(self.durable_jobs.run_due_hooks(self._hooks_due)),
-            asyncio.create_task(self._resume_loop()),
-        ]
-        self._tasks += self.link.start(port=port, socket=socket)
-        try:
-            write_run_record(self.home, boot_id=self.boot_id, port=port, socket=socket)
-        except OSError as err:  # a full disk: serve anyway, and say what the CLI lacks
-            log.error(
-                "could not write %s (%s): the roomkeeper commands cannot find this gateway "
-                "until it is written; the API answers on its address",
-                self.home / "gateway.json",
-                err,
-            )
-            self.note_persistence_error(err)
-            self._run_record_due = (port, socket)  # written by the resume loop once it can be
-            # The previous run's record must not outlive it: the next start would take this
-            # run's crash for none, or its pid for the previous one's (unlinking frees space).
-            with contextlib.suppress(OSError):
-                (self.home / "gateway.json").unlink()
-
-    def _watch(self, write: concurrent.futures.Future[None]) -> None:
-        """Remember whether the journal can save: a failed write is reported, never hidden."""
-
-        def done(future: concurrent.futures.Future[None]) -> None:
-            error = future.exception()
-            if error is None:
-                self._persistence_error = None
-            else:
-                if self._persistence_error is None:
-                    log.error("the journal could not save: %s", error)
-                self.note_persistence_error(error)
-
-        write.add_done_callback(done)
+        self.background.start(self.sampler.loop(), self.baseline.loop())
+        self.background.adopt(self.link.start(port=port, socket=socket))
+        self.startup.write_run_record(port=port, socket=socket)
 
     # ---------------------------------------------------------------- state
 
     @property
     def closing(self) -> bool:
         """Whether the shutdown path has begun: nothing new is admitted."""
-        return self._closing
+        return self.shutdown_path.closing
 
     @property
     def persistence_error(self) -> str | None:
         """Why the journal cannot save, while it cannot or a job's change is still unsaved
         (new work is refused); else None."""
-        if self._recovery_due is not None:
-            return self._persistence_error or "start-up recovery is not saved yet"
-        if self._persistence_error is None and self.durable_jobs.unsaved:
+        error = self.persistence.error
+        if self.startup.recovery_due:
+            return error or "start-up recovery is not saved yet"
+        if error is None and self.durable_jobs.unsaved:
             return f"{len(self.durable_jobs.unsaved)} job change(s) not saved yet"
-        return self._persistence_error
+        return error
 
-    def note_persistence_error(self, error: BaseException | str) -> None:
-        """The journal could not save: report it until a later write succeeds."""
-        self._persistence_error = str(error)
-
-    def attach_server(self, server: Server) -> None:
-        """The HTTP server that serves this gateway, asked to exit when shutdown begins."""
-        self._server = server
-
-    # ----------------------------------------------------------- supervisor
-
-    def _supervisor_gone(self) -> None:
-        """The supervisor's channel ended (listener thread): shut down."""
-        if not self._closing:
-            log.error("the supervisor is gone: shutting down")
-            self.begin_shutdown()
-        # If the event loop is blocked, the orderly path never runs: after the deadline
-        # the process ends itself, and its lifeline takes the managed trees down.
-        timer = threading.Timer(self.shutdown_deadline() + 1.0, os._exit, args=(1,))
-        timer.daemon = True
-        timer.start()
-
-    # -------------------------------------------------------- work in doubt
-
-    def resume_next(self) -> str | None:
-        """Resume the oldest deferred job if none is resuming now (one at a time)."""
-        if self._closing or self.persistence_error is not None or self.link.recovery_mode:
-            return None  # recovery mode holds automatic resumption
-        return self.durable_jobs.resume_next()
-
-    async def _resume_loop(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.resume_next)
-            if self._run_record_due is not None:
-                self._write_run_record_late()
-            if self._recovery_due is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self._recover_late)
-            if self.durable_jobs.unsaved:
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self.durable_jobs.retry_unsaved)
-            await asyncio.sleep(RESUME_CHECK_S)
-
-    def _write_run_record_late(self) -> None:
-        """Write ``gateway.json`` that a full disk refused at start, once it can be."""
-        assert self._run_record_due is not None
-        port, socket = self._run_record_due
-        with contextlib.suppress(OSError):
-            write_run_record(self.home, boot_id=self.boot_id, port=port, socket=socket)
-            self._run_record_due = None
-            log.warning("wrote %s: the roomkeeper commands find this gateway now", "gateway.json")
-
-    # ------------------------------------------------------------- answers
-
-    def check(self) -> Decision:
-        """The guard's answer, now, for the next waiting job's own estimate (the default
-        size when nothing waits): the job admission will judge next."""
-        following = self.scheduler.next_waiting()
-        if following is None:
-            return self.guard.check()
-        return self.guard.check(
-            memory_bytes=following.estimate_bytes, disk_bytes=following.spec.disk_bytes
-        )
-
-    def memory_not_given_back(self) -> str | None:
-        """While the baseline stays up after endings: what it rose from and to, in words."""
-        watch = self.baseline.watch.statistics()
-        if not watch.not_given_back or watch.then_bytes is None or watch.judged_bytes is None:
-            return None
-        without = self.leases.ended_without_hook()
-        return (
-            f"memory that no running job or granted lease explains rose from "
-            f"{gb(watch.then_bytes)} to {gb(watch.judged_bytes)} GB across job and lease "
-            f"endings and has not come back ({without} lease(s) ended without a release "
-            "hook); work is judged against the room that is left; the status lists the "
-            "processes that grew"
-        )
-
-    def held_after_pressure(self) -> str | None:
-        """While the cooldown holds admission: why, and for how long, in words; else None."""
-        cooldown = self.scheduler.cooldown
-        left = cooldown.remaining()
-        if left <= 0:
-            return None
-        if cooldown.cause() is CooldownCause.RELIEF:
-            return f"admission is held {left:.0f} s more: the supervisor asked for relief"
-        if read_pressure_settings(self.env).cooldown_fixed:
-            return (
-                f"admission is held {left:.0f} s more after a tree was stopped for memory "
-                "pressure (ROOMKEEPER_PRESSURE_COOLDOWN)"
-            )
-        return (
-            "admission is held after a tree was stopped for memory pressure, until its "
-            "memory is back and the running jobs' forecast fits under the line "
-            f"(at most {left:.0f} s more)"
-        )
-
-    def needs_you(self, decision: Decision | None = None) -> dict[str, str]:
-        """A headline from a closed vocabulary and the guard's summary: no path, no command.
-
-        Args:
-            decision: the guard's answer just taken by :meth:`check`, to say instead of
-                taking another reading.
-        """
-        if self.persistence_error is not None:
-            if is_damage(self.persistence_error):
-                return {
-                    "headline": "journal damaged",
-                    "body": "the journal file is damaged (SQLite finds it malformed); new work "
-                    "is refused: stop roomkeeper and run roomkeeper journal recover",
-                }
-            return {
-                "headline": "persistence failed",
-                "body": "the journal cannot save (the disk may be full); new work is refused",
-            }
-        if self.link.recovery_mode:
-            return {
-                "headline": "recovery mode",
-                "body": "the gateway restarted too often: queued jobs, deferred work and "
-                "automatic resumption are held until roomkeeper repair",
-            }
-        # Before older doubts: no new work runs anywhere until the cluster answers again.
-        silent = None if self.cluster is None else self.cluster.unreachable()
-        if silent is not None:
-            return {"headline": "cluster unreachable", "body": silent}
-        doubt = self.journal.needs_attention_count()
-        if doubt:
-            return {
-                "headline": "uncertain work needs you",
-                "body": f"{doubt} job(s) or call(s) were in flight when the gateway stopped; "
-                "resolve each as succeeded, failed or rerun",
-            }
-        held = self.held_after_pressure()
-        if held is not None:
-            return {"headline": HEADLINES[Reason.PRESSURE], "body": held}
-        decision = decision if decision is not None else self.check()
-        # The CPU gate holds local work only: jobs on a cluster use other machines' CPUs.
-        if decision.admit and self.cluster is None and self.scheduler.statistics().running:
-            cpu = cpu_pressure_percent()
-            threshold = read_queue_settings(self.env).cpu_pressure_percent
-            if cpu is not None and cpu > threshold:
-                return {
-                    "headline": HEADLINES[Reason.CPU],
-                    "body": f"CPU pressure {cpu:.0f} % is above {threshold:.0f} %: "
-                    "no new job starts until it falls",
-                }
-        # After what holds admission now: this one explains why the room keeps shrinking.
-        kept = self.memory_not_given_back()
-        if kept is not None:
-            return {"headline": "memory not given back", "body": f"{kept}; {decision.summary}"}
-        return {"headline": HEADLINES.get(decision.reason, "ok"), "body": decision.summary}
+    def _may_resume(self) -> bool:
+        """Whether nothing holds automatic work: not closing, the journal saving, no
+        recovery mode."""
+        return not (self.closing or self.persistence_error is not None or self.link.recovery_mode)
 
     def sample(self) -> Sample:
         """One reading for the chart: the guard's own numbers, so the line is the guard's."""
@@ -599,74 +356,10 @@ class Gateway:
 
     # ------------------------------------------------------------- shutdown
 
-    def begin_shutdown(self) -> bool:
-        """Begin the one shutdown path: stop admitting at once, ask the server to exit.
-
-        Safe from any thread and more than once.  The server drains its
-        connections, then its lifespan runs :meth:`shutdown`, the stop steps.
-
-        Returns:
-            Whether a server was asked to exit; without one the caller runs :meth:`shutdown`.
-        """
-        self._closing = True
-        if self._server is None:
-            return False
-        self._server.should_exit = True  # read by the server's loop on its next tick
-        return True
-
-    def request_stop(self) -> None:
-        """Stop the service, not a restart (``POST /v1/shutdown``; on the event loop).
-
-        The path SIGTERM takes, through both layers: the supervisor is told, so that
-        the exit that follows is never taken for a crash.
-        """
-        asked = self.begin_shutdown()
-        self.link.tell("stop")
-        if not asked:
-            self._shutdown_task = asyncio.get_running_loop().create_task(self.shutdown())
-
-    def request_restart(self) -> bool:
-        """Ask the supervisor for a fast restart, then shut down (``POST /v1/restart``).
-
-        Returns:
-            False when no supervisor runs this gateway; then nothing changes.
-        """
-        if not self.link.tell("restart"):
-            return False
-        self.begin_shutdown()
-        return True
-
-    async def shutdown(self) -> None:
-        """The stop steps, within the shutdown deadline; safe to call more than once."""
-        async with self._shutdown_lock:
-            if self._shut:
-                return
-            self._shut = True
-            # uvicorn already spent up to a third of the deadline draining connections;
-            # the stop steps get the other two thirds.
-            deadline = self.shutdown_deadline()
-            steps_s = deadline * 2 / 3
-            try:
-                await asyncio.wait_for(self._shutdown_steps(steps_s), timeout=steps_s)
-            except TimeoutError:
-                log.error(
-                    "the stop steps took longer than their %.1f s (two thirds of the "
-                    "shutdown deadline of %.1f s; uvicorn drains connections in the first third)",
-                    steps_s,
-                    deadline,
-                )
-            remove_run_record(self.home)
-            log.info("roomkeeper gateway stopped")
-
     async def _shutdown_steps(self, steps_s: float) -> None:
-        self._closing = True  # 1. stop admission
-        for task in self._tasks:  # 2. stop timers
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        writes = list(self.durable_jobs.writes.values())
-        pending = [asyncio.wrap_future(f) for f in writes if not f.done()]
+        """The stop steps after admission stopped (1.), in order, in ``steps_s`` seconds."""
+        await self.background.stop()  # 2. stop timers
+        pending = [asyncio.wrap_future(f) for f in self.durable_jobs.pending_writes()]
         if pending:  # 3. save state
             await asyncio.gather(*pending, return_exceptions=True)
         grace = max(0.5, min(5.0, steps_s / 2))  # 4. stop managed trees

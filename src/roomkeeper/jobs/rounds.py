@@ -29,7 +29,8 @@ handles may end in a
 their node (``uncertain``, never re-run), or failed to start there.
 
 A :class:`LaunchRounds` owns the running jobs; the queue and the job book are the
-scheduler's, shared with it, and so is the lock.  When and how often rounds
+scheduler's, shared with it, and so is the lock.  It takes the scheduler's
+records (:mod:`roomkeeper.jobs.settings`) as they are.  When and how often rounds
 run is :mod:`roomkeeper.jobs.scheduler`'s.
 """
 
@@ -40,11 +41,9 @@ import logging
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from roomkeeper.config import read_pressure_settings
 from roomkeeper.errors import LaunchError, WorktreeError
 from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.guard.rule import Decision, Reason
@@ -52,9 +51,14 @@ from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.handle import Handle, RemoteEnd, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.reruns import is_last_run, rerun_estimate
-from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, JobView
+from roomkeeper.jobs.settings import (
+    SchedulerClocks,
+    SchedulerListeners,
+    SchedulerParts,
+    SchedulerSettings,
+)
+from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState
 from roomkeeper.kernel.delegation import prepare_job_groups
-from roomkeeper.processes.job_user import JobUser
 from roomkeeper.processes.launch import LaunchSpec, launch
 from roomkeeper.processes.lifeline import Lifeline
 from roomkeeper.processes.orphans import become_subreaper
@@ -63,40 +67,9 @@ from roomkeeper.worktrees.request import Worktree
 log = logging.getLogger("roomkeeper")
 
 RETRY_SECONDS = 0.5  # how soon a refused round is tried again without any job ending
-STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when roomkeeper stops a tree
 CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
 MEASURE_EVERY_S = 0.05  # a young job's footprint is read again for a launch at most this often
 ASIDE_SECONDS = 2.0  # a job set aside (nothing that exists could hold it) is judged again after
-
-
-Launcher = Callable[[str, LaunchSpec], Handle]
-Prepare = Callable[[JobView], Worktree | None]
-ReclaimDisk = Callable[[JobView, Decision], bool]
-Placement = Callable[[str, int], Decision]
-"""Asked instead of the guard when jobs run elsewhere: (job id, memory estimate) -> decision."""
-
-
-@dataclass(frozen=True, slots=True)
-class RoundSettings:
-    """How launch rounds run: the scheduler's parts its rounds use.
-
-    Built once by :class:`~roomkeeper.jobs.scheduler.Scheduler`, whose
-    arguments of the same names describe each field.
-    """
-
-    limits: Callable[[], Limits]
-    launcher: Launcher | None
-    cpu_percent: Callable[[], float | None]
-    clock: Callable[[], float]
-    wall: Callable[[], float]
-    on_refusal: Callable[[str, Decision], None] | None
-    before_launch: Callable[[JobView], None] | None
-    stop_grace: float
-    job_user: JobUser | None = None
-    retries: Callable[[], int] = lambda: read_pressure_settings().retries
-    prepare: Prepare | None = None
-    reclaim_disk: ReclaimDisk | None = None
-    placement: Placement | None = None
 
 
 class LaunchRounds:
@@ -121,33 +94,30 @@ class LaunchRounds:
         book: JobBook,
         queue: FairQueue[JobRecord],
         guard: Guard,
-        settings: RoundSettings,
+        settings: SchedulerSettings,
+        parts: SchedulerParts,
+        listeners: SchedulerListeners,
+        clocks: SchedulerClocks,
     ) -> None:
-        self._job_user = settings.job_user
-        self._prepare = settings.prepare
-        self._reclaim_disk = settings.reclaim_disk
-        self._placement = settings.placement
+        self._settings = settings
+        self._parts = parts
+        self._listeners = listeners
+        self._clocks = clocks
         self._lock = lock
         self._book = book
         self._queue = queue
         self._guard = guard
-        self._limits = settings.limits
         self._lifeline: Lifeline | None = None
-        self._ready = settings.launcher is not None  # a launcher of the caller's needs nothing
+        self._ready = parts.launcher is not None  # a launcher of the caller's needs nothing
         self._ready_lock = threading.Lock()
-        launcher = settings.launcher
+        launcher = parts.launcher
         if launcher is None:
             self._lifeline = Lifeline()
             lifeline = self._lifeline
             launcher = lambda job_id, spec: launch(job_id, spec, lifeline=lifeline)  # noqa: E731
         self._launcher = launcher
-        self._cpu_percent = settings.cpu_percent
         self._cpu_value: float | None = None
         self._cpu_read_at = float("-inf")
-        self._clock = settings.clock
-        self._wall = settings.wall
-        self._on_refusal = settings.on_refusal
-        self._before_launch = settings.before_launch
         self._stop_grace = settings.stop_grace
         self.running: dict[str, JobRecord] = {}
         self.refusals: Counter[str] = Counter()
@@ -159,7 +129,6 @@ class LaunchRounds:
         # Local trees being stopped: a leader may die of its SIGTERM before the members that
         # hold the memory do, so its job can be reaped while memory is still going back.
         self._local_stoppers: list[threading.Thread] = []
-        self._retries = settings.retries
         self.pressure_hold = False  # the relief ladder holds launches (reason "pressure")
         self.reruns = 0  # restartable jobs queued again after a stop for pressure
 
@@ -234,8 +203,9 @@ class LaunchRounds:
             self.last_refusal = settled.summary
             self._queue.push_front(job.spec.owner, job)
             self._book.record(job, JobState.WAITING, reason)
-            if self._on_refusal is not None:
-                self._on_refusal(job.id, Decision(job.id, False, reason, settled.summary))
+            on_refusal = self._listeners.on_refusal
+            if on_refusal is not None:
+                on_refusal(job.id, Decision(job.id, False, reason, settled.summary))
             return
         if settled.end is RemoteEnd.REFUSED:  # cancelled or timed out before it could start
             state = JobState.CANCELLED if job.stop_cause is JobState.STOPPED else job.stop_cause
@@ -261,10 +231,10 @@ class LaunchRounds:
             or job.stop_cause is not JobState.STOPPED
             or not job.spec.restartable
             or job.error is not None  # it alone outgrows the container: never again
-            or job.reruns >= self._retries()
+            or job.reruns >= self._settings.retries()
         ):
             return False
-        ran_s = 0.0 if job.started is None else max(0.0, self._wall() - job.started)
+        ran_s = 0.0 if job.started is None else max(0.0, self._clocks.wall() - job.started)
         rate, peak = job.stop_rate, job.peak_bytes or 0
         estimate = rerun_estimate(
             failed=job.estimate.bytes,
@@ -283,13 +253,13 @@ class LaunchRounds:
         # It had its turn and waited before: the jobs behind it do not go first.
         self._queue.push_front(job.spec.owner, job)
         self._book.record(job, JobState.WAITING, Reason.MEMORY_PRESSURE)
-        last = is_last_run(job.reruns, self._retries())
+        last = is_last_run(job.reruns, self._settings.retries())
         log.warning(
             "job %s queued again after its stop for memory pressure (run %d of %d), "
             "estimate %.2f GB (peak %.2f GB, growing %.0f MB/s when stopped)%s",
             job.id,
             job.reruns + 1,
-            self._retries() + 1,
+            self._settings.retries() + 1,
             estimate / 1e9,
             peak / 1e9,
             max(0.0, rate) / 1e6,
@@ -299,7 +269,7 @@ class LaunchRounds:
 
     def retries(self) -> int:
         """ROOMKEEPER_PRESSURE_RETRIES now: how many times restartable work runs again."""
-        return self._retries()
+        return self._settings.retries()
 
     def close_handles(self, handles: list[Handle]) -> None:
         """Close reaped trees' handles (without the lock)."""
@@ -312,7 +282,7 @@ class LaunchRounds:
 
     def expire(self) -> None:
         """End waiting jobs past their deadline; stop running ones past theirs."""
-        now = self._clock()
+        now = self._clocks.clock()
         for job in self._queue.take(lambda j: j.deadline is not None and now >= j.deadline):
             self._book.finish(job, JobState.EXPIRED, None)
         for job in self.running.values():
@@ -321,7 +291,7 @@ class LaunchRounds:
 
     def launch_round(self) -> None:
         """Launch what fits, in the queue's order, until nothing may or the guard refuses."""
-        limits = self._limits()
+        limits = self._settings.limits()
         while True:
             with self._lock:
                 job, blocked = self._next_candidate(limits)
@@ -334,7 +304,7 @@ class LaunchRounds:
                     if j.handle is not None and j.state is not JobState.SUSPENDED
                 ]  # a suspended job's stillness is no settling
             self.prepare()  # before the first judgement: it says where job groups go
-            now = self._clock()
+            now = self._clocks.clock()
             for other in young:  # measured reservations: never count a job twice
                 if now - self._measured_at.get(other.id, float("-inf")) < MEASURE_EVERY_S:
                     continue  # read for the launch just before: a fast batch reads once
@@ -349,8 +319,9 @@ class LaunchRounds:
             if not refused:
                 continue
             # Told outside the lock; a ``break`` above would skip this (it once did).
-            if self._on_refusal is not None:
-                self._on_refusal(job.id, decision)
+            on_refusal = self._listeners.on_refusal
+            if on_refusal is not None:
+                on_refusal(job.id, decision)
             if not decision.aside:  # the refused job keeps its place: the round ends
                 return
 
@@ -381,7 +352,7 @@ class LaunchRounds:
         self.refusals[decision.reason.value] += 1
         self.last_refusal = decision.summary
         if decision.aside:  # nothing could hold it now: the jobs behind it go on
-            self._aside[job.id] = self._clock()
+            self._aside[job.id] = self._clocks.clock()
             job.reason = decision.reason
         else:
             self._explain(decision.reason)
@@ -392,12 +363,13 @@ class LaunchRounds:
         decision = self._admit(job)
         if decision.admit or decision.reason is not Reason.DISK or decision.never_fits:
             return decision
-        if self._reclaim_disk is None:
+        reclaim = self._parts.reclaim_disk
+        if reclaim is None:
             return decision
         with self._lock:
             view = self._book.view(job)
         try:
-            freed = self._reclaim_disk(view, decision)
+            freed = reclaim(view, decision)
         except Exception:  # a failed prune leaves the refusal as it was
             log.exception("the worktree prune before refusing job %s failed", job.id)
             return decision
@@ -405,8 +377,9 @@ class LaunchRounds:
 
     def _admit(self, job: JobRecord) -> Decision:
         """The guard's decision or, when jobs run elsewhere, the placement's (lock not held)."""
-        if self._placement is not None:
-            return self._placement(job.id, job.estimate.bytes)
+        placement = self._parts.placement
+        if placement is not None:
+            return placement(job.id, job.estimate.bytes)
         return self._guard.admit(
             job.id,
             memory_bytes=job.estimate.known,
@@ -414,7 +387,7 @@ class LaunchRounds:
             policy=job.spec.memory_policy,
             rerun=self._rerun_ask(job) if job.reruns else None,
             # Only a re-run reads the variable: a first run is never the last re-run.
-            worst_case=bool(job.reruns) and is_last_run(job.reruns, self._retries()),
+            worst_case=bool(job.reruns) and is_last_run(job.reruns, self._settings.retries()),
         )
 
     def _rerun_ask(self, job: JobRecord) -> Rerun:
@@ -441,7 +414,8 @@ class LaunchRounds:
         """The job's git worktree, made or reused after admission (lock not held)."""
         if job.spec.worktree is None:
             return None, None
-        if self._prepare is None:  # never run it elsewhere than the tree it asked for
+        prepare = self._parts.prepare
+        if prepare is None:  # never run it elsewhere than the tree it asked for
             return None, WorktreeError(
                 "this scheduler makes no worktrees (it was given no prepare); "
                 "run the job without worktree, or through the gateway or batch",
@@ -451,7 +425,7 @@ class LaunchRounds:
         with self._lock:
             view = self._book.view(job)
         try:
-            return self._prepare(view), None
+            return prepare(view), None
         except (OSError, ValueError) as err:  # WorktreeError is a ValueError
             return None, err
 
@@ -478,7 +452,7 @@ class LaunchRounds:
         if len(self.running) >= limits.max_running:
             return None, Reason.SLOTS
         blocked = Reason.QUEUED
-        now = self._clock()
+        now = self._clocks.clock()
         self._aside = {
             i: at for i, at in self._aside.items() if now - at < ASIDE_SECONDS and i in self._book
         }
@@ -488,7 +462,7 @@ class LaunchRounds:
                 blocked = Reason.OWNER_SLOTS
                 continue
             # Jobs placed elsewhere use other machines' CPUs: our own pressure is no reason.
-            local = self._placement is None
+            local = self._parts.placement is None
             if local and self.running and limits.cpu_pressure_percent is not None:
                 cpu = self._cpu_now()
                 if cpu is not None and cpu > limits.cpu_pressure_percent:
@@ -503,9 +477,9 @@ class LaunchRounds:
         PSI's avg10 is itself a ten-second average: reading it again for
         every launch of a fast batch costs more than it tells.
         """
-        now = self._clock()
+        now = self._clocks.clock()
         if now - self._cpu_read_at >= CPU_READ_SECONDS:
-            self._cpu_value, self._cpu_read_at = self._cpu_percent(), now
+            self._cpu_value, self._cpu_read_at = self._clocks.cpu_percent(), now
         return self._cpu_value
 
     def _start(self, job: JobRecord, limits: Limits) -> None:
@@ -518,15 +492,18 @@ class LaunchRounds:
             env=job.spec.environment(),
             nice=limits.worker_nice,
             shell=job.spec.shell,
-            user=self._job_user,
+            user=self._parts.job_user,
             memory_bytes=job.estimate.bytes,
             disk_bytes=job.spec.disk_bytes,
-            deadline_s=None if job.deadline is None else max(0.0, job.deadline - self._clock()),
+            deadline_s=None
+            if job.deadline is None
+            else max(0.0, job.deadline - self._clocks.clock()),
         )
         try:
-            if self._before_launch is not None:
+            before_launch = self._listeners.before_launch
+            if before_launch is not None:
                 try:
-                    self._before_launch(self._book.view(job))
+                    before_launch(self._book.view(job))
                 except Exception as err:
                     raise LaunchError(
                         job.id, f"not started: its pending marker could not be saved ({err})"
@@ -539,7 +516,7 @@ class LaunchRounds:
             self._book.finish(job, JobState.FAILED, None)
             return
         job.handle = handle
-        job.started = self._wall()
+        job.started = self._clocks.wall()
         try:
             job.pidfd = -1 if handle.pid is None else os.pidfd_open(handle.pid)
         except (AttributeError, OSError):
@@ -565,7 +542,7 @@ class LaunchRounds:
 
     def next_due(self) -> float | None:
         """Seconds until a deadline or a retry is due, or None when nothing waits on time."""
-        now = self._clock()
+        now = self._clocks.clock()
         live = [*self.running.values(), *self._queue]
         dues = [j.deadline - now for j in live if j.deadline is not None]
         if self._queue.waiting():

@@ -25,37 +25,30 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roomkeeper.config import PressureSettings, read_pressure_settings, read_queue_settings
 from roomkeeper.errors import QueueFullError
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.book import JobBook, JobRecord
-from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.rounds import (
-    RETRY_SECONDS,
-    STOP_GRACE_SECONDS,
-    Launcher,
-    LaunchRounds,
-    Placement,
-    Prepare,
-    ReclaimDisk,
-    RoundSettings,
-)
+from roomkeeper.jobs.queue import FairQueue
+from roomkeeper.jobs.rounds import RETRY_SECONDS, LaunchRounds
 from roomkeeper.jobs.scheduler_relief import SchedulerRelief
+from roomkeeper.jobs.settings import (
+    SchedulerClocks,
+    SchedulerListeners,
+    SchedulerParts,
+    SchedulerSettings,
+)
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
-from roomkeeper.kernel.resources import cpu_pressure_percent
-from roomkeeper.processes.job_user import JobUser
 from roomkeeper.relief.cooldown import Cooldown
 from roomkeeper.relief.monitor import (
-    INTERVAL_S,
+    MonitorPace,
     MonitorStatistics,
     PressureMonitor,
-    ReliefEvent,
     arm_container,
 )
 
@@ -83,97 +76,52 @@ class SchedulerStatistics:
 class Scheduler:
     """Owns the bounded queue and the running trees.
 
+    Built from records (:mod:`roomkeeper.jobs.settings`), each passed whole to
+    the parts that need it; only ``settings`` (its ``logs_dir``) has no default::
+
+        Scheduler(SchedulerSettings(logs_dir="logs"))
+
     Args:
-        logs_dir: where each job's output file goes (``<id>.log``).
-        guard: the admission guard; a new :class:`Guard` when omitted.
-        limits: returns the bounds for a round; read from ``ROOMKEEPER_*`` on
-            every round when omitted (no restart to reconfigure).
-        launcher: starts a tree; :func:`roomkeeper.processes.launch.launch` with a
-            lifeline when omitted.
-        cpu_percent: CPU pressure in percent, or None when unknown.
-        clock: monotonic seconds (deadlines).
-        wall: wall-clock seconds (timestamps people read).
-        on_change: called with a job's view after each state change, outside the lock.
-        on_end: called for each job that ended, outside the lock and before the
-            next launch round.  It may return a future (a release hook started
-            elsewhere): until that resolves the job's memory stays reserved, so the
-            hook runs before that memory is offered again, and nothing else waits.
-        on_refusal: called with the job id and the guard's refusal (every refused round).
-        before_launch: called with the job's view just before its spawn, lock held; it
-            writes the durable pending marker (save first).  If it
-            raises, the job is not started and ends as failed.
-        stop_grace: seconds between SIGTERM and SIGKILL when a tree is stopped.
-        job_user: the user jobs run as; None for ours (``ROOMKEEPER_JOB_USER``).
-        cooldown: the one cooldown clock (the gateway shares it with the supervisor's
-            relief); a new one on ``clock`` when omitted.
-        pressure: whether the pressure monitor runs beside the scheduler's thread
-            (:meth:`start` starts it, :meth:`close` stops it).
-        pressure_settings: the ROOMKEEPER_PRESSURE_* variables, read afresh.
-        on_relief: told of every step the relief ladder takes (the gateway's history).
-        monitor_interval: seconds between the monitor's readings.
-        prepare: makes or reuses the git worktree of a job that asked for one,
-            after admission and before ``before_launch`` (lock not held); the
-            command runs inside it.  If it raises, the job fails without starting.
-        reclaim_disk: the one worktree prune a refusal for disk gets before it stands,
-            given the job and the refusal (its ``disk_needed_bytes`` is the
-            line to reach); True when it freed anything, and the guard judges again.
-        placement: asked instead of the guard before each launch, when ``launcher``
-            runs jobs on other machines (the Ray backend); None: the guard decides.
+        settings: where output goes, the bounds and pressure variables' readers,
+            the stop grace, whether the pressure monitor runs and how often it reads.
+        parts: the guard, the launcher, the job user, the cooldown, worktrees and
+            placement; defaults that run jobs here when omitted.
+        listeners: who is told of changes, ends, refusals, launches and relief steps.
+        clocks: the clocks and the CPU reading; the real ones when omitted.
     """
 
     def __init__(
         self,
+        settings: SchedulerSettings,
         *,
-        logs_dir: str | os.PathLike[str],
-        guard: Guard | None = None,
-        limits: Callable[[], Limits] | None = None,
-        launcher: Launcher | None = None,
-        cpu_percent: Callable[[], float | None] = cpu_pressure_percent,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-        on_change: Callable[[JobView], None] | None = None,
-        on_end: Callable[[JobView], concurrent.futures.Future[Any] | None] | None = None,
-        on_refusal: Callable[[str, Decision], None] | None = None,
-        before_launch: Callable[[JobView], None] | None = None,
-        stop_grace: float = STOP_GRACE_SECONDS,
-        job_user: JobUser | None = None,
-        cooldown: Cooldown | None = None,
-        pressure: bool = True,
-        pressure_settings: Callable[[], PressureSettings] = read_pressure_settings,
-        on_relief: Callable[[ReliefEvent], None] | None = None,
-        monitor_interval: float = INTERVAL_S,
-        prepare: Prepare | None = None,
-        reclaim_disk: ReclaimDisk | None = None,
-        placement: Placement | None = None,
+        parts: SchedulerParts | None = None,
+        listeners: SchedulerListeners | None = None,
+        clocks: SchedulerClocks | None = None,
     ) -> None:
-        self._logs_dir = Path(logs_dir)
-        self._guard = guard if guard is not None else Guard()
-        self._limits = limits or (lambda: Limits.from_settings(read_queue_settings()))
-        self._clock = clock
-        self._on_end = on_end
+        parts = parts if parts is not None else SchedulerParts()
+        listeners = listeners if listeners is not None else SchedulerListeners()
+        clocks = clocks if clocks is not None else SchedulerClocks()
+        self._settings = settings
+        self._logs_dir = Path(settings.logs_dir)
+        self._guard = parts.guard if parts.guard is not None else Guard()
+        self._limits = settings.limits
+        self._clock = clocks.clock
+        self._on_end = listeners.on_end
         self._lock = threading.Lock()
         self._round = threading.Lock()  # one round at a time
-        self._book = JobBook(self._lock, wall=wall, on_change=on_change)
+        self._book = JobBook(self._lock, wall=clocks.wall, on_change=listeners.on_change)
         self._queue: FairQueue[JobRecord] = FairQueue()
-        rounds = RoundSettings(
-            limits=self._limits,
-            launcher=launcher,
-            cpu_percent=cpu_percent,
-            clock=clock,
-            wall=wall,
-            on_refusal=on_refusal,
-            before_launch=before_launch,
-            stop_grace=stop_grace,
-            job_user=job_user,
-            retries=lambda: pressure_settings().retries,
-            prepare=prepare,
-            reclaim_disk=reclaim_disk,
-            placement=placement,
-        )
         self._rounds = LaunchRounds(
-            lock=self._lock, book=self._book, queue=self._queue, guard=self._guard, settings=rounds
+            lock=self._lock,
+            book=self._book,
+            queue=self._queue,
+            guard=self._guard,
+            settings=settings,
+            parts=parts,
+            listeners=listeners,
+            clocks=clocks,
         )
-        self.cooldown = cooldown if cooldown is not None else Cooldown(clock)
+        self.cooldown = parts.cooldown if parts.cooldown is not None else Cooldown(clocks.clock)
         self.relief = SchedulerRelief(
             lock=self._lock,
             book=self._book,
@@ -186,18 +134,22 @@ class Scheduler:
             target=self.relief,
             read=self._guard.pressure_reading,
             cooldown=self.cooldown,
-            settings=pressure_settings,
-            arm=arm_container,
-            clock=clock,
-            on_step=on_relief,
+            settings=settings.pressure_settings,
+            pace=MonitorPace(
+                clock=clocks.clock, interval=settings.monitor_interval, arm=arm_container
+            ),
+            on_step=listeners.on_relief,
             reruns=lambda: self._rounds.reruns,
-            interval=monitor_interval,
         )
-        self._pressure = pressure
         self._thread: threading.Thread | None = None
         self._closing = False
         self._closed = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    @property
+    def guard(self) -> Guard:
+        """The admission guard this scheduler asks (its own when it was given none)."""
+        return self._guard
 
     # ----------------------------------------------------------------- calls
 
@@ -383,7 +335,7 @@ class Scheduler:
     def start(self) -> None:
         """Run rounds on a thread until :meth:`close`."""
         self._rounds.start()
-        if self._pressure:
+        if self._settings.pressure:
             self.monitor.start()
         if self._thread is None:
             self._thread = threading.Thread(

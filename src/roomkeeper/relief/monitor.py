@@ -198,6 +198,21 @@ class MonitorStatistics:
     relieved: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class MonitorPace:
+    """When the monitor reads: its clock, how often, and what wakes it sooner.
+
+    Attributes:
+        clock: monotonic seconds.
+        interval: seconds between readings without a notification.
+        arm: arms kernel notifications for a reading's group (None: polling only).
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    interval: float = INTERVAL_S
+    arm: Callable[[Notifier, Reading], None] | None = None
+
+
 class PressureMonitor:
     """Reads the container, decides with the ladder, acts through the scheduler.
 
@@ -207,11 +222,9 @@ class PressureMonitor:
             (then the monitor does nothing).
         cooldown: the one cooldown clock, shared with the supervisor's relief.
         settings: the ROOMKEEPER_PRESSURE_* variables, read afresh for each reading.
-        arm: arms kernel notifications for a reading's group (None: polling only).
-        clock: monotonic seconds.
+        pace: its clock, interval and notifications; polling on the real clock when omitted.
         on_step: told of every step taken (the gateway's history), never under a lock.
         reruns: how many restartable jobs the scheduler queued again.
-        interval: seconds between readings without a notification.
     """
 
     def __init__(
@@ -221,21 +234,20 @@ class PressureMonitor:
         read: Callable[[], Reading | None],
         cooldown: Cooldown,
         settings: Callable[[], PressureSettings] = read_pressure_settings,
-        arm: Callable[[Notifier, Reading], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        pace: MonitorPace | None = None,
         on_step: Callable[[ReliefEvent], None] | None = None,
         reruns: Callable[[], int] = lambda: 0,
-        interval: float = INTERVAL_S,
     ) -> None:
+        pace = pace if pace is not None else MonitorPace()
         self._target = target
         self._read = read
         self._cooldown = cooldown
         self._settings = settings
-        self._arm = arm
-        self._clock = clock
+        self._arm = pace.arm
+        self._clock = pace.clock
         self._on_step = on_step
         self._reruns = reruns
-        self._interval = interval
+        self._interval = pace.interval
         self._state = LadderState()
         self._crossed: dict[Step, float] = {}  # when each threshold was crossed, until acted on
         self._lock = threading.Lock()  # the counts
@@ -246,7 +258,7 @@ class PressureMonitor:
         self._trial_pauses = 0
         self._notifier = Notifier()
         self._armed_for: tuple[int, int] | None = None
-        self._wakes_on = "not armed yet" if arm is not None else "polling only (not armed)"
+        self._wakes_on = "not armed yet" if pace.arm is not None else "polling only (not armed)"
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._near = False  # the last reading was near the line: read again sooner
