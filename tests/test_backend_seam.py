@@ -23,7 +23,7 @@ from roomkeeper.jobs.handle import RemoteEnd, Settlement
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.rounds import ASIDE_SECONDS
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.jobs.spec import JobSpec, JobState, SchedulerReason
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
 from roomkeeper.testing import CannotSuspend, FakeClock
@@ -367,4 +367,4 @@ def test_the_gateways_cpu_pressure_does_not_hold_jobs_placed_elsewhere(tmp_path:
     rig.scheduler.tick()
     assert rig.scheduler.get(first.id).state is JobState.RUNNING
     assert rig.scheduler.get(second.id).state is JobState.RUNNING
-    assert Reason.CPU.value not in rig.scheduler.statistics().refusals
+    assert SchedulerReason.CPU.value not in rig.scheduler.statistics().refusals

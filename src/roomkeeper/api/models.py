@@ -24,9 +24,9 @@ from pydantic import (
     model_validator,
 )
 
+from roomkeeper.api.words import REASONS
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.leases import DEFAULT_TTL_S
-from roomkeeper.guard.rule import Reason
 from roomkeeper.loopback.hooks import ReleaseHook, parse_hook
 
 NAME = r"^[A-Za-z0-9._:@-]+$"
@@ -113,7 +113,7 @@ ERROR_REASONS = (
     "branch_checked_out",
     "dirty_base",
     "worktree_failed",
-    *(r.value for r in Reason),
+    *(w.value for w in REASONS),
 )
 """The closed vocabulary of an error's ``reason`` (the guard's refusals included)."""
 

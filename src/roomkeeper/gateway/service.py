@@ -63,9 +63,10 @@ from roomkeeper.gateway.samples import Sample, Sampler
 from roomkeeper.gateway.worktrees import gateway_worktrees
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.leases import Leases
-from roomkeeper.guard.rule import Decision, Reason, gb
+from roomkeeper.guard.rule import Decision, Reason, Word, gb
 from roomkeeper.ipc import Channel
 from roomkeeper.jobs.queue import Limits
+from roomkeeper.jobs.spec import SchedulerReason
 from roomkeeper.loopback.hooks import HookRunner, ReleaseHook
 from roomkeeper.processes.job_user import JobUser, read_job_user
 
@@ -76,20 +77,23 @@ from roomkeeper.journal.integrity import is_damage
 from roomkeeper.kernel.resources import cpu_pressure_percent
 from roomkeeper.paths import home_dir, load_token, validate_home, workspace_dir
 from roomkeeper.relief.cooldown import CooldownCause
+from roomkeeper.relief.ladder import PressureReason
 
 log = logging.getLogger("roomkeeper")
 
 RESUME_CHECK_S = 0.5
 
-HEADLINES = {
+# What needs-you (and the Health page's headline) says for the guard's next decision; every
+# refusing reason of the rule needs one (a test holds it), else the headline would say "ok".
+HEADLINES: dict[Word, str] = {
     Reason.OK: "ok",
     Reason.NO_CONTAINER: "ok",
     Reason.MEMORY: "no room in the container: memory",
     Reason.DISK: "no room in the container: disk",
-    Reason.CPU: "no room: cpu",
+    SchedulerReason.CPU: "no room: cpu",
     Reason.UNKNOWN: "measurements unavailable",
     Reason.OFF: "guard off",
-    Reason.PRESSURE: "admission held after pressure",
+    PressureReason.PRESSURE: "admission held after pressure",
 }
 # What needs-you (and the Health page's headline) says first when a person is needed.
 PERSON_HEADLINES = (
@@ -571,7 +575,7 @@ class Gateway:
             }
         held = self.held_after_pressure()
         if held is not None:
-            return {"headline": HEADLINES[Reason.PRESSURE], "body": held}
+            return {"headline": HEADLINES[PressureReason.PRESSURE], "body": held}
         decision = decision if decision is not None else self.check()
         # The CPU gate holds local work only: jobs on a cluster use other machines' CPUs.
         if decision.admit and self.cluster is None and self.scheduler.statistics().running:
@@ -579,7 +583,7 @@ class Gateway:
             threshold = read_queue_settings(self.env).cpu_pressure_percent
             if cpu is not None and cpu > threshold:
                 return {
-                    "headline": HEADLINES[Reason.CPU],
+                    "headline": HEADLINES[SchedulerReason.CPU],
                     "body": f"CPU pressure {cpu:.0f} % is above {threshold:.0f} %: "
                     "no new job starts until it falls",
                 }

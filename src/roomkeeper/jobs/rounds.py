@@ -47,17 +47,18 @@ from pathlib import Path
 from roomkeeper.config import read_pressure_settings
 from roomkeeper.errors import LaunchError, WorktreeError
 from roomkeeper.guard.admission import Guard, Rerun
-from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.guard.rule import Decision, Reason, Word
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.handle import Handle, RemoteEnd, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.reruns import is_last_run, rerun_estimate
-from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, JobView
+from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, JobView, SchedulerReason
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.processes.job_user import JobUser
 from roomkeeper.processes.launch import LaunchSpec, launch
 from roomkeeper.processes.lifeline import Lifeline
 from roomkeeper.processes.orphans import become_subreaper
+from roomkeeper.relief.ladder import PressureReason
 from roomkeeper.worktrees.request import Worktree
 
 log = logging.getLogger("roomkeeper")
@@ -257,7 +258,7 @@ class LaunchRounds:
         its worst case reserved.  Anything else is never re-run silently.
         """
         if (
-            job.stop_reason is not Reason.MEMORY_PRESSURE
+            job.stop_reason is not PressureReason.MEMORY_PRESSURE
             or job.stop_cause is not JobState.STOPPED
             or not job.spec.restartable
             or job.error is not None  # it alone outgrows the container: never again
@@ -282,7 +283,7 @@ class LaunchRounds:
         job.admitted_bytes = None
         # It had its turn and waited before: the jobs behind it do not go first.
         self._queue.push_front(job.spec.owner, job)
-        self._book.record(job, JobState.WAITING, Reason.MEMORY_PRESSURE)
+        self._book.record(job, JobState.WAITING, PressureReason.MEMORY_PRESSURE)
         last = is_last_run(job.reruns, self._retries())
         log.warning(
             "job %s queued again after its stop for memory pressure (run %d of %d), "
@@ -469,15 +470,15 @@ class LaunchRounds:
         job.error = decision.summary
         self._book.finish(job, JobState.FAILED, decision.reason)
 
-    def _next_candidate(self, limits: Limits) -> tuple[JobRecord | None, Reason]:
+    def _next_candidate(self, limits: Limits) -> tuple[JobRecord | None, Word]:
         """The head of the next owner in turn that may launch, or why none may."""
         if limits.hold:
-            return None, Reason.HELD
+            return None, SchedulerReason.HELD
         if self.pressure_hold:
-            return None, Reason.PRESSURE
+            return None, PressureReason.PRESSURE
         if len(self.running) >= limits.max_running:
-            return None, Reason.SLOTS
-        blocked = Reason.QUEUED
+            return None, SchedulerReason.SLOTS
+        blocked = SchedulerReason.QUEUED
         now = self._clock()
         self._aside = {
             i: at for i, at in self._aside.items() if now - at < ASIDE_SECONDS and i in self._book
@@ -485,15 +486,15 @@ class LaunchRounds:
         for owner, head in self._queue.heads(skip=lambda j: j.id in self._aside):
             running = sum(1 for j in self.running.values() if j.spec.owner == owner)
             if limits.max_running_per_owner is not None and running >= limits.max_running_per_owner:
-                blocked = Reason.OWNER_SLOTS
+                blocked = SchedulerReason.OWNER_SLOTS
                 continue
             # Jobs placed elsewhere use other machines' CPUs: our own pressure is no reason.
             local = self._placement is None
             if local and self.running and limits.cpu_pressure_percent is not None:
                 cpu = self._cpu_now()
                 if cpu is not None and cpu > limits.cpu_pressure_percent:
-                    self.refusals[Reason.CPU.value] += 1
-                    return None, Reason.CPU
+                    self.refusals[SchedulerReason.CPU.value] += 1
+                    return None, SchedulerReason.CPU
             return head, blocked
         return None, blocked
 
@@ -550,7 +551,7 @@ class LaunchRounds:
         self._queue.rotate(job.spec.owner)
         self._book.record(job, JobState.RUNNING, None)
 
-    def _explain(self, blocked: Reason) -> None:
+    def _explain(self, blocked: Word) -> None:
         """Give every waiting job its current reason (state changes only are recorded)."""
         for job in self._queue:
             if job.id not in self._aside:  # an aside job keeps the reason it was given
@@ -604,6 +605,6 @@ class LaunchRounds:
         self._stop_grace = self._stop_grace if grace is None else grace
         for job in self.running.values():
             if job.stop_cause is None:
-                job.stop_reason = Reason.SHUTDOWN
+                job.stop_reason = SchedulerReason.SHUTDOWN
             self.stop(job, JobState.STOPPED)
         return list(self._stoppers)
