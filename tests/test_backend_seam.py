@@ -29,7 +29,7 @@ from roomkeeper.jobs.settings import (
     SchedulerParts,
     SchedulerSettings,
 )
-from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.jobs.spec import JobSpec, JobState, SchedulerReason
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
 from roomkeeper.testing import CannotSuspend, FakeClock
@@ -374,4 +374,4 @@ def test_the_gateways_cpu_pressure_does_not_hold_jobs_placed_elsewhere(tmp_path:
     rig.scheduler.tick()
     assert rig.scheduler.get(first.id).state is JobState.RUNNING
     assert rig.scheduler.get(second.id).state is JobState.RUNNING
-    assert Reason.CPU.value not in rig.scheduler.statistics().refusals
+    assert SchedulerReason.CPU.value not in rig.scheduler.statistics().refusals

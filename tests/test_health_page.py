@@ -7,6 +7,7 @@ process with its own home and workspace, stopped with SIGTERM whatever happens.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,60 @@ def test_health_page_shows_chart_guard_and_a_submitted_job(
     assert page.locator("#banner").is_hidden()
     assert page.locator("#nodes-card").is_hidden()  # the local backend has no Ray nodes
     page.screenshot(path=str(tmp_path / "health.png"), full_page=True)
+    assert errors == []
+
+
+def test_health_page_describes_every_reason_the_api_may_send(
+    browser: Any, gateway: RunningGateway
+) -> None:
+    """Every job reason ``/openapi.json`` lists shows on the page in words, its code beside them."""
+    document = httpx.get(f"{gateway.url}/openapi.json", timeout=10.0).json()
+    reason = document["components"]["schemas"]["FeedJob"]["properties"]["reason"]
+    codes = next(s["enum"] for s in reason["anyOf"] if "enum" in s)
+    feed = httpx.get(f"{gateway.url}/v1/feed", timeout=10.0).json()
+    feed["jobs"] = [
+        {
+            "id": f"job-{code}",
+            "owner": "words",
+            "state": "waiting",
+            "reason": code,
+            "exit_code": None,
+            "submitted_at": feed["now"],
+            "started_at": None,
+            "ended_at": None,
+        }
+        for code in codes
+    ]
+    page = browser.new_page(viewport={"width": 1360, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    # The page is the server's own; only its feed is this one, a job waiting for each reason.
+    page.route(
+        "**/v1/feed",
+        lambda route: route.fulfill(
+            status=200, content_type="application/json", body=json.dumps(feed)
+        ),
+    )
+    page.goto(f"{gateway.url}/")
+    page.wait_for_function(
+        "(n) => document.querySelectorAll('#jobs tr[data-job-id]').length === n",
+        arg=len(codes),
+        timeout=PAGE_TIMEOUT_MS,
+    )
+    shown = page.eval_on_selector_all(
+        "#jobs tr[data-job-id]",
+        """(rows) => rows.map((row) => {
+            const cell = row.querySelector('td.reason');
+            const code = cell.querySelector('.code');
+            return [row.dataset.jobId, cell.firstChild.textContent, code && code.textContent];
+        })""",
+    )
+    bare = [
+        job_id.removeprefix("job-")
+        for job_id, words, code in shown
+        if code != job_id.removeprefix("job-") or not words.strip() or words == code
+    ]
+    assert bare == [], f"reasons the Health page shows without words: {bare}"
     assert errors == []
 
 

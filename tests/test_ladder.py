@@ -12,7 +12,6 @@ import pytest
 
 from roomkeeper.config import PressureSettings
 from roomkeeper.guard.lines import Reading
-from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
@@ -20,7 +19,7 @@ from roomkeeper.jobs.spec import JobSpec, JobState
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
-from roomkeeper.relief.ladder import LadderState, Live, Plan, Step, decide
+from roomkeeper.relief.ladder import LadderState, Live, Plan, PressureReason, Step, decide
 from roomkeeper.relief.monitor import MonitorPace, PressureMonitor
 from roomkeeper.testing import CannotSuspend, FakeClock
 from tests.fakes import FakeTarget
@@ -454,12 +453,12 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
         scheduler.tick()
     final, other = scheduler.get(view.id), scheduler.get(plain.id)
     scheduler.close()
-    assert (final.state, final.reason) == (JobState.STOPPED, Reason.MEMORY_PRESSURE)
+    assert (final.state, final.reason) == (JobState.STOPPED, PressureReason.MEMORY_PRESSURE)
     requeued = [t for t in final.history if t.state is JobState.WAITING][1:]
-    assert [t.reason for t in requeued] == [Reason.MEMORY_PRESSURE] * 3
+    assert [t.reason for t in requeued] == [PressureReason.MEMORY_PRESSURE] * 3
     # Stopped while growing (700 MB at once): twice its peak, then twice the last each time.
     assert final.spec.memory_bytes == 5600 * MB
-    assert (other.state, other.reason) == (JobState.STOPPED, Reason.MEMORY_PRESSURE)
+    assert (other.state, other.reason) == (JobState.STOPPED, PressureReason.MEMORY_PRESSURE)
     assert [t.state for t in other.history].count(JobState.RUNNING) == 1  # never re-run
     assert len(launched) == 4 + 1
     assert scheduler.pressure_statistics().reruns == 3
@@ -479,7 +478,7 @@ def test_a_job_that_never_fits_is_not_run_again(tmp_path: Path) -> None:
     scheduler.tick()
     final = scheduler.get(view.id)
     scheduler.close()
-    assert (final.state, final.reason) == (JobState.STOPPED, Reason.MEMORY_PRESSURE)
+    assert (final.state, final.reason) == (JobState.STOPPED, PressureReason.MEMORY_PRESSURE)
     assert final.error is not None and "can never fit here" in final.error
 
 
@@ -499,7 +498,7 @@ def test_pressure_hold_makes_waiting_jobs_say_pressure(tmp_path: Path) -> None:
     scheduler.tick()
     running = scheduler.get(view.id)
     scheduler.close()
-    assert (held.state, held.reason) == (JobState.WAITING, Reason.PRESSURE)
+    assert (held.state, held.reason) == (JobState.WAITING, PressureReason.PRESSURE)
     assert running.state is JobState.RUNNING
 
 

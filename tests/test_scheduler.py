@@ -25,7 +25,7 @@ from roomkeeper.jobs.settings import (
     SchedulerParts,
     SchedulerSettings,
 )
-from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.jobs.spec import JobSpec, JobState, SchedulerReason
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.testing import FakeClock
 from tests.fakes import FakeHandle
@@ -169,7 +169,7 @@ def test_running_ceilings_global_and_per_owner(rig: Rig) -> None:
     stats = rig.scheduler.statistics()
     assert stats.running == 4
     assert all(running <= 2 for _, running in stats.by_owner.values())
-    assert rig.scheduler.get("c2").reason is Reason.SLOTS
+    assert rig.scheduler.get("c2").reason is SchedulerReason.SLOTS
 
 
 def test_the_guard_is_asked_with_each_jobs_policy_and_its_stated_or_learned_size(
@@ -217,7 +217,7 @@ def test_per_owner_cap_skips_to_the_next_owner(rig: Rig) -> None:
     rig.submit("b0", owner="b")
     rig.scheduler.tick()
     assert set(rig.launcher.order) == {"a0", "a1", "b0"}
-    assert rig.scheduler.get("a2").reason is Reason.OWNER_SLOTS
+    assert rig.scheduler.get("a2").reason is SchedulerReason.OWNER_SLOTS
 
 
 def test_a_refusal_ends_the_round_and_the_refused_job_keeps_its_place(rig: Rig) -> None:
@@ -255,7 +255,7 @@ def test_cpu_pressure_holds_launches_but_never_below_one_running(rig: Rig) -> No
     rig.submit("b0", owner="b")
     rig.scheduler.tick()
     assert rig.launcher.order == ["a0"]  # nothing ran: one may start
-    assert rig.scheduler.get("b0").reason is Reason.CPU
+    assert rig.scheduler.get("b0").reason is SchedulerReason.CPU
     rig.cpu = 79.0
     rig.scheduler.tick()
     assert rig.launcher.order == ["a0"]  # read at most every 0.25 s: still the old reading
@@ -273,7 +273,7 @@ def test_no_cpu_gate_launches_at_any_cpu_pressure(tmp_path: Path) -> None:
             r.submit(f"a{i}", owner="a")
         r.scheduler.tick()
         assert r.launcher.order == ["a0", "a1"]  # only the per-owner cap of 2 stops the third
-        assert r.scheduler.get("a2").reason is Reason.OWNER_SLOTS
+        assert r.scheduler.get("a2").reason is SchedulerReason.OWNER_SLOTS
     finally:
         r.scheduler.close(grace=0)
 

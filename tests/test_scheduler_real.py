@@ -15,11 +15,11 @@ import pytest
 
 from roomkeeper.config import PressureSettings
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+from roomkeeper.relief.ladder import PressureReason
 from tests.fakes import NO_DISK
 
 # Every test here but the plain output one is marked `cgroups` too: CI runs
@@ -240,7 +240,7 @@ def _reruns(view: JobView) -> int:
     return sum(
         1
         for t in view.history
-        if t.state is JobState.WAITING and t.reason is Reason.MEMORY_PRESSURE
+        if t.state is JobState.WAITING and t.reason is PressureReason.MEMORY_PRESSURE
     )
 
 

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from roomkeeper.batch.run import BatchResult, run_batch
     from roomkeeper.guard.admission import Guard, GuardStatistics
     from roomkeeper.guard.packing import MemoryPolicy
-    from roomkeeper.guard.rule import Decision, Reason
+    from roomkeeper.guard.rule import Decision, Reason, Word
     from roomkeeper.jobs.queue import Limits
     from roomkeeper.jobs.scheduler import Scheduler, SchedulerStatistics
     from roomkeeper.jobs.settings import (
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
         SchedulerParts,
         SchedulerSettings,
     )
-    from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView
+    from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, SchedulerReason
     from roomkeeper.kernel.resources import (
         DiskReading,
         LimitOrigin,
@@ -86,12 +86,14 @@ if TYPE_CHECKING:
         Resources,
         read_resources,
     )
+    from roomkeeper.relief.ladder import PressureReason
 
 _HOMES = {
     "Decision": "guard.rule",
     "Guard": "guard.admission",
     "GuardStatistics": "guard.admission",
     "Reason": "guard.rule",
+    "Word": "guard.rule",
     "MemoryPolicy": "guard.packing",
     "BatchResult": "batch.run",
     "run_batch": "batch.run",
@@ -106,12 +108,14 @@ _HOMES = {
     "JobSpec": "jobs.spec",
     "JobState": "jobs.spec",
     "JobView": "jobs.spec",
+    "SchedulerReason": "jobs.spec",
     "DiskReading": "kernel.resources",
     "LimitOrigin": "kernel.resources",
     "MemoryReading": "kernel.resources",
     "MemorySource": "kernel.resources",
     "Resources": "kernel.resources",
     "read_resources": "kernel.resources",
+    "PressureReason": "relief.ladder",
 }
 
 __all__ = [
@@ -129,14 +133,17 @@ __all__ = [
     "MemoryPolicy",
     "MemoryReading",
     "MemorySource",
+    "PressureReason",
     "Reason",
     "Resources",
     "Scheduler",
     "SchedulerClocks",
     "SchedulerListeners",
     "SchedulerParts",
+    "SchedulerReason",
     "SchedulerSettings",
     "SchedulerStatistics",
+    "Word",
     "read_resources",
     "run_batch",
 ]

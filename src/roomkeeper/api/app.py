@@ -48,6 +48,7 @@ from roomkeeper.api.responses import (
     StatusOut,
 )
 from roomkeeper.api.views import feed_json, status_json
+from roomkeeper.api.words import embed_words
 from roomkeeper.api.worktrees import worktree_routes
 from roomkeeper.errors import (
     AlreadyEndedError,
@@ -68,10 +69,12 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
 
 
 def _page() -> str:
+    """The Health page, with the words it shows for each reason filled in from their owners."""
     try:
-        return (package_files.files("roomkeeper.api") / "web" / "health.html").read_text()
+        page = (package_files.files("roomkeeper.api") / "web" / "health.html").read_text()
     except (FileNotFoundError, OSError):
         return "<!doctype html><title>roomkeeper</title><p>The Health page is not installed."
+    return embed_words(page)
 
 
 def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None = None) -> FastAPI:

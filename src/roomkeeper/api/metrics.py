@@ -15,8 +15,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from roomkeeper.gateway.waits import WAIT_BUCKETS
-from roomkeeper.guard.rule import Reason
-from roomkeeper.jobs.spec import JobState
+from roomkeeper.guard.rule import ADMITTING_REASONS, Reason
+from roomkeeper.jobs.spec import JobState, SchedulerReason
 from roomkeeper.relief.monitor import MonitorStatistics
 
 if TYPE_CHECKING:
@@ -60,12 +60,14 @@ class GatewayCollector(Collector):
         refused = CounterMetricFamily(
             "roomkeeper_refusals", "Refusals by reason.", labels=["reason"]
         )
-        for reason in (Reason.OK, Reason.OFF, Reason.NO_CONTAINER):
+        for reason in ADMITTING_REASONS:
             admitted.add_metric([reason.value], decisions.get(reason.value, 0))
-        for reason in (Reason.MEMORY, Reason.DISK, Reason.UNKNOWN):
-            refused.add_metric([reason.value], decisions.get(reason.value, 0))
+        for reason in Reason:  # every other reason of the rule refuses
+            if reason not in ADMITTING_REASONS:
+                refused.add_metric([reason.value], decisions.get(reason.value, 0))
         # CPU pressure holds a launch before the guard is asked: the scheduler counts it.
-        refused.add_metric([Reason.CPU.value], stats.refusals.get(Reason.CPU.value, 0))
+        cpu = SchedulerReason.CPU.value
+        refused.add_metric([cpu], stats.refusals.get(cpu, 0))
         yield admitted
         yield refused
         cumulative = list(

@@ -25,9 +25,9 @@ from pydantic import (
     model_validator,
 )
 
+from roomkeeper.api.words import REASONS
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.lease_terms import DEFAULT_TTL_S, LeaseTerms
-from roomkeeper.guard.rule import Reason
 from roomkeeper.loopback.hooks import ReleaseHook, parse_hook
 
 NAME = r"^[A-Za-z0-9._:@-]+$"
@@ -114,7 +114,7 @@ ERROR_REASONS = (
     "branch_checked_out",
     "dirty_base",
     "worktree_failed",
-    *(r.value for r in Reason),
+    *(w.value for w in REASONS),
 )
 """The closed vocabulary of an error's ``reason`` (the guard's refusals included)."""
 

@@ -18,13 +18,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
+from roomkeeper.api.words import JOB_REASONS, WireReason
 from roomkeeper.gateway.calls import CallState
 from roomkeeper.gateway.headlines import HEADLINES, PERSON_HEADLINES
 from roomkeeper.guard.leases import LeaseState
-from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.journal.history import RecoveryCode
-from roomkeeper.journal.jobs import STOP_REQUESTED
 from roomkeeper.kernel.resources import MemorySource
 
 OUT = ConfigDict(extra="forbid")
@@ -45,13 +44,12 @@ def _closed(words: tuple[str, ...], what: str) -> AfterValidator:
     return AfterValidator(validate)
 
 
-JOB_REASONS = (*(r.value for r in Reason), STOP_REQUESTED)
-"""Why a job waits or ended: the guard's and scheduler's words, and the journal's
-``stop_requested`` (a person stopped it) on a job of an earlier run."""
+JOB_CODES = tuple(w.value for w in JOB_REASONS)
+"""Why a job waits or ended (:data:`roomkeeper.api.words.JOB_REASONS`), as codes."""
 JobReason = Annotated[
     str,
-    _closed(JOB_REASONS, "job reason"),
-    WithJsonSchema({"type": "string", "enum": list(JOB_REASONS)}),
+    _closed(JOB_CODES, "job reason"),
+    WithJsonSchema({"type": "string", "enum": list(JOB_CODES)}),
 ]
 FEED_SOURCES = (*(s.value for s in MemorySource), "not read")
 FeedSource = Annotated[
@@ -240,7 +238,7 @@ class DecisionOut(BaseModel):
 
     model_config = OUT
     admit: bool
-    reason: Reason
+    reason: WireReason
     summary: str
 
 
@@ -249,7 +247,7 @@ class StatusGuard(BaseModel):
 
     model_config = OUT
     admit: bool
-    reason: Reason
+    reason: WireReason
     summary: str
     young: int
     reserved_bytes: int
@@ -368,7 +366,7 @@ class FeedGuard(BaseModel):
 
     model_config = OUT
     admit: bool
-    reason: Reason
+    reason: WireReason
     headline: GuardHeadline
     summary: str
 
@@ -417,7 +415,7 @@ class FeedRefusal(BaseModel):
 
     model_config = OUT
     at: Number
-    reason: Reason
+    reason: WireReason
     summary: str
 
 

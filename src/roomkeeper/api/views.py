@@ -17,10 +17,11 @@ from roomkeeper.gateway.headlines import HEADLINES, PERSON_HEADLINES
 from roomkeeper.gateway.samples import Sample
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.guard.leases import LeaseView, lease_fields
-from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.journal.jobs import JobRow
 from roomkeeper.loopback.hooks import ReleaseHook
+from roomkeeper.relief.ladder import PressureReason
 
 LAST_OUTPUT_BYTES = 500
 FEED_JOBS = 50  # this run's newest jobs on the Health page
@@ -127,7 +128,7 @@ def feed_json(gateway: Gateway) -> dict[str, Any]:
         "now": time.time(),
         "guard": {
             "admit": decision.admit and held is None and said["headline"] in ADMITTING,
-            "reason": Reason.PRESSURE.value if held else decision.reason.value,
+            "reason": PressureReason.PRESSURE.value if held else decision.reason.value,
             "headline": headline,
             "summary": f"{said['body']}; {decision.summary}"
             if person or held

@@ -44,13 +44,13 @@ from roomkeeper.config import QueueSettings, read_batch_cpu_settings
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.packing import MemoryPolicy
-from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import SchedulerListeners, SchedulerParts, SchedulerSettings
 from roomkeeper.jobs.sizes import SizeBook, size_key, with_learned_size
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, validate_kind
 from roomkeeper.processes.peaks import PeakMethod
+from roomkeeper.relief.ladder import PressureReason
 from roomkeeper.relief.monitor import MonitorStatistics
 from roomkeeper.units import format_bytes
 from roomkeeper.worktrees.request import WorktreeRequest
@@ -428,22 +428,25 @@ class _BatchRun:
         """One line for each suspension, resume and stop of the relief ladder, as it happens."""
         previous = view.history[-2].state if len(view.history) > 1 else None
         resumed = view.state is JobState.RUNNING and previous is JobState.SUSPENDED
-        if view.reason not in (Reason.MEMORY_PRESSURE, Reason.ON_TRIAL) and not resumed:
+        if (
+            view.reason not in (PressureReason.MEMORY_PRESSURE, PressureReason.ON_TRIAL)
+            and not resumed
+        ):
             return
         line = f"roomkeeper batch: line {view.id}"
-        if view.state is JobState.SUSPENDED and view.reason is Reason.ON_TRIAL:
+        if view.state is JobState.SUSPENDED and view.reason is PressureReason.ON_TRIAL:
             self._progress.note(f"{line} paused on trial: older lines' growth needs the room")
         elif view.state is JobState.SUSPENDED:
             self._progress.note(f"{line} suspended for memory pressure (nothing lost)")
         elif resumed:
             self._progress.note(f"{line} resumed")
-        elif view.state is JobState.WAITING and view.reason is Reason.MEMORY_PRESSURE:
+        elif view.state is JobState.WAITING and view.reason is PressureReason.MEMORY_PRESSURE:
             peak = format_bytes(view.peak_bytes) if view.peak_bytes is not None else "unknown"
             self._progress.note(
                 f"{line} stopped for memory pressure (output kept); it runs again with its "
                 f"peak {peak} as its estimate"
             )
-        elif view.state is JobState.STOPPED and view.reason is Reason.MEMORY_PRESSURE:
+        elif view.state is JobState.STOPPED and view.reason is PressureReason.MEMORY_PRESSURE:
             why = view.error or "it has no runs left"
             self._progress.note(f"{line} stopped for memory pressure (output kept): {why}")
 

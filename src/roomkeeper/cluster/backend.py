@@ -44,7 +44,8 @@ from roomkeeper.cluster.handle import RayHandle
 from roomkeeper.cluster.node import Begun, NodeJob, run_job
 from roomkeeper.cluster.ray_import import load_ray
 from roomkeeper.errors import UsageError
-from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.guard.rule import Decision, Reason, Word
+from roomkeeper.jobs.spec import SchedulerReason
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.units import GB
 
@@ -56,6 +57,12 @@ CONNECT_TIMEOUT_S = 5.0  # for the head's port to accept a connection
 INIT_TIMEOUT_S = 60.0  # for ray.init to connect the gateway as the cluster's driver
 SHUTDOWN_TIMEOUT_S = 10.0  # for ray.shutdown when the gateway stops
 NAMESPACE = "roomkeeper"
+
+
+class ClusterReason(Word):
+    """Why placement on the cluster holds a job back, beside the rule's and the scheduler's."""
+
+    CLUSTER_UNREACHABLE = "cluster_unreachable", "cluster unreachable: waiting for it to answer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +235,11 @@ class RayBackend:
         silent = self.unreachable()
         if silent is not None:
             return Decision(
-                job_id, False, Reason.CLUSTER_UNREACHABLE, silent, estimate_bytes=memory_bytes
+                job_id,
+                False,
+                ClusterReason.CLUSTER_UNREACHABLE,
+                silent,
+                estimate_bytes=memory_bytes,
             )
         nodes = [n for n in self._live_nodes() if n["Resources"].get("CPU", 0) >= self._job_cpus]
         sizes = [int(n["Resources"].get("memory", 0)) for n in nodes]
@@ -272,7 +283,9 @@ class RayBackend:
                 f"every CPU of the {len(large)} Ray nodes with room for {ask} is taken "
                 "by our running or just-sent jobs; waiting for one to end"
             )
-            return Decision(job_id, False, Reason.CPU, summary, estimate_bytes=memory_bytes)
+            return Decision(
+                job_id, False, SchedulerReason.CPU, summary, estimate_bytes=memory_bytes
+            )
         summary = f"{len(fits)} of {len(nodes)} Ray nodes have room for {ask}"
         return Decision(job_id, True, Reason.OK, summary, estimate_bytes=memory_bytes)
 

@@ -283,6 +283,6 @@ class RayHandle:
 
 def _reason(value: str) -> Reason:
     try:
-        return Reason(value)
+        return Reason.from_code(value)
     except ValueError:
         return Reason.UNKNOWN

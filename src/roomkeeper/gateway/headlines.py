@@ -18,24 +18,28 @@ from roomkeeper.gateway.baseline import BaselineKeeper
 from roomkeeper.gateway.context import GatewayContext
 from roomkeeper.gateway.link import SupervisorLink
 from roomkeeper.guard.leases import Leases
-from roomkeeper.guard.rule import Decision, Reason, gb
+from roomkeeper.guard.rule import Decision, Reason, Word, gb
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.spec import SchedulerReason
 from roomkeeper.journal.integrity import is_damage
 from roomkeeper.kernel.resources import cpu_pressure_percent
 from roomkeeper.relief.cooldown import CooldownCause
+from roomkeeper.relief.ladder import PressureReason
 
 if TYPE_CHECKING:
     from roomkeeper.cluster.backend import RayBackend
 
-HEADLINES = {
+# Every refusing reason of the rule needs one (a test holds it), else the headline would
+# say "ok" while the guard refuses.
+HEADLINES: dict[Word, str] = {
     Reason.OK: "ok",
     Reason.NO_CONTAINER: "ok",
     Reason.MEMORY: "no room in the container: memory",
     Reason.DISK: "no room in the container: disk",
-    Reason.CPU: "no room: cpu",
+    SchedulerReason.CPU: "no room: cpu",
     Reason.UNKNOWN: "measurements unavailable",
     Reason.OFF: "guard off",
-    Reason.PRESSURE: "admission held after pressure",
+    PressureReason.PRESSURE: "admission held after pressure",
 }
 # What needs-you (and the Health page's headline) says first when a person is needed.
 PERSON_HEADLINES = (
@@ -137,7 +141,7 @@ class Headlines:
             return said
         held = self.held_after_pressure()
         if held is not None:
-            return {"headline": HEADLINES[Reason.PRESSURE], "body": held}
+            return {"headline": HEADLINES[PressureReason.PRESSURE], "body": held}
         decision = decision if decision is not None else self.check()
         cpu = self._cpu_holds(decision)
         if cpu is not None:
@@ -193,7 +197,7 @@ class Headlines:
         if cpu is None or cpu <= threshold:
             return None
         return {
-            "headline": HEADLINES[Reason.CPU],
+            "headline": HEADLINES[SchedulerReason.CPU],
             "body": f"CPU pressure {cpu:.0f} % is above {threshold:.0f} %: "
             "no new job starts until it falls",
         }

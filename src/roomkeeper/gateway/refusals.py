@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.guard.rule import Decision, Word
 
 REFUSALS_KEPT = 20
 
@@ -21,13 +21,13 @@ class Refusal:
 
     Attributes:
         at: when it was refused (``time.time()``).
-        reason: the guard's reason.
+        reason: why (the guard's reason, or the cluster's or the scheduler's word).
         summary: the guard's numbers, in words (under 200 characters, no path).
         subject: the id of the job or lease that was refused.
     """
 
     at: float
-    reason: Reason
+    reason: Word
     summary: str
     subject: str
 

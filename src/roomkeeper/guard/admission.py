@@ -57,6 +57,7 @@ from roomkeeper.guard.rule import (
     Decision,
     MemoryRoom,
     Reason,
+    Word,
     decision,
     default_disk,
     default_estimate,
@@ -225,7 +226,7 @@ class Guard:
         self._last: Decision | None = None
         self._counts: Counter[str] = Counter()
         self._announced: object = None
-        self._refusals_logged: dict[str, Reason] = {}  # the reason last logged, per job
+        self._refusals_logged: dict[str, Word] = {}  # the reason last logged, per job
 
     def admit(
         self,

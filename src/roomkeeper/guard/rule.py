@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Self
 
 from roomkeeper.config import Settings
 from roomkeeper.kernel.resources import DiskReading, LimitOrigin, MemoryReading
@@ -24,30 +25,59 @@ DISK_HEADROOM_CAP = 10 * GB  # decimal: 10,000,000,000 bytes
 SUMMARY_LIMIT = 200
 
 
-class Reason(enum.Enum):
-    """Why a decision came out as it did: one closed vocabulary for every layer."""
+class Word(enum.Enum):
+    """A word of a closed vocabulary: its code on the wire and its description for people.
 
-    OK = "ok"  # room for it
-    NO_CONTAINER = "no_container"  # not Linux: nothing to protect, admitted
-    OFF = "off"  # ROOMKEEPER_GUARD=off: admitted without a check
-    MEMORY = "memory"  # no room in the container's memory
-    DISK = "disk"  # no room on the workspace volume
-    UNKNOWN = "unknown"  # a reading could not be taken: refused
-    # Words the scheduler adds: why a job waits or was refused.
-    CPU = "cpu"  # CPU pressure above ROOMKEEPER_CPU_PRESSURE_PERCENT
-    SLOTS = "slots"  # ROOMKEEPER_MAX_RUNNING jobs are running
-    OWNER_SLOTS = "owner_slots"  # this owner runs ROOMKEEPER_MAX_RUNNING_PER_OWNER jobs
-    QUEUED = "queued"  # not judged yet: its turn has not come
-    SHUTDOWN = "shutdown"  # ended by an orderly shutdown, not by a person
-    HELD = "held"  # launches are held (relief, recovery mode): a person or time releases them
-    QUEUE_FULL = "queue_full"  # submission refused: ROOMKEEPER_MAX_WAITING jobs wait
-    OWNER_QUEUE_FULL = "owner_queue_full"  # submission refused: the owner's queue is full
-    # Words the relief ladder adds: memory pressure after admission.
-    PRESSURE = "pressure"  # launches held: used is past the line, or a stop's cooldown runs
-    MEMORY_PRESSURE = "memory_pressure"  # stopped (or queued again) to relieve memory pressure
-    ON_TRIAL = "on_trial"  # paused: started on trial, its room is claimed by older jobs
-    # Words of the Ray backend.
-    CLUSTER_UNREACHABLE = "cluster_unreachable"  # the cluster has not answered: jobs wait
+    Each vocabulary is a subclass that lives with the part that decides its words
+    (the rule's :class:`Reason` here, the scheduler's, the relief ladder's, the
+    cluster's, the journal's), and writes each member as ``CODE = "code",
+    "description"``: a word without its description cannot be written.  The API
+    and the Health page take the codes and the descriptions from these classes
+    (:mod:`roomkeeper.api.words` puts them together), never from a copy.
+    """
+
+    _value_: str
+    description: str
+
+    def __new__(cls, code: str, description: str) -> Self:
+        member = object.__new__(cls)
+        member._value_ = code
+        member.description = description
+        return member
+
+    # Written out so the code types as the string it is (the members are written as
+    # (code, description) pairs; the value is the code alone).
+    @property
+    def value(self) -> str:
+        """The word's code, as the wire, the journal and ``/metrics`` carry it."""
+        return self._value_
+
+    @classmethod
+    def from_code(cls, code: str) -> Self:
+        """The member whose code is ``code``.
+
+        Raises:
+            ValueError: no member of this vocabulary has that code.
+        """
+        for member in cls:
+            if member.value == code:
+                return member
+        raise ValueError(f"{code!r} is not a {cls.__name__} code")
+
+
+class Reason(Word):
+    """Why the admission rule decided as it did: room, no room, or no judgement."""
+
+    OK = "ok", "room for it"
+    NO_CONTAINER = "no_container", "no container to protect"  # not Linux: admitted
+    OFF = "off", "guard off"  # ROOMKEEPER_GUARD=off: admitted without a check
+    MEMORY = "memory", "no room in memory"  # in the container's memory (or on any node)
+    DISK = "disk", "no room on disk"  # on the workspace volume
+    UNKNOWN = "unknown", "measurements unavailable"  # a reading could not be taken: refused
+
+
+ADMITTING_REASONS = (Reason.OK, Reason.OFF, Reason.NO_CONTAINER)
+"""The rule's reasons that admit; every other :class:`Reason` refuses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +87,8 @@ class Decision:
     Attributes:
         job_id: the job judged.
         admit: whether it may start.
-        reason: why, from :class:`Reason`.
+        reason: why, a :class:`Word`: the rule's :class:`Reason`, or the word of the
+            part that judged instead (the scheduler's CPU gate, the cluster's placement).
         summary: every number that decided it, in decimal GB, under 200
             characters and without a path, fit for a browser or a log.
         memory: the memory reading judged (None when the guard is off).
@@ -77,7 +108,7 @@ class Decision:
 
     job_id: str
     admit: bool
-    reason: Reason
+    reason: Word
     summary: str
     memory: MemoryReading | None = None
     disk: DiskReading | None = None

@@ -17,9 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from roomkeeper.errors import UnknownJobError
-from roomkeeper.guard.rule import Reason
+from roomkeeper.guard.rule import Word
 from roomkeeper.jobs.handle import Handle
-from roomkeeper.jobs.spec import Estimate, JobSpec, JobState, JobView, Transition
+from roomkeeper.jobs.spec import (
+    Estimate,
+    JobSpec,
+    JobState,
+    JobView,
+    SchedulerReason,
+    Transition,
+)
 from roomkeeper.processes.peaks import PeakMethod
 from roomkeeper.worktrees.request import Worktree
 
@@ -37,7 +44,7 @@ class JobRecord:
     deadline: float | None
     estimate: Estimate  # resolved once, at submission; a re-run after a stop raises it
     state: JobState = JobState.WAITING
-    reason: Reason | None = Reason.QUEUED
+    reason: Word | None = SchedulerReason.QUEUED
     handle: Handle | None = None
     pidfd: int = -1
     started: float | None = None
@@ -47,7 +54,7 @@ class JobRecord:
     peak_method: PeakMethod | None = None
     error: str | None = None
     stop_cause: JobState | None = None
-    stop_reason: Reason | None = None
+    stop_reason: Word | None = None
     reruns: int = 0  # times the relief ladder stopped it and queued it again
     stop_rate: float = 0.0  # bytes/s it was growing by when stopped for pressure
     line_bytes: int | None = None  # the guard's memory line at its last admission
@@ -156,14 +163,14 @@ class JobBook:
         except KeyError:
             raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id) from None
 
-    def record(self, job: JobRecord, state: JobState, reason: Reason | None) -> None:
+    def record(self, job: JobRecord, state: JobState, reason: Word | None) -> None:
         """Move the job to ``state``: a transition in its history and a change event."""
         job.state, job.reason = state, reason
         job.history.append(Transition(state, self._wall(), reason))
         self._pending_events.append(self.view(job))
         self._changed.notify_all()
 
-    def finish(self, job: JobRecord, state: JobState, reason: Reason | None) -> None:
+    def finish(self, job: JobRecord, state: JobState, reason: Word | None) -> None:
         """End the job in the final ``state``; it is counted and kept for :meth:`take_ended`."""
         job.ended = self._wall()
         self._ended[state.value] += 1

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from roomkeeper.guard.rule import Reason
+from roomkeeper.guard.rule import Word
 from roomkeeper.processes.peaks import MemoryPeak
 
 
@@ -35,7 +35,7 @@ class Settlement:
     """
 
     end: RemoteEnd
-    reason: Reason | None
+    reason: Word | None
     summary: str
 
 

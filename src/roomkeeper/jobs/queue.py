@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from roomkeeper.config import QueueSettings
 from roomkeeper.errors import QueueFullError
-from roomkeeper.guard.rule import Reason
+from roomkeeper.jobs.spec import SchedulerReason
 
 T = TypeVar("T")
 
@@ -81,7 +81,7 @@ class FairQueue(Generic[T]):
             raise QueueFullError(
                 f"{waiting} jobs are waiting, the most ROOMKEEPER_MAX_WAITING allows "
                 f"({limits.max_waiting}); try again when some have started",
-                reason=Reason.QUEUE_FULL.value,
+                reason=SchedulerReason.QUEUE_FULL.value,
                 owner=owner,
             )
         mine = self.waiting_of(owner)  # a refusal must not leave a line outside the turn
@@ -89,7 +89,7 @@ class FairQueue(Generic[T]):
             raise QueueFullError(
                 f"owner {owner!r} has {mine} jobs waiting, the most "
                 f"ROOMKEEPER_MAX_WAITING_PER_OWNER allows ({limits.max_waiting_per_owner})",
-                reason=Reason.OWNER_QUEUE_FULL.value,
+                reason=SchedulerReason.OWNER_QUEUE_FULL.value,
                 owner=owner,
             )
 

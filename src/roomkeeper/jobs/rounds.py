@@ -46,7 +46,7 @@ from pathlib import Path
 
 from roomkeeper.errors import LaunchError, WorktreeError
 from roomkeeper.guard.admission import Guard, Rerun
-from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.guard.rule import Decision, Reason, Word
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.handle import Handle, RemoteEnd, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
@@ -57,11 +57,12 @@ from roomkeeper.jobs.settings import (
     SchedulerParts,
     SchedulerSettings,
 )
-from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState
+from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, SchedulerReason
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.processes.launch import LaunchSpec, launch
 from roomkeeper.processes.lifeline import Lifeline
 from roomkeeper.processes.orphans import become_subreaper
+from roomkeeper.relief.ladder import PressureReason
 from roomkeeper.worktrees.request import Worktree
 
 log = logging.getLogger("roomkeeper")
@@ -227,7 +228,7 @@ class LaunchRounds:
         its worst case reserved.  Anything else is never re-run silently.
         """
         if (
-            job.stop_reason is not Reason.MEMORY_PRESSURE
+            job.stop_reason is not PressureReason.MEMORY_PRESSURE
             or job.stop_cause is not JobState.STOPPED
             or not job.spec.restartable
             or job.error is not None  # it alone outgrows the container: never again
@@ -252,7 +253,7 @@ class LaunchRounds:
         job.admitted_bytes = None
         # It had its turn and waited before: the jobs behind it do not go first.
         self._queue.push_front(job.spec.owner, job)
-        self._book.record(job, JobState.WAITING, Reason.MEMORY_PRESSURE)
+        self._book.record(job, JobState.WAITING, PressureReason.MEMORY_PRESSURE)
         last = is_last_run(job.reruns, self._settings.retries())
         log.warning(
             "job %s queued again after its stop for memory pressure (run %d of %d), "
@@ -443,15 +444,15 @@ class LaunchRounds:
         job.error = decision.summary
         self._book.finish(job, JobState.FAILED, decision.reason)
 
-    def _next_candidate(self, limits: Limits) -> tuple[JobRecord | None, Reason]:
+    def _next_candidate(self, limits: Limits) -> tuple[JobRecord | None, Word]:
         """The head of the next owner in turn that may launch, or why none may."""
         if limits.hold:
-            return None, Reason.HELD
+            return None, SchedulerReason.HELD
         if self.pressure_hold:
-            return None, Reason.PRESSURE
+            return None, PressureReason.PRESSURE
         if len(self.running) >= limits.max_running:
-            return None, Reason.SLOTS
-        blocked = Reason.QUEUED
+            return None, SchedulerReason.SLOTS
+        blocked = SchedulerReason.QUEUED
         now = self._clocks.clock()
         self._aside = {
             i: at for i, at in self._aside.items() if now - at < ASIDE_SECONDS and i in self._book
@@ -459,15 +460,15 @@ class LaunchRounds:
         for owner, head in self._queue.heads(skip=lambda j: j.id in self._aside):
             running = sum(1 for j in self.running.values() if j.spec.owner == owner)
             if limits.max_running_per_owner is not None and running >= limits.max_running_per_owner:
-                blocked = Reason.OWNER_SLOTS
+                blocked = SchedulerReason.OWNER_SLOTS
                 continue
             # Jobs placed elsewhere use other machines' CPUs: our own pressure is no reason.
             local = self._parts.placement is None
             if local and self.running and limits.cpu_pressure_percent is not None:
                 cpu = self._cpu_now()
                 if cpu is not None and cpu > limits.cpu_pressure_percent:
-                    self.refusals[Reason.CPU.value] += 1
-                    return None, Reason.CPU
+                    self.refusals[SchedulerReason.CPU.value] += 1
+                    return None, SchedulerReason.CPU
             return head, blocked
         return None, blocked
 
@@ -527,7 +528,7 @@ class LaunchRounds:
         self._queue.rotate(job.spec.owner)
         self._book.record(job, JobState.RUNNING, None)
 
-    def _explain(self, blocked: Reason) -> None:
+    def _explain(self, blocked: Word) -> None:
         """Give every waiting job its current reason (state changes only are recorded)."""
         for job in self._queue:
             if job.id not in self._aside:  # an aside job keeps the reason it was given
@@ -581,6 +582,6 @@ class LaunchRounds:
         self._stop_grace = self._stop_grace if grace is None else grace
         for job in self.running.values():
             if job.stop_cause is None:
-                job.stop_reason = Reason.SHUTDOWN
+                job.stop_reason = SchedulerReason.SHUTDOWN
             self.stop(job, JobState.STOPPED)
         return list(self._stoppers)

@@ -32,7 +32,7 @@ from typing import Any
 
 from roomkeeper.errors import QueueFullError
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.rule import Reason
+from roomkeeper.guard.rule import Word
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.queue import FairQueue
 from roomkeeper.jobs.rounds import RETRY_SECONDS, LaunchRounds
@@ -43,7 +43,7 @@ from roomkeeper.jobs.settings import (
     SchedulerParts,
     SchedulerSettings,
 )
-from roomkeeper.jobs.spec import JobSpec, JobState, JobView
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, SchedulerReason
 from roomkeeper.relief.cooldown import Cooldown
 from roomkeeper.relief.monitor import (
     MonitorPace,
@@ -69,7 +69,7 @@ class SchedulerStatistics:
     launched: int
     ended: Mapping[str, int]
     last_refusal: str | None
-    waiting_reason: Reason | None  # why the next job in line waits, if one does
+    waiting_reason: Word | None  # why the next job in line waits, if one does
     suspended: int = 0  # of the running, how many the relief ladder has suspended
 
 
@@ -178,7 +178,7 @@ class Scheduler:
             job = JobRecord(job_id, spec, log_path, now, deadline, estimate)
             self._book.add(job)
             self._queue.push(spec.owner, job)
-            self._book.record(job, JobState.WAITING, Reason.QUEUED)
+            self._book.record(job, JobState.WAITING, SchedulerReason.QUEUED)
         self._book.flush()
         self._wake()
         return self.get(job_id)
@@ -386,7 +386,7 @@ class Scheduler:
             handles = self._rounds.reap()  # a job that already ended is not "stopped"
             # Reason "shutdown": an orderly stop, not a person's cancel (recovery may defer it).
             for job in self._queue.take(lambda j: True):
-                self._book.finish(job, JobState.CANCELLED, Reason.SHUTDOWN)
+                self._book.finish(job, JobState.CANCELLED, SchedulerReason.SHUTDOWN)
             stoppers = self._rounds.stop_all(grace)
         self._wake()
         # Every wait below has one deadline: a tree that cannot be reaped (a stuck

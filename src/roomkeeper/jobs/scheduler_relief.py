@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 from roomkeeper.errors import SuspendError
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.rule import Reason
+from roomkeeper.guard.rule import Word
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.handle import Handle
 from roomkeeper.jobs.reruns import is_last_run
 from roomkeeper.jobs.rounds import LaunchRounds
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.kernel.freezer import FreezeMethod
-from roomkeeper.relief.ladder import Live
+from roomkeeper.relief.ladder import Live, PressureReason
 
 log = logging.getLogger("roomkeeper")
 
@@ -42,7 +42,7 @@ class _Seen:
     started: float
     estimate: int
     state: JobState
-    reason: Reason | None
+    reason: Word | None
     restartable: bool
     stopping: bool
     last_run: bool
@@ -141,7 +141,7 @@ class SchedulerRelief:
             last_run=job.last_run and footprint <= job.estimate,
             # Paused on trial, it stays the trial rule's to resume even if its
             # trial ended meanwhile: a pause is not a ladder suspension.
-            trial=job.job_id in on_trial or (suspended and job.reason is Reason.ON_TRIAL),
+            trial=job.job_id in on_trial or (suspended and job.reason is PressureReason.ON_TRIAL),
         )
 
     def hold_for_pressure(self, hold: bool) -> None:
@@ -194,7 +194,7 @@ class SchedulerRelief:
                 return False
             if job.state is not JobState.RUNNING or job.stop_cause is not None:
                 return True  # it ended or is being stopped meanwhile: the stop resumes it
-            reason = Reason.ON_TRIAL if trial else Reason.MEMORY_PRESSURE
+            reason = PressureReason.ON_TRIAL if trial else PressureReason.MEMORY_PRESSURE
             self._book.record(job, JobState.SUSPENDED, reason)
         self._flush()
         return True
@@ -233,7 +233,7 @@ class SchedulerRelief:
             job = self._rounds.running.get(job_id)
             if job is None or job.stop_cause is not None:
                 return False
-            job.stop_reason, job.stop_rate = Reason.MEMORY_PRESSURE, rate
+            job.stop_reason, job.stop_rate = PressureReason.MEMORY_PRESSURE, rate
             if never_fits:
                 job.error = f"it alone outgrows the container, so it can never fit here: {why}"
             self._rounds.stop(job, JobState.STOPPED)

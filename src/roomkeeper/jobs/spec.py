@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from roomkeeper.errors import UnrunnableError, UsageError
 from roomkeeper.guard.packing import MemoryPolicy
-from roomkeeper.guard.rule import Reason
+from roomkeeper.guard.rule import Word
 from roomkeeper.processes.peaks import PeakMethod
 from roomkeeper.worktrees.request import Worktree, WorktreeRequest
 
@@ -44,6 +44,20 @@ class JobState(enum.Enum):
     def live(self) -> bool:
         """Whether the job's tree exists now (running or suspended)."""
         return self in (JobState.RUNNING, JobState.SUSPENDED)
+
+
+class SchedulerReason(Word):
+    """Why the scheduler holds a job back, or refused or ended it, beside the guard's rule."""
+
+    # Above ROOMKEEPER_CPU_PRESSURE_PERCENT here; on a cluster, no node with room has a CPU free.
+    CPU = "cpu", "CPU under pressure"
+    SLOTS = "slots", "all running slots busy"  # ROOMKEEPER_MAX_RUNNING jobs run
+    OWNER_SLOTS = "owner_slots", "owner's running slots busy"  # ROOMKEEPER_MAX_RUNNING_PER_OWNER
+    QUEUED = "queued", "waiting for its turn"  # not judged yet
+    SHUTDOWN = "shutdown", "ended by an orderly shutdown"  # not by a person: recovery may defer it
+    HELD = "held", "launches held (relief or recovery mode)"  # a person or time releases them
+    QUEUE_FULL = "queue_full", "queue full"  # submission refused: ROOMKEEPER_MAX_WAITING jobs wait
+    OWNER_QUEUE_FULL = "owner_queue_full", "owner's queue full"  # submission refused
 
 
 class EstimateSource(enum.Enum):
@@ -240,7 +254,7 @@ class Transition:
 
     state: JobState
     at: float
-    reason: Reason | None
+    reason: Word | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +274,7 @@ class JobView:
     id: str
     spec: JobSpec
     state: JobState
-    reason: Reason | None
+    reason: Word | None
     exit_code: int | None
     submitted_at: float
     started_at: float | None

@@ -18,13 +18,21 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from roomkeeper.guard.rule import Word
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.markers import MarkerKind, clear, is_marked, mark, marked
 from roomkeeper.journal.store import Store
 from roomkeeper.journal.worktrees import follow, register
 from roomkeeper.loopback.hooks import HOOK_DUE, ReleaseHook
 
-STOP_REQUESTED = "stop_requested"  # journal reason: a person asked; never deferred
+
+class JournalReason(Word):
+    """The journal's own word for a job: what it saved before anything was signalled."""
+
+    STOP_REQUESTED = "stop_requested", "a person asked to stop it"  # never deferred
+
+
+STOP_REQUESTED = JournalReason.STOP_REQUESTED.value  # the code, as the jobs table holds it
 # The states a job's record may be removed in: ended, and not in doubt.
 REMOVABLE = tuple(
     s.value for s in JobState if s.final and s not in (JobState.UNCERTAIN, JobState.DEFERRED)

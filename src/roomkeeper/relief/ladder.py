@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from roomkeeper.config import PressureSettings
 from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import TRIAL_RESUME_MARGIN
-from roomkeeper.guard.rule import gb
+from roomkeeper.guard.rule import Word, gb
 
 RISE_BYTES = 1 << 20  # less than this between two readings is noise, not growth
 
@@ -64,6 +64,14 @@ class Step(enum.Enum):
     RESUME = "resume"  # let a suspended tree go on
     STOP = "stop"  # stop one tree, keep its output, start the cooldown
     RELIEVE = "relieve"  # ask a lease's holder to end its turn now (its relieve hook)
+
+
+class PressureReason(Word):
+    """Why the ladder holds, pauses or stops work: what a job and the API say of its steps."""
+
+    PRESSURE = "pressure", "launches held for memory pressure"  # past the line, or cooldown
+    MEMORY_PRESSURE = "memory_pressure", "memory pressure"  # suspended, stopped or queued again
+    ON_TRIAL = "on_trial", "paused on trial (older jobs' growth needs the room)"  # packing
 
 
 @dataclass(frozen=True, slots=True)
