@@ -157,7 +157,9 @@ class SupervisorLink:
         import httpx
 
         if self._listen_socket is not None:
-            return "http://gateway/health", httpx.AsyncHTTPTransport(uds=self._listen_socket)
+            # The Host must be a loopback name: the gateway refuses any other (DNS rebinding),
+            # its own probe included, and a probe refused is a heartbeat never sent.
+            return "http://localhost/health", httpx.AsyncHTTPTransport(uds=self._listen_socket)
         return f"http://127.0.0.1:{self._listen_port}/health", httpx.AsyncHTTPTransport()
 
     def holds(self, limits: Limits) -> Limits:
