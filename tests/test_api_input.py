@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,20 @@ def test_an_empty_program_is_refused_and_the_document_says_so(module_gw: Running
         document = module_gw.client.get("/openapi.json")
     argv = document.json()["components"]["schemas"]["JobIn"]["properties"]["argv"]
     assert argv["prefixItems"][0]["minLength"] == 1
+
+
+def test_resolving_a_job_that_is_not_uncertain_is_a_conflict(module_gw: RunningGateway) -> None:
+    """Resolve on an exited job is valid input its state forbids: 409 ``not_uncertain``."""
+    job_id = module_gw.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
+    deadline = time.monotonic() + 60
+    while module_gw.client.get(f"/v1/jobs/{job_id}").json()["state"] != "exited":
+        assert time.monotonic() < deadline, "the job never exited"
+        time.sleep(0.05)
+    answer = module_gw.client.post(f"/v1/jobs/{job_id}/resolve", json={"resolution": "failed"})
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["reason"] == "not_uncertain"
+    assert "not uncertain" in answer.json()["detail"]
+    document = module_gw.anonymous.get("/openapi.json").json()
+    route = document["paths"]["/v1/jobs/{job_id}/resolve"]["post"]["responses"]
+    assert "409" in route
+    assert "not_uncertain" in str(document["components"]["schemas"]["ErrorOut"])

@@ -93,7 +93,8 @@ def test_work_in_flight_at_a_crash_is_uncertain_and_never_rerun_blindly(tmp_path
             time.sleep(0.05)
         assert out.read_text().count("sh") == 2  # run again only when asked
         again = gw.client.post(f"/v1/jobs/{job_id}/resolve", json={"resolution": "succeeded"})
-        assert again.status_code == 422  # it is no longer uncertain
+        assert again.status_code == 409  # it is no longer uncertain: its state forbids it
+        assert again.json()["reason"] == "not_uncertain"
 
 
 def test_resolve_succeeded_settles_an_uncertain_job(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ HEALTHY_WITHIN_S = 30.0
 
 def test_serve_restarts_at_once_on_the_same_port_after_a_kill(tmp_path: Path) -> None:
     """20 times: real traffic, SIGKILL of the whole tree, ``serve`` at once on the same port,
-    healthy well before a TIME_WAIT would let go, every acknowledged job still known (TIME_WAIT never blocks the start)."""
+    healthy well before a TIME_WAIT would let go, every acknowledged job still known."""
     port = free_port()
     acknowledged: list[str] = []
     slowest = 0.0

@@ -15,6 +15,7 @@
     ├── UnknownJobError             no job has the id asked for (``job_id``)
     ├── CallStateError              a registered call's state does not allow this (``call_id``)
     ├── NotEndedError               work still live or in doubt cannot be removed (``reason``)
+    ├── StateConflictError          the job's state forbids this now (``work_id``, ``reason``)
     ├── AlreadyEndedError           the lease asked about has already ended (``lease_id``)
     ├── PersistenceError            the journal could not save (disk full, I/O error)
     └── NoGatewayError              no gateway answers for this ROOMKEEPER_HOME
@@ -145,6 +146,21 @@ class NotEndedError(RoomkeeperError):
         work_id: the job or call asked about.
         reason: ``not_ended`` (cancel it, or let it end, first) or ``in_doubt`` (resolve it
             first: removing it would forget work whose effect nobody knows).
+    """
+
+    def __init__(self, message: str, *, work_id: str, reason: str) -> None:
+        super().__init__(message)
+        self.work_id = work_id
+        self.reason = reason
+
+
+class StateConflictError(RoomkeeperError):
+    """The request is valid, but the state of the job it names forbids it now (a 409, not
+    a malformed request).
+
+    Attributes:
+        work_id: the job asked about.
+        reason: ``not_uncertain``: only an uncertain job can be resolved.
     """
 
     def __init__(self, message: str, *, work_id: str, reason: str) -> None:

@@ -56,6 +56,7 @@ from roomkeeper.errors import (
     NotEndedError,
     PersistenceError,
     QueueFullError,
+    StateConflictError,
     UnknownJobError,
     UnrunnableError,
     UsageError,
@@ -198,6 +199,10 @@ def _add_conflict_answers(app: FastAPI) -> None:
 
     @app.exception_handler(NotEndedError)
     async def not_ended(request: Request, err: NotEndedError) -> JSONResponse:
+        return error(409, err.reason, str(err))
+
+    @app.exception_handler(StateConflictError)
+    async def state_conflict(request: Request, err: StateConflictError) -> JSONResponse:
         return error(409, err.reason, str(err))
 
     @app.exception_handler(CallStateError)

@@ -118,7 +118,9 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
         "/v1/jobs/{job_id}/resolve", dependencies=auth, response_model=JobOut, **SENT_AS_BUILT
     )
     def resolve_job(job_id: Id, body: ResolveIn) -> dict[str, Any]:
-        """Settle an uncertain job: succeeded, failed, or run it again."""
+        """Settle an uncertain job: succeeded, failed, or run it again.
+
+        409 ``not_uncertain`` when the job is in any other state (its end is known)."""
         _require_saving(gateway)
         gateway.doubt.resolve(job_id, body.resolution)
         return _find_job(gateway, job_id)

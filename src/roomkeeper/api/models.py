@@ -104,6 +104,7 @@ ERROR_REASONS = (
     "already_ended",
     "not_ended",
     "in_doubt",
+    "not_uncertain",
     "leases_full",
     "owner_leases_full",
     "cwd_not_found",

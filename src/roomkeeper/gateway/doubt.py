@@ -12,7 +12,7 @@ import contextlib
 import time
 from typing import Any
 
-from roomkeeper.errors import UnknownJobError, UsageError
+from roomkeeper.errors import StateConflictError, UnknownJobError
 from roomkeeper.gateway.context import GatewayContext
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.jobs.scheduler import Scheduler
@@ -63,12 +63,19 @@ class WorkInDoubt:
         if row is None:
             raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)
         if row.state != JobState.UNCERTAIN.value:
-            raise UsageError(f"job {job_id!r} is {row.state}, not uncertain", name="state")
+            raise StateConflictError(
+                f"job {job_id!r} is {row.state}, not uncertain: only a job whose end is in "
+                "doubt can be resolved",
+                work_id=job_id,
+                reason="not_uncertain",
+            )
         now = time.time()
         if resolution == "rerun":
             self._scheduler.submit(spec_from_row(row.spec, row.owner, row.resumable), job_id=job_id)
         elif not self._journal.resolve_job(job_id, resolution=resolution, at=now).result():
-            raise UsageError(f"job {job_id!r} is no longer uncertain", name="state")
+            raise StateConflictError(
+                f"job {job_id!r} is no longer uncertain", work_id=job_id, reason="not_uncertain"
+            )
         self._watch(
             self._journal.record_history(HistoryEvent(now, RecoveryCode.RESOLVED, {"jobs": 1}))
         )
