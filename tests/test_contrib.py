@@ -38,13 +38,29 @@ def dockerfile() -> dict[str, list[str]]:
     return found
 
 
+def environment(steps: dict[str, list[str]]) -> dict[str, str]:
+    """The image's ENV, by name."""
+    return dict(pair.split("=", 1) for line in steps["ENV"] for pair in shlex.split(line))
+
+
 def test_the_dockerfile_installs_with_the_readme_s_command() -> None:
-    """RUN is the README's install command, word for word; the entrypoint is its main job."""
+    """RUN is the README's install command, word for word, then only the image's own
+    tidying: apt's lists removed and the job user made; the entrypoint is its main job."""
     setup = readme_setup()
     assert setup.endswith(SERVE), setup
     install = setup.removesuffix(SERVE)
     steps = dockerfile()
-    assert steps["RUN"] == [install]
+    (run,) = steps["RUN"]
+    assert run.startswith(install + " && "), run
+    tidying = run.removeprefix(install + " && ").split(" && ")
+    user = environment(steps)["ROOMKEEPER_JOB_USER"]
+    assert tidying == [
+        "rm -rf /var/lib/apt/lists/*",
+        f"useradd --system --no-create-home --shell /usr/sbin/nologin {user}",
+    ]
+    apt = shlex.split(install.split(" && ")[1])
+    assert apt[:4] == ["apt-get", "install", "-y", "--no-install-recommends"]
+    assert "git" in apt  # jobs that ask for a worktree need it
     entry = json.loads(steps["ENTRYPOINT"][0])
     assert " ".join(entry) == SERVE.removeprefix(" && ")
     assert shlex.split(install)[-2:] == ["install", "."]  # the checkout COPY brings in
@@ -55,7 +71,7 @@ def test_the_dockerfile_installs_with_the_readme_s_command() -> None:
 def test_the_home_is_a_volume_in_the_image_and_in_the_pod() -> None:
     """ROOMKEEPER_HOME (journal, token, history) lives on a volume, in both examples."""
     steps = dockerfile()
-    home = steps["ENV"][0].removeprefix("ROOMKEEPER_HOME=")
+    home = environment(steps)["ROOMKEEPER_HOME"]
     assert steps["VOLUME"] == [home]
     pod: dict[str, Any] = yaml.safe_load((ROOT / "contrib" / "roomkeeper-pod.yaml").read_text())
     (container,) = pod["spec"]["containers"]
