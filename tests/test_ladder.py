@@ -15,7 +15,7 @@ from roomkeeper.guard.lines import Reading
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
-from roomkeeper.jobs.spec import JobSpec, JobState
+from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
@@ -458,6 +458,7 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
     assert [t.reason for t in requeued] == [PressureReason.MEMORY_PRESSURE] * 3
     # Stopped while growing (700 MB at once): twice its peak, then twice the last each time.
     assert final.spec.memory_bytes == 5600 * MB
+    assert (final.estimate_bytes, final.estimate_source) == (5600 * MB, EstimateSource.RERUN)
     assert (other.state, other.reason) == (JobState.STOPPED, PressureReason.MEMORY_PRESSURE)
     assert [t.state for t in other.history].count(JobState.RUNNING) == 1  # never re-run
     assert len(launched) == 4 + 1

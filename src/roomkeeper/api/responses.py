@@ -119,7 +119,7 @@ class JobOut(BaseModel):
     estimate_bytes: int | None = Field(
         default=None, description="The memory estimate it was judged with."
     )
-    estimate_source: Literal["stated", "learned", "default"] | None = Field(
+    estimate_source: Literal["stated", "learned", "default", "re-run"] | None = Field(
         default=None, description="Where the estimate came from."
     )
     kind: str | None = Field(default=None, description="The name its learned size is kept under.")

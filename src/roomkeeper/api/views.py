@@ -65,7 +65,7 @@ def job_json(view: JobView) -> dict[str, Any]:
         else {"repo": view.spec.worktree.repo, "branch": view.spec.worktree.branch},
         "memory_policy": view.spec.memory_policy.value,
         "estimate_bytes": view.estimate_bytes,
-        "estimate_source": view.estimate_source.value,  # stated, learned or default
+        "estimate_source": view.estimate_source.value,  # stated, learned, default, re-run
         "kind": view.spec.kind,
     }
 

@@ -95,7 +95,8 @@ def summary_table(
     results: Sequence[BatchResult], elapsed: float, pressure: MonitorStatistics | None = None
 ) -> str:
     """The closing table: command, exit code, wall time, peak memory of its tree and how taken,
-    and the estimate it was admitted with and where that came from (stated, learned, default).
+    and the estimate it was admitted with and where that came from (stated, learned, default,
+    re-run).
 
     Plain text, not a rich table: a batch may have thousands of lines, and
     the table must not cost more than running them did.

@@ -245,7 +245,7 @@ class LaunchRounds:
             line=job.line_bytes,
         )
         job.spec = replace(job.spec, memory_bytes=estimate)
-        job.estimate = Estimate(estimate, EstimateSource.STATED)
+        job.estimate = Estimate(estimate, EstimateSource.RERUN)
         job.reruns += 1
         self.reruns += 1
         job.handle, job.started, job.exit_code = None, None, None

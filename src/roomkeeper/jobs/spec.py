@@ -66,6 +66,7 @@ class EstimateSource(enum.Enum):
     STATED = "stated"  # the submitter gave it (memory_bytes, --memory, --job-memory)
     LEARNED = "learned"  # the highest peak of the last runs of the same kind
     DEFAULT = "default"  # ROOMKEEPER_JOB_MEMORY_MB: nothing stated, nothing learned yet
+    RERUN = "re-run"  # grown from its own run that the relief ladder stopped
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,7 +123,7 @@ class JobRow:
     resolution: str | None = None
     memory_policy: str = "strict"
     estimate_bytes: int | None = None
-    estimate_source: str | None = None  # stated, learned or default (None: an older row)
+    estimate_source: str | None = None  # stated, learned, default, re-run (None: older row)
 
 
 @dataclass(frozen=True, slots=True)
