@@ -18,6 +18,7 @@ from roomkeeper.errors import RoomkeeperError
 from roomkeeper.gateway.recovery import logs_without_records
 from roomkeeper.journal.database import SCHEMA
 from roomkeeper.journal.integrity import ALL_TABLES, check_journal, job_ids_in, recover_journal
+from roomkeeper.journal.lock import held_alone
 from roomkeeper.paths import home_dir
 from roomkeeper.supervisor.records import find_supervisor
 
@@ -84,7 +85,8 @@ def recover() -> None:
     """Save what can be read of a damaged journal into a new one; keep the damaged file.
 
     The damaged file (with its WAL) is renamed ``journal.db.damaged-<time>``
-    beside the new one.  Refused while roomkeeper runs for this home.
+    beside the new one.  Refused while roomkeeper runs for this home, or any process
+    holds the journal open.
     """
     home, path = _journal_path()
     running = _running_here(home)
@@ -94,7 +96,8 @@ def recover() -> None:
         )
     if not path.exists():
         raise RoomkeeperError(f"there is no journal at {path}: nothing to recover")
-    report = recover_journal(path, SCHEMA)
+    with held_alone(path):  # refused while any process holds it open, a gateway first
+        report = recover_journal(path, SCHEMA)
     click.echo(f"the damaged journal is kept at {report.damaged}")
     click.echo(f"a new journal is at {report.journal}; rows saved:")
     for table, rows in sorted(report.saved.items()):

@@ -32,6 +32,7 @@ from roomkeeper.journal.history import MAX_EVENTS, HistoryTable
 from roomkeeper.journal.integrity import JournalDamagedError, check_journal, is_damage, read_only
 from roomkeeper.journal.jobs import JobsTable
 from roomkeeper.journal.leases import LeasesTable
+from roomkeeper.journal.lock import hold_shared, let_go
 from roomkeeper.journal.sizes import SizesTable
 from roomkeeper.journal.worktrees import WorktreesTable
 
@@ -112,7 +113,25 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         self.path = str(path)
         self.history_max_events = history_max_events
         Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # A damaged file is named before anything is written to it (the bounded check).
+        # Held for as long as this journal is open: a recovery never moves it from under us.
+        self._lock = hold_shared(self.path)
+        try:
+            self._check_and_open(synchronous)
+            if self._lock is None:  # a new journal: its file exists from the writer's opening
+                self._lock = hold_shared(self.path)
+        except BaseException:
+            let_go(self._lock)
+            raise
+        self._queue: queue.Queue[
+            tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | None
+        ] = queue.Queue()
+        self._local = threading.local()
+        self._thread = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
+        self._thread.start()
+
+    def _check_and_open(self, synchronous: str) -> None:
+        """Name a damaged file before anything is written to it, then open the writer."""
+        path = self.path
         try:
             problems = check_journal(self.path)
         except sqlite3.OperationalError as err:
@@ -141,12 +160,6 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
                 self.unwritable,
                 REOPEN_EVERY_S,
             )
-        self._queue: queue.Queue[
-            tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | None
-        ] = queue.Queue()
-        self._local = threading.local()
-        self._thread = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
-        self._thread.start()
 
     def _open_writer(self) -> None:
         """Open the writing connection: WAL, the schema, the migrations.
@@ -299,6 +312,7 @@ class Journal(JobsTable, LeasesTable, CallsTable, HistoryTable, WorktreesTable, 
         self._thread.join()
         if self._writer is not None:
             self._writer.close()
+        let_go(self._lock)
 
 
 def _settle(
