@@ -16,8 +16,9 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
-from roomkeeper.errors import UsageError
+from roomkeeper.errors import AlreadyEndedError, UsageError
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.lease_terms import LeaseTerms
@@ -67,7 +68,7 @@ class DurableLeases:
         journal: Journal,
         refusals: deque[Refusal],
         closing: Callable[[], bool],
-        watch: Callable[[concurrent.futures.Future[None]], None],
+        watch: Callable[[concurrent.futures.Future[Any]], None],
         hooks: HookRunner,
         reclaim_disk: Callable[[Decision], bool] | None = None,
     ) -> None:
@@ -102,8 +103,9 @@ class DurableLeases:
                 guard_key(lease.id), lease.terms.memory_bytes or 0, age_s=now - lease.granted_at
             )
 
-    def record(self, lease: LeaseView) -> concurrent.futures.Future[None]:
-        """The lease's change and its row, in one write: watched, and awaited by the caller."""
+    def record(self, lease: LeaseView) -> concurrent.futures.Future[bool]:
+        """The lease's change and its row, in one write: watched, and awaited by the caller
+        (False: the id is another grant's, whose row was left as it was)."""
         write = self._journal.record_lease(lease)
         self._watch(write)
         return write
@@ -116,6 +118,7 @@ class DurableLeases:
         if self._closing():
             raise UsageError("the gateway is shutting down", name="shutdown")
         lease_id = lease_id or uuid.uuid4().hex[:16]
+        await self._refuse_an_id_seen_before(lease_id)
         deadline = time.monotonic() + wait_s
         pruned = False
         while True:
@@ -123,12 +126,15 @@ class DurableLeases:
             if lease is not None:
                 if decision is not None:  # a new grant, not a retried request
                     try:
-                        await asyncio.wrap_future(self.record(lease))
+                        made = await asyncio.wrap_future(self.record(lease))
                     except Exception:
                         # Not saved, so not granted: it holds nothing, and a retry of the
                         # same request tries to save it again.
                         self.leases.withdraw(lease_id)
                         raise
+                    if not made:  # the journal knew the id (a grant raced this one)
+                        self.leases.withdraw(lease_id)
+                        await self._refuse_an_id_seen_before(lease_id)
                 return lease, decision, decision is not None
             assert decision is not None
             if not pruned and self._may_prune(decision):
@@ -139,6 +145,23 @@ class DurableLeases:
             if time.monotonic() + LEASE_RETRY_S > deadline or self._closing():
                 return None, decision, False
             await asyncio.sleep(LEASE_RETRY_S)
+
+    async def _refuse_an_id_seen_before(self, lease_id: str) -> None:
+        """An id the journal knows and memory does not (forgotten past its window, or
+        before a restart) is never granted again: the journal, not memory, decides.
+
+        Raises:
+            AlreadyEndedError: the id belongs to a lease that ended.
+        """
+        if self.leases.known(lease_id):
+            return  # memory has it: a retried grant (same lease) or its own 409
+        seen = await asyncio.to_thread(self._journal.lease_seen, lease_id)
+        if seen is not None:
+            raise AlreadyEndedError(
+                f"lease {lease_id!r} was granted before and is not live now "
+                f"({seen.state.value}); a lease id is granted once: use a new id",
+                lease_id=lease_id,
+            )
 
     def _may_prune(self, decision: Decision) -> bool:
         """A refusal for disk that a prune could change (disk is the one resource we free)."""

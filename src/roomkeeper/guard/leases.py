@@ -353,6 +353,11 @@ class Leases:
         with self._lock:
             return [i for i, deadline in self._deadlines.items() if now >= deadline]
 
+    def known(self, lease_id: str) -> bool:
+        """Whether this run remembers the lease (granted, or ended within the window)."""
+        with self._lock:
+            return lease_id in self._leases
+
     def get(self, lease_id: str) -> LeaseView:
         """One lease.
 

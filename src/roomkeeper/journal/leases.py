@@ -1,8 +1,11 @@
 """The leases' table and their state changes (``lease_events``).
 
-A lease's row is rewritten at each grant, heartbeat and end, with the change
-appended beside it in the same transaction.  A restart reads back the leases
-still within their ttl; the others are expired.
+A lease's row is written at its grant and rewritten at each heartbeat and end;
+a change of its state (granted, then how it ended) is appended beside it in the
+same transaction, a heartbeat is not, so the events stay as few as the leases.
+A lease id is granted once, ever: the row of a grant is made only where no row
+has that id, and only the grant that made a row rewrites it.  A restart reads
+back the leases still within their ttl; the others are expired.
 
 The row has one column per field of the lease (:data:`~roomkeeper.guard.leases.LEASE_FIELDS`,
 its own and its terms'), written and read by name: a new field is its column here
@@ -56,16 +59,19 @@ ADDED_COLUMNS = (
 )
 
 # Every field is written when the row is first made; a later change of the lease rewrites
-# only what changes over its life.  A relief's outcome is written by record_relieve alone: a
-# lease's own change, taken before the ask and written after it, must never put the ask back
-# to nothing.
+# only what changes over its life, and only the same grant's row (its grant time): a new
+# grant of an id seen before changes nothing, and is told so (no row written).  A relief's
+# outcome is written by record_relieve alone: a lease's own change, taken before the ask and
+# written after it, must never put the ask back to nothing.
 _UPSERT = f"""
 INSERT INTO leases ({", ".join(LEASE_FIELDS)})
 VALUES ({", ".join(f":{name}" for name in LEASE_FIELDS)})
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state, ttl_s = excluded.ttl_s, expires_at = excluded.expires_at,
     ended_at = excluded.ended_at, hook_outcome = excluded.hook_outcome
+WHERE leases.granted_at = excluded.granted_at AND leases.owner = excluded.owner
 """
+
 
 # Columns declared NOT NULL that keep a field's None as 0.  Read back, a disk of 0 is None
 # again (a restored lease reserves no disk); memory is what the lease reserves, so 0 stays 0.
@@ -128,19 +134,35 @@ def lease_of_row(row: sqlite3.Row) -> LeaseView:
 class LeasesTable(Store):
     """The leases' named operations (``Journal`` has them)."""
 
-    def record_lease(self, lease: LeaseView) -> Future[None]:
-        """The lease's latest state change and its row as it stands now, in one transaction."""
+    def record_lease(self, lease: LeaseView) -> Future[bool]:
+        """The lease's row as it stands now, and its state change if it is one, in one
+        transaction.  The future says whether the row was written: False when the id
+        belongs to another grant, which is never changed from here."""
         at = time.time()
         row = lease_columns(lease)
 
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO lease_events (lease_id, state, at) VALUES (:id, :state, :at)",
-                {"id": lease.id, "state": lease.state.value, "at": at},
-            )
-            conn.execute(_UPSERT, row)
+        def write(conn: sqlite3.Connection) -> bool:
+            was = conn.execute("SELECT state FROM leases WHERE id = :id", row).fetchone()
+            if conn.execute(_UPSERT, row).rowcount != 1:
+                return False
+            if was is None or was[0] != row["state"]:  # a heartbeat is no state change
+                conn.execute(
+                    "INSERT INTO lease_events (lease_id, state, at) VALUES (:id, :state, :at)",
+                    {"id": lease.id, "state": row["state"], "at": at},
+                )
+            return True
 
         return self.submit(write)
+
+    def lease_seen(self, lease_id: str) -> LeaseView | None:
+        """The lease with this id as the journal keeps it, live or ended; None if none had it."""
+        sql = "SELECT * FROM leases WHERE id = :id"
+
+        def read(conn: sqlite3.Connection) -> LeaseView | None:
+            row = conn.execute(sql, {"id": lease_id}).fetchone()
+            return None if row is None else lease_of_row(row)
+
+        return self._read(read)
 
     def record_relieve(self, lease_id: str, outcome: str) -> Future[bool]:
         """How a lease's relief stands (``asked``, then its outcome), and nothing else of the
