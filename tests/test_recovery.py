@@ -503,3 +503,38 @@ def test_queued_work_survives_an_orderly_restart(tmp_path: Path) -> None:
         wait_state(gw, queued, "waiting")
     with running_gateway(tmp_path) as gw:
         assert wait_state(gw, queued, "exited")["state"] == "exited"
+
+
+def test_no_new_work_runs_while_start_up_recovery_is_owed(tmp_path: Path, tiny_disk: Path) -> None:
+    """A full disk at start leaves recovery owed: submits and calls are refused (507, saying
+    so) until it has run, and nothing this run accepted is ever stopped by it."""
+    home = tiny_disk / "home"
+    with running_gateway(tmp_path / "first", ROOMKEEPER_HOME=str(home)) as gw:
+        assert gw.client.post("/v1/jobs", json={"argv": ["true"]}).status_code == 201
+    filler = _fill(tiny_disk)
+    with running_gateway(tmp_path / "second", ROOMKEEPER_HOME=str(home)) as gw:
+        refused = gw.client.post("/v1/jobs", json={"argv": ["true"]})
+        assert refused.status_code == 507, refused.text
+        call = gw.client.post("/v1/calls", json={"kind": "send", "owner": "o"})
+        assert call.status_code == 507, call.text
+        filler.unlink()
+        accepted: list[str] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(accepted) < 5:
+            answer = gw.client.post("/v1/jobs", json={"argv": ["sleep", "1"]})
+            if answer.status_code == 201:
+                accepted.append(answer.json()["id"])
+            else:
+                assert answer.status_code == 507, answer.text
+                assert "recovery" in answer.json()["detail"], answer.text
+            time.sleep(0.01)
+        assert accepted, "no submit was accepted once space was back"
+        for job_id in accepted:
+            wait_until(
+                lambda job_id=job_id: gw.client.get(f"/v1/jobs/{job_id}").json()["state"]
+                not in ("waiting", "running"),
+                f"job {job_id} ending",
+                60,
+            )
+            job = gw.client.get(f"/v1/jobs/{job_id}").json()
+            assert (job["state"], job.get("exit_code")) == ("exited", 0), job
