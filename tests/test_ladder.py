@@ -272,9 +272,17 @@ def test_resumes_oldest_first_once_it_fits_and_holds_until_then() -> None:
 
 
 def test_cooling_holds_launches_without_any_pressure() -> None:
-    """The cooldown alone holds launches."""
-    plans = run([reading(100 * MB)], cooling=True)
-    assert plans[0].hold and steps(plans[0]) == [(Step.HOLD, None)]
+    """The cooldown alone holds launches, and the hold says so, with its seconds left; it
+    never claims a crossing (used above the line) that did not happen."""
+    plan, _ = decide(
+        LadderState(), reading(100 * MB), THREE, SETTINGS, cooling=True, cooling_left_s=42.4
+    )
+    assert plan.hold and steps(plan) == [(Step.HOLD, None)]
+    why = plan.actions[0].why
+    assert why.startswith("cooldown after a stop or a relief, 42 s left"), why
+    assert " > " not in why
+    crossed, _ = decide(LadderState(), reading(1850 * MB), (), SETTINGS, cooling=True)
+    assert crossed.actions[0].why.startswith("used 1.85 > line 1.80"), crossed.actions[0].why
 
 
 def monitor(

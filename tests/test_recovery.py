@@ -531,8 +531,10 @@ def test_no_new_work_runs_while_start_up_recovery_is_owed(tmp_path: Path, tiny_d
         assert accepted, "no submit was accepted once space was back"
         for job_id in accepted:
             wait_until(
-                lambda job_id=job_id: gw.client.get(f"/v1/jobs/{job_id}").json()["state"]
-                not in ("waiting", "running"),
+                lambda job_id=job_id: (
+                    gw.client.get(f"/v1/jobs/{job_id}").json()["state"]
+                    not in ("waiting", "running")
+                ),
                 f"job {job_id} ending",
                 60,
             )

@@ -169,6 +169,7 @@ def decide(
     settings: PressureSettings,
     *,
     cooling: bool,
+    cooling_left_s: float = 0.0,
     stopping: bool = False,
     leases: Sequence[Live] = (),
 ) -> tuple[Plan, LadderState]:
@@ -180,6 +181,7 @@ def decide(
         live: every live job (running or suspended), any order.
         settings: the ROOMKEEPER_PRESSURE_* variables.
         cooling: whether the shared cooldown clock holds admission now.
+        cooling_left_s: how long it holds still, for the words of a hold it alone causes.
         stopping: whether a tree stopped earlier is still going, its job in ``live`` or
             not (a leader can die before the members that hold the memory), or a relieved
             lease's memory is still awaited.
@@ -221,7 +223,8 @@ def decide(
     acting = (Step.SUSPEND, Step.STOP, Step.RELIEVE)
     pressure = pressure or any(a.step in acting and not a.trial for a in actions)
     if pressure and not state.holding:
-        actions.insert(0, Action(Step.HOLD, None, _figures(reading, "line", reading.hold_line)))
+        why = _hold_why(reading, above, cooling, cooling_left_s, live)
+        actions.insert(0, Action(Step.HOLD, None, why))
     # A paused trial holds launches too (nothing starts past it), but it is packing at
     # work, not a rung of the ladder: it is not counted as a hold.
     paused = any(j.suspended and j.trial for j in live)
@@ -259,6 +262,22 @@ def _above(reading: Reading, critical: bool, rise: int) -> Step | None:
     if reading.used + rise > reading.suspend_line:
         return Step.SUSPEND
     return Step.HOLD
+
+
+def _hold_why(
+    reading: Reading, above: Step | None, cooling: bool, left_s: float, live: Sequence[Live]
+) -> str:
+    """What holds launches, in words: the line crossed, else the cooldown (with the seconds
+    it holds still), else the suspended trees; never a crossing that did not happen."""
+    if above is not None:
+        return _figures(reading, "line", reading.hold_line)
+    under = f"used {gb(reading.used)} <= line {gb(reading.hold_line)} GB"
+    if cooling:
+        return f"cooldown after a stop or a relief, {left_s:.0f} s left ({under})"
+    suspended = sum(1 for j in live if j.suspended and not j.trial)
+    if suspended:
+        return f"{suspended} suspended job(s) still hold their memory ({under})"
+    return f"a step of the ladder is under way ({under})"
 
 
 def _figures(reading: Reading, name: str, line: int) -> str:

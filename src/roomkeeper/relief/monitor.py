@@ -304,12 +304,14 @@ class PressureMonitor:
         stopping = self._settle_relief(reading) or stopping
         if not settings.cooldown_fixed:
             self._end_cooldown_once_relieved(reading, stopping)
+        cooling_left_s = self._cooldown.remaining()
         plan, self._state = decide(
             self._state,
             reading,
             live,
             settings,
-            cooling=self._cooldown.active(),
+            cooling=cooling_left_s > 0,
+            cooling_left_s=cooling_left_s,
             stopping=stopping,
             leases=leases,
         )
