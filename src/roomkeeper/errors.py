@@ -28,6 +28,11 @@ needs to act on them, not only a message.
 
 from __future__ import annotations
 
+import logging
+import threading
+
+_log = logging.getLogger("roomkeeper")
+
 
 class RoomkeeperError(Exception):
     """Base class of every error roomkeeper raises on purpose."""
@@ -224,3 +229,30 @@ class WorktreeError(UnrunnableError):
     def __init__(self, message: str, *, reason: str, repo: str) -> None:
         super().__init__(message, reason=reason, name="worktree")
         self.repo = repo
+
+
+_SAID: set[tuple[str, str, str]] = set()
+_SAID_MOST = 256  # distinct failures remembered; past it, each is said again
+_SAID_LOCK = threading.Lock()
+
+
+def say_failure_once(what: str, err: BaseException) -> None:
+    """Log a failure a loop goes on past, once per distinct cause, with that cause.
+
+    A loop that must outlive a failure (the resume loop, a retry, an expiry timer)
+    would otherwise either swallow it unseen or repeat it every turn; the first
+    time a cause is seen it is logged at error, its repeats at debug.
+
+    Args:
+        what: what failed, in words (``"the resume loop"``).
+        err: the failure.
+    """
+    key = (what, type(err).__name__, str(err)[:200])
+    with _SAID_LOCK:
+        first = key not in _SAID
+        if first:
+            if len(_SAID) >= _SAID_MOST:
+                _SAID.clear()
+            _SAID.add(key)
+    level = logging.ERROR if first else logging.DEBUG
+    _log.log(level, "%s failed (it goes on, and tries again): %s: %s", what, key[1], err)

@@ -22,7 +22,6 @@ its tree holds nothing here; the job ends when the node says it has.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from roomkeeper.cluster.node import Begun, Finished, NodeJob
-from roomkeeper.errors import SuspendError
+from roomkeeper.errors import SuspendError, say_failure_once
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.handle import RemoteEnd, Settlement
 from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
@@ -260,8 +259,10 @@ class RayHandle:
         """
 
         def cancel() -> None:
-            with contextlib.suppress(Exception):
+            try:
                 self._ray.cancel(answers)
+            except Exception as err:  # forced below if the node never stops it
+                say_failure_once(f"cancelling job {self._job.job_id} on its node", err)
             if self._ended.wait(self._job.stop_grace_s + FORCE_AFTER_S):
                 return
             log.warning(
@@ -270,8 +271,10 @@ class RayHandle:
                 self._job.job_id,
                 self._job.stop_grace_s + FORCE_AFTER_S,
             )
-            with contextlib.suppress(Exception):
+            try:
                 self._ray.cancel(answers, force=True)
+            except Exception as err:
+                say_failure_once(f"ending the Ray worker of job {self._job.job_id}", err)
 
         name = f"ray-cancel-{self._job.job_id}"
         threading.Thread(target=cancel, name=name, daemon=True).start()

@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from roomkeeper.errors import say_failure_once
 from roomkeeper.gateway.doubt import WorkInDoubt
 from roomkeeper.gateway.jobs import DurableJobs
 from roomkeeper.gateway.leases import DurableLeases
@@ -81,10 +82,14 @@ class Background:
 
     async def _resume_loop(self) -> None:
         while True:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.to_thread(self.resume_next)
+            except Exception as err:  # the loop must go on: said once, tried again
+                say_failure_once("resuming deferred work", err)
             await self._startup.catch_up()
             if self._jobs.unsaved:
-                with contextlib.suppress(Exception):
+                try:
                     await asyncio.to_thread(self._jobs.retry_unsaved)
+                except Exception as err:
+                    say_failure_once("saving unsaved job changes again", err)
             await asyncio.sleep(RESUME_CHECK_S)

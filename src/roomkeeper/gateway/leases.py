@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from roomkeeper.errors import AlreadyEndedError, UsageError
+from roomkeeper.errors import AlreadyEndedError, UsageError, say_failure_once
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.lease_terms import LeaseTerms
@@ -237,6 +237,8 @@ class DurableLeases:
         """End leases past their ttl (a timer; runs until cancelled)."""
         while True:
             for lease_id in self.leases.due():
-                with contextlib.suppress(Exception):
+                try:
                     await self.end(lease_id, LeaseState.EXPIRED)
+                except Exception as err:  # the timer must go on; the lease is tried again
+                    say_failure_once(f"expiring lease {lease_id}", err)
             await asyncio.sleep(LEASE_CHECK_EVERY_S)

@@ -17,6 +17,7 @@ import logging
 import os
 from pathlib import Path
 
+from roomkeeper.errors import say_failure_once
 from roomkeeper.gateway.context import GatewayContext
 from roomkeeper.gateway.home import write_run_record
 from roomkeeper.gateway.jobs import DurableJobs
@@ -171,5 +172,7 @@ class Startup:
         if self._run_record_due is not None:
             self._write_run_record_late()
         if self._recovery_due is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.to_thread(self.recover_late)
+            except Exception as err:  # tried again on the next turn of the loop
+                say_failure_once("the late start-up recovery", err)
