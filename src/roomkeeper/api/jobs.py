@@ -63,7 +63,7 @@ def _job_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depen
     async def submit_job(body: JobIn) -> dict[str, Any]:
         """Queue a job; 429 with the reason when a queue bound is reached; 507 while the
         journal cannot save, or start-up recovery it refused is still owed."""
-        gateway.refuse_new_work_while_recovery_is_owed()
+        gateway.startup.refuse_new_work_while_owed()
         view = await gateway.durable_jobs.submit(
             _job_spec(gateway, body), body.release.hook() if body.release else None
         )
@@ -223,7 +223,7 @@ def _call_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depe
         if gateway.closing:
             raise UsageError("the gateway is shutting down", name="shutdown")
         # Owed recovery marks every pending call uncertain: this run's would be taken too.
-        gateway.refuse_new_work_while_recovery_is_owed()
+        gateway.startup.refuse_new_work_while_owed()
         try:
             return gateway.calls.register(body.kind, body.owner, resumable=body.resumable).to_json()
         except sqlite3.Error as err:

@@ -46,7 +46,6 @@ from roomkeeper.config import (
     read_pressure_settings,
     read_queue_settings,
 )
-from roomkeeper.errors import PersistenceError
 from roomkeeper.gateway.background import Background
 from roomkeeper.gateway.baseline import BaselineKeeper
 from roomkeeper.gateway.calls import Calls
@@ -288,19 +287,6 @@ class Gateway:
         # Owed start-up recovery stops the previous run's trees: nothing of ours may start
         # before it has run, or it would be taken for one of them.
         return replace(limits, hold=True) if self.startup.recovery_due else limits
-
-    def refuse_new_work_while_recovery_is_owed(self) -> None:
-        """New jobs and calls wait for start-up recovery a full disk left owed.
-
-        Raises:
-            PersistenceError: recovery is still owed; the message says why and what helps.
-        """
-        if self.startup.recovery_due:
-            raise PersistenceError(
-                "new work is refused until start-up recovery has run: a full disk refused "
-                "its saves at start, and it runs once the journal can save (free space on "
-                f"the volume of {self.home}); try again then"
-            )
 
     @property
     def backend(self) -> str:

@@ -17,7 +17,7 @@ import logging
 import os
 from pathlib import Path
 
-from roomkeeper.errors import say_failure_once
+from roomkeeper.errors import PersistenceError, say_failure_once
 from roomkeeper.gateway.context import GatewayContext
 from roomkeeper.gateway.home import write_run_record
 from roomkeeper.gateway.jobs import DurableJobs
@@ -85,6 +85,20 @@ class Startup:
     def recovery_due(self) -> bool:
         """Whether start-up recovery is still owed (a full disk refused its saves)."""
         return self._recovery_due is not None
+
+    def refuse_new_work_while_owed(self) -> None:
+        """New jobs and calls wait for start-up recovery a full disk left owed (it would
+        take their trees and markers for the last run's).
+
+        Raises:
+            PersistenceError: recovery is still owed; the message says why and what helps.
+        """
+        if self._recovery_due is not None:
+            raise PersistenceError(
+                "new work is refused until start-up recovery has run: a full disk refused "
+                "its saves at start, and it runs once the journal can save (free space on "
+                f"the volume of {self._home}); try again then"
+            )
 
     def settle(self, previous_pid: int | None) -> None:
         """Before anything launches: restore leases, settle what the previous run left, and
