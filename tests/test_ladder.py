@@ -383,6 +383,34 @@ def test_a_stop_starts_the_shared_cooldown_and_it_ends_on_time() -> None:
     assert m.statistics().stops == 1
 
 
+def test_a_crossing_answered_by_another_step_never_times_a_later_one() -> None:
+    """A stop rung crossed by a rise and answered by a suspension is over once used is
+    back under it: a stop 15 s later is timed from its own crossing, not from that one."""
+    clock = FakeClock(0.0)
+    target = FakeTarget(list(THREE))
+    feed = [
+        reading(1850 * MB, at=0.0),  # past the line: held
+        reading(1920 * MB, at=0.1),  # past suspend, rising past stop: the newest frozen
+        reading(1900 * MB, at=1.0),  # back under the suspend and stop lines, still held
+        reading(STOP + 10 * MB, at=15.1),  # the stop rung, crossed again, for real
+    ]
+    m = monitor(clock, feed, target, Cooldown(clock))
+    m.tick()
+    clock.advance(0.1)
+    grown = replace(THREE[2], footprint=370 * MB)  # the newest grew by the rise
+    target.live = [THREE[0], THREE[1], grown]
+    m.tick()
+    assert target.done == [("suspend", "newest")]
+    target.live = [THREE[0], THREE[1], replace(grown, suspended=True)]
+    clock.advance(0.9)
+    m.tick()
+    clock.advance(14.1)
+    m.tick()
+    assert m.statistics().stops == 1
+    stats = m.statistics()
+    assert stats.reaction_max_s is not None and stats.reaction_max_s < 1.0, stats
+
+
 def test_reaction_time_runs_from_the_crossing_to_the_step() -> None:
     """The reaction is measured from the notification's time when one woke the monitor."""
     clock = FakeClock(10.0)

@@ -319,11 +319,7 @@ class PressureMonitor:
             self._say_unrelieved(reading)
         with self._lock:
             self._readings += 1
-        if plan.crossed is not None:
-            seen = reading.at if woken_at is None else min(woken_at, reading.at)
-            for step in Step:  # a reading past a higher rung is past the lower ones too
-                if _RANK[step] <= _RANK[plan.crossed]:
-                    self._crossed.setdefault(step, seen)
+        self._note_crossings(plan, reading, woken_at)
         self._target.hold_for_pressure(plan.hold)
         self._carry_out(plan, reading, {j.job_id: j.footprint for j in [*live, *leases]})
         if not self._state.holding:  # no pressure (a paused trial alone holds launches)
@@ -341,6 +337,20 @@ class PressureMonitor:
                 (took - read_s - live_s) * 1000,
             )
         return plan
+
+    def _note_crossings(self, plan: Plan, reading: Reading, woken_at: float | None) -> None:
+        """Keep when each rung was crossed, for the reaction of the step that answers it."""
+        if plan.crossed is not None:
+            seen = reading.at if woken_at is None else min(woken_at, reading.at)
+            for step in Step:  # a reading past a higher rung is past the lower ones too
+                if _RANK[step] <= _RANK[plan.crossed]:
+                    self._crossed.setdefault(step, seen)
+        # A rung this reading is no longer past was answered (by a lower step, or by usage
+        # falling): its crossing is over, and a later crossing of it is timed from its own
+        # reading, never from this one (a stop once took 15 s "to react" that way).
+        now_past = 0 if self._state.above is None else _RANK[self._state.above]
+        for step in [s for s in self._crossed if _RANK[s] > now_past]:
+            del self._crossed[step]
 
     def _settle_relief(self, reading: Reading) -> bool:
         """Settle the relief awaited, if one is: relieved once its hook answered and used fell
