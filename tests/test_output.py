@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -87,3 +89,70 @@ def test_follow_streams_are_bounded_with_a_clear_429(gw: RunningGateway) -> None
             return answer.status_code == 200
 
     wait_until(place_free, "a follower's place coming free once the streams closed")
+
+
+class _Journal:
+    def job(self, job_id: str) -> None:
+        return None
+
+
+class _Gateway:
+    """What the output route reads of a gateway: its journal, home and whether it closes."""
+
+    def __init__(self, home: Path) -> None:
+        self.journal, self.home, self.closing = _Journal(), home, False
+
+
+def test_a_follower_gone_before_its_answer_never_keeps_a_place(tmp_path: Path) -> None:
+    """Twice the bound of follows whose clients are gone when the answer starts (the server
+    cannot send it): none keeps a place, and a follow is still answered 200, not 429."""
+    from fastapi import APIRouter, FastAPI
+    from starlette.requests import ClientDisconnect
+
+    from roomkeeper.api.output import output_routes
+
+    router = APIRouter()
+    running = lambda gw, job: {"state": "running"}  # noqa: E731 - the route's find_job
+    output_routes(router, _Gateway(tmp_path), [], running)  # type: ignore[arg-type]
+    app = FastAPI()
+    app.include_router(router)
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/v1/jobs/j1/output",
+        "raw_path": b"/v1/jobs/j1/output",
+        "query_string": b"follow=true",
+        "root_path": "",
+        "headers": [],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+
+    async def status_of_a_follow(gone: bool, spec: str) -> int:
+        sent: list[dict[str, object]] = []
+
+        async def receive() -> dict[str, object]:
+            if not gone:
+                await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}  # the client is gone already
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+            if gone or message["type"] == "http.response.start":
+                raise OSError("the client reset the connection")  # as a server says it
+
+        asgi = {"version": "3.0", "spec_version": spec}
+        with contextlib.suppress(OSError, ClientDisconnect):
+            await asyncio.wait_for(app({**scope, "asgi": asgi}, receive, send), 10)
+        return int(sent[0]["status"]) if sent else 0  # type: ignore[call-overload]
+
+    async def story() -> int:
+        for spec in ("2.3", "2.4"):  # a server that reports a disconnect, and one that raises
+            for _ in range(MAX_FOLLOWERS):
+                await status_of_a_follow(gone=True, spec=spec)
+        return await status_of_a_follow(gone=False, spec="2.4")
+
+    assert asyncio.run(story()) == 200

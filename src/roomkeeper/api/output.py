@@ -35,15 +35,20 @@ TEXT = {"schema": {"type": "string"}}
 
 
 class Followers:
-    """Counts the open ``follow=true`` streams and refuses one past the bound."""
+    """Counts the open ``follow=true`` streams and refuses one past the bound.
+
+    A place is taken inside the response, once its stream runs, and given back when
+    the stream ends, however it ends: a client gone before its answer started never
+    ran the stream, so it never held a place (taken before the response, such a
+    place was never given back, and 16 of them refused every follow for good).
+    """
 
     def __init__(self, bound: int = MAX_FOLLOWERS) -> None:
         self.bound = bound
         self.open = 0
 
-    @contextlib.contextmanager
-    def place(self) -> Iterator[None]:
-        """Hold one place while a stream runs (the event loop's thread only).
+    def refuse_when_full(self) -> None:
+        """Before the answer starts: refuse a follow with a 429 while every place is taken.
 
         Raises:
             QueueFullError: ``followers_full``: every place is taken.
@@ -54,9 +59,17 @@ class Followers:
                 "read the output without follow=true, or try again when one ends",
                 reason="followers_full",
             )
+
+    @contextlib.contextmanager
+    def place(self) -> Iterator[bool]:
+        """Hold one place while a stream runs (the event loop's thread only); False when
+        every place was taken meanwhile (the stream then says so and ends)."""
+        if self.open >= self.bound:
+            yield False
+            return
         self.open += 1
         try:
-            yield
+            yield True
         finally:
             self.open -= 1
 
@@ -92,15 +105,15 @@ def output_routes(
         start = await asyncio.to_thread(_start_offset, path, tail)
         if not follow:
             return StreamingResponse(_stream(path, start), media_type="text/plain")
-        place = followers.place()
-        place.__enter__()  # refused here, before the response starts, with a 429
+        followers.refuse_when_full()  # a 429 while the answer can still say so
 
         async def followed() -> AsyncIterator[bytes]:
-            try:
+            with followers.place() as placed:
+                if not placed:  # taken between the check and the stream's start
+                    yield b"roomkeeper: too many output streams are followed; try again\n"
+                    return
                 async for chunk in _follow(gateway, job_id, path, start, find_job):
                     yield chunk
-            finally:
-                place.__exit__(None, None, None)
 
         return StreamingResponse(followed(), media_type="text/plain")
 
