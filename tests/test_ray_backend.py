@@ -10,7 +10,11 @@ The last test adds a third node, ``doomed``, and SIGKILLs it mid-job.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import stat
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,6 +186,118 @@ def test_a_deadline_stops_the_remote_tree(gateway: RunningGateway, tmp_path: Pat
     ended = wait_state(gateway, late, "timed_out", timeout=60)
     assert ended["exit_code"] is None
     wait_until(lambda: gone(leader), "the timed-out tree to be gone", 30)
+
+
+# 3200 writes of 64 KiB, each its own numbered line: 200 MiB of output.
+BLOCKS, BLOCK = 3200, 64 * 1024
+CHATTY = (
+    "import os\n"
+    f"for i in range({BLOCKS}):\n"
+    f"    os.write(1, b'%08d ' % i + b'x' * {BLOCK - 10} + b'\\n')\n"
+)
+
+
+def chatty_output() -> tuple[int, str, bytes]:
+    """The size, sha256 and last line of what CHATTY writes."""
+    digest = hashlib.sha256()
+    for i in range(BLOCKS):
+        digest.update(b"%08d " % i + b"x" * (BLOCK - 10) + b"\n")
+    last = b"%08d " % (BLOCKS - 1) + b"x" * (BLOCK - 10) + b"\n"
+    return BLOCKS * BLOCK, digest.hexdigest(), last
+
+
+class PeakRss:
+    """Samples a process's resident memory on a thread of its own; the highest seen."""
+
+    def __init__(self, pid: int, every_s: float = 0.02) -> None:
+        self._process, self._every_s = psutil.Process(pid), every_s
+        self.first = self.peak = self._process.memory_info().rss
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(self._every_s):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def stop(self) -> int:
+        """Stop sampling; how far the peak rose above the first reading."""
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+        return self.peak - self.first
+
+
+def test_a_chatty_jobs_output_streams_through_a_gateway_that_stays_small(
+    gateway: RunningGateway,
+) -> None:
+    """200 MiB of output come whole, in order, into the job's log while the gateway's own
+    resident memory grows by less than 40 MB (it was read whole on the node and sent in one
+    piece, so the gateway held it all)."""
+    warm = submit(gateway, [sys.executable, "-c", "import os; os.write(1, b'w' * 4_000_000)"])
+    assert wait_state(gateway, warm, "exited", timeout=300)["exit_code"] == 0  # Ray's first use
+    size, digest, last = chatty_output()
+    rss = PeakRss(gateway.proc.pid)
+    try:
+        chatty = submit(gateway, [sys.executable, "-c", CHATTY])
+        assert wait_state(gateway, chatty, "exited", timeout=600)["exit_code"] == 0
+        received, tail, hashed = 0, b"", hashlib.sha256()
+        with gateway.client.stream("GET", f"/v1/jobs/{chatty}/output", timeout=600) as answer:
+            assert answer.status_code == 200
+            for piece in answer.iter_bytes():
+                received += len(piece)
+                hashed.update(piece)
+                tail = (tail + piece)[-BLOCK:]
+    finally:
+        grew = rss.stop()
+    print(f"the gateway's RSS grew by {grew / MB:.1f} MB (from {rss.first / MB:.1f} MB)")
+    assert (received, hashed.hexdigest(), tail) == (size, digest, last)
+    assert grew < 40 * MB, f"the gateway's RSS grew by {grew / MB:.1f} MB"
+
+
+def test_output_shows_while_the_remote_job_runs(gateway: RunningGateway, tmp_path: Path) -> None:
+    """GET output, and a followed stream, show what it wrote before it ended."""
+    release = tmp_path / "release"
+    script = f"echo first; while [ ! -e {release} ]; do sleep 0.05; done; echo second"
+    running = submit(gateway, ["sh", "-c", script])
+    wait_until(lambda: output(gateway, running) == "first\n", "its first line, while it runs", 120)
+    assert job(gateway, running)["state"] == "running"
+    url = f"/v1/jobs/{running}/output?follow=true"
+    with gateway.client.stream("GET", url, timeout=120) as followed:
+        pieces = followed.iter_bytes()
+        seen = next(pieces)
+        assert seen == b"first\n"
+        release.touch()
+        seen += b"".join(pieces)  # until it ends
+    assert seen == b"first\nsecond\n"
+    assert wait_state(gateway, running, "exited")["exit_code"] == 0
+
+
+def test_a_cancelled_remote_job_keeps_its_output(gateway: RunningGateway, tmp_path: Path) -> None:
+    """What it wrote before the cancel, and while its tree was being stopped (its SIGTERM
+    trap), is in its output once it is stopped."""
+    script = (
+        "trap 'echo stopping; exit 0' TERM; echo started; "
+        f"echo $$ > {tmp_path}/leader; while :; do sleep 0.05; done"
+    )
+    running = submit(gateway, ["sh", "-c", script])
+    leader = pid_in(tmp_path / "leader")
+    assert gateway.client.post(f"/v1/jobs/{running}/cancel").status_code == 200
+    stopped = wait_state(gateway, running, "stopped", timeout=120)
+    assert "cancelled" in (stopped["error"] or "")
+    kept = output(gateway, running)  # the shell may say between them that its sleep died
+    assert kept.startswith("started\n") and kept.endswith("stopping\n"), kept
+    wait_until(lambda: gone(leader), "the remote tree to be gone", 30)
+
+
+def test_a_remote_jobs_logs_are_private(gateway: RunningGateway) -> None:
+    """Its log on the node (the job's own stdout) and its log on the gateway are 0600."""
+    mode = "import os, stat; print(oct(stat.S_IMODE(os.fstat(1).st_mode)))"
+    private = submit(gateway, [sys.executable, "-c", mode])
+    assert wait_state(gateway, private, "exited")["exit_code"] == 0
+    assert output(gateway, private) == "0o600\n"  # on the node
+    log = gateway.home / "logs" / f"{private}.log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
 
 
 def test_a_node_guard_refusal_is_waited_out(

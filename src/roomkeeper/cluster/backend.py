@@ -12,7 +12,12 @@ for a larger node to join.  Launched, a job is one Ray task
 (:func:`~roomkeeper.cluster.node.run_job`) with ``memory`` = its estimate,
 ``num_cpus`` = ROOMKEEPER_RAY_JOB_CPUS and ``max_retries=0`` (the journal,
 not Ray, decides what may run again), and its deadline is the time it has
-left.  A task, not an actor: Ray runs it on a pooled worker, where an actor
+left.  Its output comes back in pieces as it is written, at most
+:data:`~roomkeeper.cluster.output.IN_FLIGHT_CHUNKS` of them sent and not yet
+taken (the task's generator backpressure; :mod:`roomkeeper.cluster.output`);
+a stopped job's rest is fetched by a small task pinned to its node
+(:func:`~roomkeeper.cluster.output.collect_output`, no CPU asked, so a full
+node runs it too).  A task, not an actor: Ray runs it on a pooled worker, where an actor
 would start a fresh worker process for every job (about 3 s a job on the
 2-core development machine, against tens of milliseconds).
 
@@ -42,6 +47,7 @@ from typing import Any
 
 from roomkeeper.cluster.handle import RayHandle
 from roomkeeper.cluster.node import Begun, NodeJob, run_job
+from roomkeeper.cluster.output import IN_FLIGHT_CHUNKS, collect_output
 from roomkeeper.cluster.ray_import import load_ray
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.rule import Decision, Reason, Word
@@ -162,6 +168,7 @@ class RayBackend:
                 value=address,
             ) from err
         self._task = self._ray.remote(run_job)
+        self._collect_task = self._ray.remote(collect_output)
         with contextlib.suppress(Exception):  # a first table now; the thread keeps it fresh
             within(CONNECT_TIMEOUT_S, "reading the Ray node table", self._read_nodes)
         self._reader = threading.Thread(target=self._keep_reading, name="ray-nodes", daemon=True)
@@ -295,7 +302,7 @@ class RayBackend:
     # --------------------------------------------------------------- launching
 
     def launch(self, job_id: str, spec: LaunchSpec) -> RayHandle:
-        """Send the job to the cluster: one runner actor with its estimate and CPU need."""
+        """Send the job to the cluster: one runner task with its estimate and CPU need."""
         job = NodeJob(
             job_id=job_id,
             argv=tuple(spec.argv) if not isinstance(spec.argv, str) else (spec.argv,),
@@ -313,6 +320,7 @@ class RayBackend:
             max_retries=0,
             retry_exceptions=False,
             num_returns="streaming",
+            _generator_backpressure_num_objects=IN_FLIGHT_CHUNKS,
         )
         with self._lock:
             self._sent[job_id] = spec.memory_bytes
@@ -324,7 +332,21 @@ class RayBackend:
             log_path=spec.log_path,
             on_begun=self._begun,
             on_closed=self._closed,
+            collect=self._collect,
         )
+
+    def _collect(self, node_id: str, directory: str, offset: int, wait_s: float) -> Any:
+        """Send the task that fetches a stopped job's output from its node; its answers."""
+        strategy = self._ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+        options = self._collect_task.options(
+            num_cpus=0,
+            max_retries=0,
+            retry_exceptions=False,
+            num_returns="streaming",
+            _generator_backpressure_num_objects=IN_FLIGHT_CHUNKS,
+            scheduling_strategy=strategy(node_id, soft=False),
+        )
+        return options.remote(directory, offset, wait_s)
 
     def _begun(self, job_id: str, begun: Begun) -> None:
         with self._lock:

@@ -10,18 +10,26 @@ come, blocking in Ray as long as Ray takes, under no lock of the scheduler's:
 1. Nothing yet while Ray places the task and the node's guard judges the job.
 2. Refused by the node's guard: the poll ends with a :class:`Settlement`
    ``REFUSED`` and the scheduler puts the job back in line.  Admitted: the
-   node's answer (node, remote pid, headroom) is told to the backend.
-3. The tree ended: its output goes into the job's log file here, and its
-   exit status is the poll's (its deadline passed on the node: ``DEADLINE``).
-   The task failed instead (node lost, worker killed): ``LOST``, and the
-   scheduler makes the job ``uncertain``.
+   node's answer (node, remote pid, headroom) is told to the backend, and
+   the job's log file here is created (0600).
+3. While the tree runs, its output comes in bounded pieces as it is written,
+   each appended to the job's log here as it arrives
+   (:mod:`roomkeeper.cluster.output`), so its output shows while it runs.
+4. The tree ended and every piece has come: its exit status is the poll's
+   (its deadline passed on the node: ``DEADLINE``).  The task failed instead
+   (node lost, worker killed): ``LOST``, and the scheduler makes the job
+   ``uncertain``.
 
 A stop cancels the task from a thread of its own, so a node slow to stop
-its tree holds nothing here; the job ends when the node says it has.
+its tree holds nothing here; the job ends when the node says it has.  Ray
+drops a cancelled task's answers, so the output the stream did not bring is
+then fetched from the node (from the offset reached) before the job ends:
+what a stopped job wrote is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -29,6 +37,7 @@ from types import ModuleType
 from typing import Any
 
 from roomkeeper.cluster.node import Begun, Finished, NodeJob
+from roomkeeper.cluster.output import LogAppender, Output
 from roomkeeper.errors import SuspendError, say_failure_once
 from roomkeeper.guard.rule import Reason
 from roomkeeper.jobs.handle import RemoteEnd, Settlement
@@ -38,6 +47,7 @@ log = logging.getLogger("roomkeeper")
 
 ENDED_CODE = -1  # the poll's value for a job that ended without a status of its own
 FORCE_AFTER_S = 10.0  # after the node's stop grace: a cancel not carried out is forced
+COLLECT_IDLE_S = 60.0  # a stopped job's output: no further piece for this long, it is given up
 
 
 class RayHandle:
@@ -51,6 +61,9 @@ class RayHandle:
         log_path: the job's log file here, which receives its output.
         on_begun: told once the node started the job (the backend's per-node table).
         on_closed: told when the handle is closed.
+        collect: sends the task that fetches a stopped job's output from its node
+            (node id, output directory, offset, seconds to wait for the tree to
+            stop) and gives its streaming answers; called on the handle's own thread.
     """
 
     def __init__(
@@ -62,17 +75,19 @@ class RayHandle:
         log_path: str,
         on_begun: Callable[[str, Begun], None],
         on_closed: Callable[[str], None],
+        collect: Callable[[str, str, int, float], Any],
     ) -> None:
         self._ray, self._send, self._job = ray, send, job
-        self._log_path = log_path
+        self._log = LogAppender(log_path, job.job_id)
         self._on_begun, self._on_closed = on_begun, on_closed
+        self._collect = collect
         self._lock = threading.Lock()
         self._answers: Any = None
         self._code: int | None = None
         self._settled: Settlement | None = None
         self._peak: MemoryPeak | None = None
         self._stop_asked = False
-        self._ended = threading.Event()  # set once the follow thread is done
+        self._answered = threading.Event()  # set once the task's answers have ended
         self.begun: Begun | None = None
         self._thread = threading.Thread(
             target=self._follow, name=f"ray-job-{job.job_id}", daemon=True
@@ -93,44 +108,98 @@ class RayHandle:
         """Send the task, then take its answers until its last (this handle's thread)."""
         try:
             self._follow_answers()
-        finally:
-            self._ended.set()
-
-    def _follow_answers(self) -> None:
-        try:
-            with self._lock:
-                if self._stop_asked:  # stopped before it was sent: it never started
-                    summary = "stopped before it was sent to the cluster"
-                    self._settle(Settlement(RemoteEnd.REFUSED, None, summary))
-                    return
-            try:
-                answers = self._send()
-            except Exception as err:  # never sent, so never ran: it failed to start
-                log.warning(
-                    "job %s could not be sent to the Ray cluster: %s", self._job.job_id, err
-                )
-                summary = f"not started: it could not be sent to the Ray cluster ({err})"
-                with self._lock:
-                    self._settle(Settlement(RemoteEnd.FAILED, None, summary))
-                return
-            with self._lock:
-                self._answers = answers
-                cancel = self._stop_asked
-            if cancel:
-                self._cancel(answers)
-            for ref in answers:
-                answer = self._ray.get(ref)
-                if isinstance(answer, Finished):
-                    self._keep_output(answer.output)  # before the lock a poll takes
-                with self._lock:
-                    if not self._take(answer):
-                        return
-            with self._lock:  # the stream ended without a last answer
-                self._lost(LookupError("the node's runner ended without an answer"))
         except Exception as err:
             with self._lock:
                 if self._code is None:
                     self._lost(err)
+        finally:
+            self._answered.set()
+            self._log.close()
+
+    def _follow_answers(self) -> None:
+        with self._lock:
+            if self._stop_asked:  # stopped before it was sent: it never started
+                summary = "stopped before it was sent to the cluster"
+                self._settle(Settlement(RemoteEnd.REFUSED, None, summary))
+                return
+        try:
+            answers = self._send()
+        except Exception as err:  # never sent, so never ran: it failed to start
+            log.warning("job %s could not be sent to the Ray cluster: %s", self._job.job_id, err)
+            summary = f"not started: it could not be sent to the Ray cluster ({err})"
+            with self._lock:
+                self._settle(Settlement(RemoteEnd.FAILED, None, summary))
+            return
+        with self._lock:
+            self._answers = answers
+            cancel = self._stop_asked
+        if cancel:
+            self._cancel(answers)
+        ended = self._take_answers(answers)
+        if ended is None:
+            return
+        self._answered.set()  # no forced cancel waits for the collection below
+        with self._lock:
+            stopped, begun = self._stop_asked, self.begun
+        if stopped and begun is not None and begun.output_dir is not None:
+            self._collect_rest(begun, begun.output_dir)
+        with self._lock:
+            if self._code is None:
+                self._lost(ended)
+
+    def _take_answers(self, answers: Any) -> Exception | None:
+        """Take the task's answers in order; None once the last came, else why they ended."""
+        try:
+            for ref in answers:
+                answer = self._ray.get(ref)
+                if isinstance(answer, Output):
+                    self._log.append(answer.data)  # before the last answer a poll sees
+                    continue
+                if isinstance(answer, Begun) and answer.admitted:
+                    self._log.open()  # it runs, so it has a log (outside the lock a poll takes)
+                with self._lock:
+                    if not self._take(answer):
+                        return None
+            return LookupError("the node's runner ended without an answer")
+        except Exception as err:
+            return err
+
+    def _collect_rest(self, begun: Begun, directory: str) -> None:
+        """A stopped job's output its stream did not bring, fetched from its node.
+
+        The node keeps it until fetched; the collection there waits for the
+        tree to be stopped (its grace, or the forced cancel after it), so what
+        the tree wrote meanwhile comes too.  A node lost meanwhile loses it.
+        """
+        stopped_within = self._job.stop_grace_s + FORCE_AFTER_S + COLLECT_IDLE_S
+        wait_s = stopped_within + COLLECT_IDLE_S  # for each piece: the first waits for the stop
+        try:
+            rest = self._collect(begun.node_id, directory, self._log.received, stopped_within)
+            while True:
+                ready, _ = self._ray.wait([rest], timeout=wait_s)
+                if not ready:
+                    log.warning(
+                        "job %s: the rest of its output did not come from node %s within %.0f s",
+                        self._job.job_id,
+                        begun.host,
+                        wait_s,
+                    )
+                    with contextlib.suppress(Exception):
+                        self._ray.cancel(rest, force=True)
+                    return
+                ref = next(rest, None)
+                if ref is None:
+                    return
+                answer = self._ray.get(ref)
+                if isinstance(answer, Output):
+                    self._log.append(answer.data)
+        except Exception as err:
+            log.warning(
+                "job %s: the rest of its output could not be fetched from node %s: %s",
+                self._job.job_id,
+                begun.host,
+                err,
+            )
 
     def _take(self, answer: Any) -> bool:
         """Record one answer (lock held); whether more answers are to come."""
@@ -152,14 +221,6 @@ class RayHandle:
             return
         self.begun = begun
         self._on_begun(self._job.job_id, begun)
-
-    def _keep_output(self, output: bytes) -> None:
-        """The tree's output into the job's log here; a write that fails loses only it."""
-        try:
-            with open(self._log_path, "ab") as out:
-                out.write(output)
-        except OSError as err:
-            log.warning("job %s: its output from the node was not kept: %s", self._job.job_id, err)
 
     def _finished(self, finished: Finished) -> None:
         if finished.peak_bytes is not None and finished.peak_method is not None:
@@ -263,7 +324,7 @@ class RayHandle:
                 self._ray.cancel(answers)
             except Exception as err:  # forced below if the node never stops it
                 say_failure_once(f"cancelling job {self._job.job_id} on its node", err)
-            if self._ended.wait(self._job.stop_grace_s + FORCE_AFTER_S):
+            if self._answered.wait(self._job.stop_grace_s + FORCE_AFTER_S):
                 return
             log.warning(
                 "job %s: its node did not stop it within %.0f s of the cancel; "

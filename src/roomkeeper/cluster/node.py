@@ -13,9 +13,12 @@ Admitted, the command runs as a managed tree (:func:`roomkeeper.processes.launch
 its own session and process group, output in a file, whole-tree stop) under
 the worker's lifeline, so that the tree dies with the worker even when the
 node is killed.  The task's first answer (:class:`Begun`: node, pid,
-headroom) comes as soon as the tree runs; its second (:class:`Finished`:
-exit status, output, peak) when the tree has ended or its deadline passed
-(then the tree is stopped).  A cancel stops the whole tree.
+headroom, where its output is kept) comes as soon as the tree runs; then its
+output, in bounded pieces as it is written (:class:`~roomkeeper.cluster.output.Output`,
+see :mod:`roomkeeper.cluster.output`); its last (:class:`Finished`: exit
+status, peak) when the tree has ended or its deadline passed (then the tree
+is stopped) and every piece has been sent.  A cancel stops the whole tree and
+leaves its output on the node for the gateway to collect.
 
 The node's guard reads the node's own ``ROOMKEEPER_*`` variables, and over
 them the ``KEY=VALUE`` lines of the file ROOMKEEPER_NODE_SETTINGS names, read
@@ -29,12 +32,21 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 
+from roomkeeper.cluster.output import (
+    CHUNK_BYTES,
+    LogTail,
+    Output,
+    hold,
+    let_go,
+    log_path,
+    make_directory,
+    sweep_uncollected,
+)
 from roomkeeper.errors import LaunchError
 from roomkeeper.guard.admission import Guard
 from roomkeeper.processes.launch import LaunchSpec, launch
@@ -87,6 +99,8 @@ class Begun:
         pid: the tree's leader on the node (None when it did not start).
         headroom_bytes: the node's memory line less its use, as its guard read it.
         error: it was admitted but could not start (missing command, bad cwd).
+        output_dir: where its output is kept on the node while it runs (and, once it
+            is stopped, until the gateway collects it); None when it did not start.
     """
 
     node_id: str
@@ -97,14 +111,14 @@ class Begun:
     pid: int | None
     headroom_bytes: int | None
     error: bool = False
+    output_dir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """How the tree ended on the node: its status, its output, its peak."""
+    """How the tree ended on the node: its status and its peak (its output came before)."""
 
     exit_code: int
-    output: bytes
     peak_bytes: int | None
     peak_method: str | None
     timed_out: bool
@@ -156,10 +170,10 @@ def _where() -> tuple[str, str]:
     return node_id, socket.gethostname()
 
 
-def _spec(job: NodeJob, log_path: str) -> LaunchSpec:
+def _spec(job: NodeJob, tail: LogTail) -> LaunchSpec:
     return LaunchSpec(
         argv=job.argv,
-        log_path=log_path,
+        log_path=tail.path,
         cwd=job.cwd,
         env=job.env,
         nice=job.nice,
@@ -169,12 +183,16 @@ def _spec(job: NodeJob, log_path: str) -> LaunchSpec:
     )
 
 
-def run_job(job: NodeJob) -> Iterator[Begun | Finished]:
-    """The Ray task on the node: yields :class:`Begun`, then (if it started) :class:`Finished`.
+def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
+    """The Ray task on the node: yields :class:`Begun`, then (if it started) the job's
+    :class:`~roomkeeper.cluster.output.Output` as it is written, then :class:`Finished`.
 
     A cancel from the gateway (``ray.cancel``) arrives as KeyboardInterrupt
-    while the tree runs; the whole tree is then stopped (SIGTERM, the grace,
-    SIGKILL) before the task ends.
+    while the tree runs (or as GeneratorExit, where it arrives in Ray's code
+    between two answers); the whole tree is then stopped (SIGTERM, the grace,
+    SIGKILL) before the task ends, and its output is left for the gateway to
+    collect (:func:`~roomkeeper.cluster.output.collect_output`): Ray takes no
+    answer from a cancelled task.
     """
     _let_cancels_in()
     node_id, host = _where()
@@ -186,30 +204,45 @@ def run_job(job: NodeJob) -> Iterator[Begun | Finished]:
     if not decision.admit:
         yield Begun(node_id, host, False, decision.reason.value, decision.summary, None, headroom)
         return
-    directory = tempfile.mkdtemp(prefix="roomkeeper-node-")
+    with contextlib.suppress(OSError):
+        sweep_uncollected()
+    directory = make_directory()
+    tail = LogTail(log_path(directory))
+    lock, kept = None, False
     try:
+        lock = hold(directory)  # let go once the tree is stopped: a collection waits for that
         try:
-            process = launch(
-                job.job_id,
-                _spec(job, os.path.join(directory, "output.log")),
-                lifeline=worker_lifeline(),
-            )
+            process = launch(job.job_id, _spec(job, tail), lifeline=worker_lifeline())
         except LaunchError as err:
             yield Begun(node_id, host, False, "ok", str(err), None, headroom, error=True)
             return
         try:
             yield Begun(
-                node_id, host, True, decision.reason.value, decision.summary, process.pid, headroom
+                node_id,
+                host,
+                True,
+                decision.reason.value,
+                decision.summary,
+                process.pid,
+                headroom,
+                output_dir=directory,
             )
-            timed_out = _wait(process, job.deadline_s)
+            timed_out = yield from _follow(process, job.deadline_s, tail)
+            process.close()  # what is left of the tree, before the last of its output
+            yield from tail.rest()
+            yield _finished(process, timed_out)
         except BaseException:  # a cancel (KeyboardInterrupt), or the stream closed early
             process.stop(job.stop_grace_s)
+            kept = True
             raise
         finally:
             process.close()
-        yield _finished(process, timed_out)
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        tail.close()
+        if lock is not None:
+            let_go(lock, left=directory if kept else None)
+        if not kept:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _let_cancels_in() -> None:
@@ -227,31 +260,38 @@ def _let_cancels_in() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _wait(process: ManagedProcess, deadline_s: float | None) -> bool:
-    """Wait for the tree in short steps (a cancel interrupts only between them).
+def _follow(
+    process: ManagedProcess, deadline_s: float | None, tail: LogTail
+) -> Generator[Output, None, bool]:
+    """Send the tree's output as it is written until the tree ends or its deadline passes.
+
+    A piece at a time, then a short wait unless the piece was full (more is
+    waiting); a cancel interrupts only between steps, not inside a poll.
 
     Returns:
         Whether its deadline passed first (then the tree was stopped).
     """
     end = None if deadline_s is None else time.monotonic() + deadline_s
-    while process.wait(timeout=WAIT_STEP_S) is None:
+    while True:
+        data = tail.read()
+        if data:
+            yield Output(data)
+        pause = 0.0 if len(data) == CHUNK_BYTES else WAIT_STEP_S
+        if process.wait(timeout=pause) is not None:
+            return False
         if end is not None and time.monotonic() >= end:
             process.stop(STOP_GRACE_SECONDS)
             return True
-    return False
 
 
 def _finished(process: ManagedProcess, timed_out: bool) -> Finished:
-    """The closed tree's status, output and peak."""
+    """The closed tree's status and peak."""
     peak = None
     with contextlib.suppress(Exception):
         peak = process.peak()
-    with open(process.log_path, "rb") as log:
-        output = log.read()
     code = process.poll()
     return Finished(
         exit_code=-9 if code is None else code,
-        output=output,
         peak_bytes=None if peak is None else peak.bytes,
         peak_method=None if peak is None else peak.method.value,
         timed_out=timed_out,
