@@ -111,8 +111,11 @@ def running_gateway(
         log.close()
 
 
-def wait_answering(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 30) -> None:
-    """Wait until the gateway at ``url`` answers /health; fail with its log if it exits first."""
+def wait_answering(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 90) -> None:
+    """Wait until the gateway at ``url`` answers /health; fail with its log if it exits first.
+
+    The bound is one no busy machine misses: a gateway that joins a Ray cluster took over
+    30 s to answer on 2 cores at a load of 9; one that hangs still fails, with its log."""
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(httpx.HTTPError):
