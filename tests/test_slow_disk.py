@@ -1,4 +1,4 @@
-"""A slow disk holds no lock the pressure monitor needs: saves wait outside them.
+"""A slow disk holds no lock the pressure monitor needs: saves and log fsyncs wait outside them.
 
 Saves are slowest exactly when memory is short, which is when the monitor
 must read and act on time.  The gateway here is wired in this process and
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +48,13 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
             write.result(timeout=30)
         built.hooks.close()
         journal.close()
+
+
+def _until(predicate: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
+        time.sleep(0.005)
 
 
 def _ticking(gateway: Gateway, done: Callable[[], bool]) -> threading.Thread:
@@ -102,3 +111,49 @@ def test_a_slow_commit_of_a_launch_marker_never_keeps_the_monitor_from_reading(
     moments = [began, *counted, ended]
     longest = max(later - earlier for earlier, later in itertools.pairwise(moments))
     assert longest < ON_TIME_S, f"no reading for {longest:.2f} s while the marker was saved"
+
+
+def test_a_slow_fsync_of_an_ended_jobs_log_never_holds_up_suspend_and_resume(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While an ended job's log is fsynced slowly (2 s), another job is suspended and resumed
+    with its state recorded at once; the ended job's outcome is saved only after its log."""
+    syncing = threading.Event()
+    fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".log"):
+            syncing.set()
+            time.sleep(SLOW_S)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    scheduler = gateway.scheduler
+    long = scheduler.submit(JobSpec(argv=["sleep", "60"], memory_bytes=10 * MB))
+    short = scheduler.submit(JobSpec(argv=["true"], owner="b", memory_bytes=10 * MB))
+    scheduler.tick()
+    assert scheduler.get(long.id).state is JobState.RUNNING
+    ticking = _ticking(gateway, lambda: scheduler.get(short.id).state.final)
+    assert syncing.wait(20), "the short job's log was never synced"
+    # Logs before the index: its outcome is not saved while its log is being synced.
+    assert _saved_state(gateway, short.id) != "exited"
+    began = time.monotonic()
+    assert scheduler.relief.suspend_for_pressure(long.id)
+    suspended_in = time.monotonic() - began
+    assert scheduler.get(long.id).state is JobState.SUSPENDED
+    began = time.monotonic()
+    assert scheduler.relief.resume_after_pressure(long.id)
+    resumed_in = time.monotonic() - began
+    assert scheduler.get(long.id).state is JobState.RUNNING
+    ticking.join(30)
+    assert suspended_in < ON_TIME_S, f"suspending took {suspended_in:.2f} s"
+    assert resumed_in < ON_TIME_S, f"resuming took {resumed_in:.2f} s"
+    _until(lambda: _saved_state(gateway, short.id) == "exited", "the saved outcome")
+
+
+def _saved_state(gateway: Gateway, job_id: str) -> str | None:
+    try:
+        row = gateway.journal.job(job_id)
+    except sqlite3.Error:
+        return None
+    return None if row is None else row.state
