@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import roomkeeper.jobs.scheduler as scheduler_module
 from roomkeeper.config import read_queue_settings, read_settings
 from roomkeeper.errors import LaunchError, QueueFullError, UnknownJobError
 from roomkeeper.guard.admission import Guard, Rerun
+from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.queue import FairQueue, Limits
@@ -25,10 +27,11 @@ from roomkeeper.jobs.settings import (
     SchedulerParts,
     SchedulerSettings,
 )
-from roomkeeper.jobs.spec import JobSpec, JobState, SchedulerReason
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView, SchedulerReason
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.testing import FakeClock
-from tests.fakes import FakeHandle
+from roomkeeper.units import GB
+from tests.fakes import FakeHandle, fixture_guard
 
 
 class FakeLauncher:
@@ -110,7 +113,13 @@ def limits(**over: int | float | None) -> Limits:
 class Rig:
     """A scheduler on fakes, with knobs."""
 
-    def __init__(self, tmp_path: Path, **over: int | float | None) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        before_launch: Callable[[JobView], None] | None = None,
+        **over: int | float | None,
+    ) -> None:
         self.clock = FakeClock()
         self.guard = ScriptedGuard()
         self.launcher = FakeLauncher()
@@ -120,7 +129,10 @@ class Rig:
         self.scheduler = Scheduler(
             SchedulerSettings(logs_dir=tmp_path / "logs", limits=lambda: self.limits),
             parts=SchedulerParts(guard=self.guard, launcher=self.launcher),
-            listeners=SchedulerListeners(on_change=lambda v: self.events.append((v.id, v.state))),
+            listeners=SchedulerListeners(
+                on_change=lambda v: self.events.append((v.id, v.state)),
+                before_launch=before_launch,
+            ),
             clocks=SchedulerClocks(cpu_percent=lambda: self.cpu, clock=self.clock),
         )
 
@@ -518,3 +530,139 @@ def test_a_rerun_asks_with_its_forecast_and_its_last_run_with_the_worst_case(
         rig.scheduler.tick()
     assert asked == [(False, False), (True, False), (True, True)]
     assert rig.scheduler.get("j").state is JobState.STOPPED  # no fourth run
+
+
+class HeldSave:
+    """A ``before_launch`` save that lasts until the test lets it end (a slow disk)."""
+
+    def __init__(self, rig: Rig | None = None) -> None:
+        self.rig = rig
+        self.entered = threading.Event()
+        self.go = threading.Event()
+        self.changes_before_end = -1  # how many changes were handed on when the save ended
+
+    def __call__(self, view: JobView) -> None:
+        self.entered.set()
+        assert self.go.wait(10), "the test never let the save end"
+        if self.rig is not None:
+            self.changes_before_end = len(self.rig.events)
+
+
+def _waiting_for(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen within 10 s"
+        time.sleep(0.005)
+
+
+def test_the_monitor_reads_on_time_while_a_launch_marker_is_saved(tmp_path: Path) -> None:
+    """A launch whose pending marker takes 2 s to save never holds the scheduler's lock
+    meanwhile: the pressure monitor's readings, which take it, keep their interval."""
+    guard, _ = fixture_guard(tmp_path, used=1 * GB)
+    read_at: list[float] = []
+    read = guard.pressure_reading
+
+    def timed_read() -> Reading | None:
+        read_at.append(time.monotonic())
+        return read()
+
+    guard.pressure_reading = timed_read  # type: ignore[method-assign]
+    saved: list[float] = []
+    launcher = FakeLauncher()
+
+    def slow_save(view: JobView) -> None:
+        saved.append(time.monotonic())
+        time.sleep(2.0)
+        assert launcher.order == []  # save first: nothing starts before its marker is saved
+        saved.append(time.monotonic())
+
+    scheduler = Scheduler(
+        SchedulerSettings(logs_dir=tmp_path / "logs", limits=limits, monitor_interval=0.05),
+        parts=SchedulerParts(guard=guard, launcher=launcher),
+        listeners=SchedulerListeners(before_launch=slow_save),
+    )
+    scheduler.start()
+    try:
+        scheduler.submit(JobSpec(argv=["true"], memory_bytes=GB // 10), job_id="j")
+        _waiting_for(lambda: scheduler.get("j").state is JobState.RUNNING, "the launch")
+    finally:
+        scheduler.close(grace=0)
+    began, ended = saved
+    during = [began, *(t for t in read_at if began < t < ended), ended]
+    longest = max(later - earlier for earlier, later in itertools.pairwise(during))
+    assert longest < 0.5, f"no reading for {longest:.2f} s while the marker was saved"
+    assert launcher.order == ["j"]
+
+
+def test_a_cancel_while_the_marker_is_saved_wins_and_is_handed_on_after_the_save(
+    tmp_path: Path,
+) -> None:
+    """A cancel that lands while the pending marker is saved (outside the lock) wins: the job
+    never starts, and its end is handed on after the save, so the journal's outcome comes
+    after the marker and clears it."""
+    save = HeldSave()
+    rig = Rig(tmp_path, before_launch=save)
+    save.rig = rig
+    rig.submit("j")
+    launching = threading.Thread(target=rig.scheduler.tick)
+    launching.start()
+    assert save.entered.wait(5)
+    answers: list[JobView] = []
+    cancelling = threading.Thread(target=lambda: answers.append(rig.scheduler.cancel("j")))
+    cancelling.start()
+    _waiting_for(lambda: "j" in rig.guard.released, "the cancel")  # its reservation goes at once
+    save.go.set()
+    launching.join(5)
+    cancelling.join(5)
+    rig.scheduler.close(grace=0)
+    assert [a.state for a in answers] == [JobState.CANCELLED]  # answered once it is settled
+    assert rig.launcher.order == []
+    assert rig.state("j") is JobState.CANCELLED
+    assert rig.events.index(("j", JobState.CANCELLED)) >= save.changes_before_end >= 0
+
+
+def test_closing_while_the_marker_is_saved_cancels_the_job_for_the_shutdown(
+    tmp_path: Path,
+) -> None:
+    """A shutdown that lands while a launch's marker is saved ends that job cancelled for
+    ``shutdown`` once the save is done; it never starts."""
+    save = HeldSave()
+    rig = Rig(tmp_path, before_launch=save)
+    rig.submit("j")
+    launching = threading.Thread(target=rig.scheduler.tick)
+    launching.start()
+    assert save.entered.wait(5)
+    closing = threading.Thread(target=rig.scheduler.close, kwargs={"grace": 0})
+    closing.start()
+
+    def closed() -> bool:
+        try:
+            rig.scheduler.submit(JobSpec(argv=["true"], owner="b"))
+        except QueueFullError as err:
+            return err.reason == "closing"
+        return False
+
+    _waiting_for(closed, "the shutdown")
+    save.go.set()
+    launching.join(5)
+    closing.join(10)
+    assert not closing.is_alive()
+    view = rig.scheduler.get("j")
+    assert (view.state, view.reason) == (JobState.CANCELLED, SchedulerReason.SHUTDOWN)
+    assert rig.launcher.order == []
+
+
+def test_a_deadline_passed_while_the_marker_is_saved_expires_the_job(tmp_path: Path) -> None:
+    """A job whose deadline passes while its marker is saved expires instead of starting."""
+    save = HeldSave()
+    rig = Rig(tmp_path, before_launch=save)
+    rig.submit("j", timeout_s=5.0)
+    launching = threading.Thread(target=rig.scheduler.tick)
+    launching.start()
+    assert save.entered.wait(5)
+    rig.clock.advance(6.0)
+    save.go.set()
+    launching.join(5)
+    rig.scheduler.close(grace=0)
+    assert rig.state("j") is JobState.EXPIRED
+    assert rig.launcher.order == []

@@ -6,13 +6,22 @@ kept under its kind's key once it has ended; each step of the relief ladder
 goes into the recovery history, numbers only.  A save that fails is kept, so
 that a submit sees it and answers 507, and the job is saved again until a
 save of it succeeds.
+
+The changes come in order under the job book's flush lock, which the pressure
+monitor's suspensions and resumes also take: nothing here waits on the disk
+there.  An ended job's log is fsynced on a thread of its own, and only then
+is its outcome handed to the journal (logs before the index); the future the
+change is known by resolves once that outcome is saved.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import os
+import queue
+import threading
 import time
 
 import psutil
@@ -44,6 +53,16 @@ def _fsync_file(path: str) -> None:
             os.close(fd)
 
 
+def _settle(saved: concurrent.futures.Future[None], write: concurrent.futures.Future[None]) -> None:
+    """``saved`` ends as the journal's ``write`` did."""
+    if write.cancelled():
+        saved.cancel()
+    elif write.exception() is not None:
+        saved.set_exception(write.exception())
+    else:
+        saved.set_result(None)
+
+
 class JobRecords:
     """What the journal keeps of each job as the scheduler changes it.
 
@@ -63,6 +82,12 @@ class JobRecords:
         self.writes: dict[str, concurrent.futures.Future[None]] = {}
         self.unsaved: dict[str, float] = {}
         self._withdrawn: set[str] = set()  # jobs answered 507 (not saved): never saved
+        # Ended jobs whose log is fsynced before their outcome is saved, in the order they ended.
+        self._to_sync: queue.SimpleQueue[tuple[JobView, concurrent.futures.Future[None]]] = (
+            queue.SimpleQueue()
+        )
+        self._syncer: threading.Thread | None = None
+        self._syncer_lock = threading.Lock()
 
     def mark_launch(self, view: JobView) -> None:
         """The job's row and its pending marker, durable before the spawn (scheduler thread)."""
@@ -80,8 +105,9 @@ class JobRecords:
             with contextlib.suppress(psutil.Error):
                 pid_started = psutil.Process(view.pid).create_time()
         if view.state.final:
-            _fsync_file(view.log_path)  # logs before the index
-        write = self._journal.record_job(view, pid_started=pid_started)
+            write = self._after_its_log(view)  # logs before the index, off this thread
+        else:
+            write = self._journal.record_job(view, pid_started=pid_started)
         self._watch(write)
         self.writes[view.id] = write
         if view.state.final and view.peak_bytes is not None:
@@ -103,6 +129,35 @@ class JobRecords:
         write.add_done_callback(forget)
         if view.state is JobState.RUNNING and view.started_at is not None:
             self._waits.add(max(0.0, view.started_at - view.submitted_at))
+
+    def _after_its_log(self, view: JobView) -> concurrent.futures.Future[None]:
+        """The ended job's outcome, saved once its log is fsynced (on the log-sync thread).
+
+        A final state is a job's last change in this run (an ended job never changes
+        again; a job in doubt run again is one of an earlier run, saved before), so no
+        later change of it can reach the journal before this one.
+        """
+        saved: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._syncer_lock:
+            if self._syncer is None:
+                self._syncer = threading.Thread(
+                    target=self._sync_logs, name="roomkeeper-log-sync", daemon=True
+                )
+                self._syncer.start()
+        self._to_sync.put((view, saved))
+        return saved
+
+    def _sync_logs(self) -> None:
+        """Fsync each ended job's log, then hand its outcome to the journal, in order."""
+        while True:
+            view, saved = self._to_sync.get()
+            _fsync_file(view.log_path)
+            try:
+                write = self._journal.record_job(view)
+            except Exception as err:  # the thread must outlive any one failed save
+                saved.set_exception(err)
+                continue
+            write.add_done_callback(functools.partial(_settle, saved))
 
     def relief_step(self, event: ReliefEvent) -> None:
         """A step of the relief ladder in the recovery history, numbers only (monitor thread)."""

@@ -369,6 +369,10 @@ class Gateway:
         grace = max(0.5, min(5.0, steps_s / 2))  # 4. stop managed trees
         # Reaping them has three quarters of the steps' time, so the services below close.
         await asyncio.to_thread(self.scheduler.close, grace=grace, within=steps_s * 3 / 4)
+        # The outcomes of the jobs ended just now: each is saved once its log is synced.
+        ended = [asyncio.wrap_future(f) for f in self.durable_jobs.pending_writes()]
+        if ended:
+            await asyncio.gather(*ended, return_exceptions=True)
         await asyncio.to_thread(self.hooks.close)  # 5. close services (hooks end by their deadline)
         await asyncio.to_thread(self.lease_relief.close)
         await asyncio.to_thread(self.journal.close)

@@ -31,6 +31,7 @@ from roomkeeper.processes.peaks import PeakMethod
 from roomkeeper.worktrees.request import Worktree
 
 KEEP_FINISHED = 1000  # finished jobs kept in memory; the journal keeps every one
+WAIT_LOOK_S = 1.0  # a wait on a change looks again at least this often, change or not
 
 
 @dataclass(slots=True)
@@ -176,6 +177,12 @@ class JobBook:
         self._ended[state.value] += 1
         self.record(job, state, reason)
         self._just_ended.append(self.view(job))
+
+    def wait_while(self, busy: Callable[[], bool]) -> None:
+        """Wait while ``busy()`` holds, looked at again on every change; the lock is let go
+        meanwhile and held again on return."""
+        while busy():
+            self._changed.wait(WAIT_LOOK_S)
 
     def take_ended(self) -> list[JobView]:
         """The views of the jobs that ended since the last call."""

@@ -10,6 +10,15 @@ lock held, and the launch re-checks, under the lock, that the job is still
 waiting.  A cancel that lands while the job is being judged therefore
 removes its permission to launch; a cancel after the spawn stops its tree.
 
+Save first, and no disk wait under the lock: an admitted job is taken out of
+the queue and marked *launching* under the lock; its pending marker is saved
+(``before_launch``, a journal commit that may take seconds on a slow disk)
+without it, so the pressure monitor and the API never wait on the disk; then
+the lock is taken again to spawn it.  A cancel or a shutdown that comes
+while the marker is saved does not end the job itself (its end would be
+saved before the marker, and the marker would outlive it): it marks the job,
+and the launch ends it ``cancelled`` once the save is done, never started.
+
 Disk is the one resource roomkeeper can free itself: a refusal
 for disk gets one worktree prune first (``reclaim_disk``), which stops at the guard's
 own line, and then the guard judges again.  A job that asked for a git
@@ -37,6 +46,7 @@ run is :mod:`roomkeeper.jobs.scheduler`'s.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import threading
@@ -57,7 +67,7 @@ from roomkeeper.jobs.settings import (
     SchedulerParts,
     SchedulerSettings,
 )
-from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, SchedulerReason
+from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, JobView, SchedulerReason
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.processes.launch import LaunchSpec, launch
 from roomkeeper.processes.lifeline import Lifeline
@@ -73,6 +83,14 @@ MEASURE_EVERY_S = 0.05  # a young job's footprint is read again for a launch at 
 ASIDE_SECONDS = 2.0  # a job set aside (nothing that exists could hold it) is judged again after
 
 
+class _Acted(enum.Enum):
+    """What became of a judged job."""
+
+    DONE = enum.auto()  # failed, or cancelled meanwhile: the round goes on
+    LAUNCHING = enum.auto()  # admitted: its marker is saved next, then it starts
+    REFUSED = enum.auto()  # it keeps its place (or waits aside)
+
+
 class LaunchRounds:
     """Launches the queue's jobs the guard admits, and stops and reaps the running ones.
 
@@ -83,6 +101,8 @@ class LaunchRounds:
 
     Attributes:
         running: the running jobs by id, in launch order.
+        launching: admitted jobs whose pending marker is being saved (out of the
+            queue, still ``waiting``, not yet started).
         refusals: refused rounds by reason.
         launched: how many jobs were started.
         last_refusal: the guard's last refusal, in words.
@@ -121,6 +141,7 @@ class LaunchRounds:
         self._cpu_read_at = float("-inf")
         self._stop_grace = settings.stop_grace
         self.running: dict[str, JobRecord] = {}
+        self.launching: dict[str, JobRecord] = {}
         self.refusals: Counter[str] = Counter()
         self.launched = 0
         self._aside: dict[str, float] = {}  # job id -> when it was set aside
@@ -316,8 +337,11 @@ class LaunchRounds:
             decision = self._judge(job)
             worktree, unprepared = self._make_worktree(job) if decision.admit else (None, None)
             with self._lock:
-                refused = self._act(job, decision, worktree, unprepared, limits)
-            if not refused:
+                acted = self._act(job, decision, worktree, unprepared)
+            if acted is _Acted.LAUNCHING:
+                self._launch(job, limits)
+                continue
+            if acted is _Acted.DONE:
                 continue
             # Told outside the lock; a ``break`` above would skip this (it once did).
             on_refusal = self._listeners.on_refusal
@@ -332,24 +356,24 @@ class LaunchRounds:
         decision: Decision,
         worktree: Worktree | None,
         unprepared: Exception | None,
-        limits: Limits,
-    ) -> bool:
-        """Start, fail or refuse the judged job (lock held); whether it was refused."""
+    ) -> _Acted:
+        """Take the judged job out of the queue to launch it, fail it or refuse it (lock held)."""
         if job.state is not JobState.WAITING:  # cancelled while it was judged
             self._guard.release(job.id)
-            return False
+            return _Acted.DONE
         if unprepared is not None:
             self._fail_unprepared(job, unprepared)
-            return False
+            return _Acted.DONE
         if decision.never_fits:  # waiting would be for ever: fail it, go on
             self._fail_never_fits(job, decision)
-            return False
+            return _Acted.DONE
         if decision.admit:
             job.worktree = worktree
             job.line_bytes = decision.memory_line_bytes  # what a re-run's estimate stays under
             job.admitted_bytes = decision.estimate_bytes  # what it reserved (a re-run: capped)
-            self._start(job, limits)
-            return False
+            self._queue.remove(job.spec.owner, job)
+            self.launching[job.id] = job
+            return _Acted.LAUNCHING
         self.refusals[decision.reason.value] += 1
         self.last_refusal = decision.summary
         if decision.aside:  # nothing could hold it now: the jobs behind it go on
@@ -357,7 +381,39 @@ class LaunchRounds:
             job.reason = decision.reason
         else:
             self._explain(decision.reason)
-        return True
+        return _Acted.REFUSED
+
+    def _launch(self, job: JobRecord, limits: Limits) -> None:
+        """Save the launching job's pending marker without the lock, then start it under it."""
+        with self._lock:
+            view = self._book.view(job)
+        failure = self._save_first(view)
+        with self._lock:
+            self._start(job, limits, failure)
+
+    def _save_first(self, view: JobView) -> Exception | None:
+        """The pending marker saved and the log's folder made (lock not held: both wait on the
+        disk); what kept the job from starting, or None."""
+        before_launch = self._listeners.before_launch
+        if before_launch is not None:
+            try:
+                before_launch(view)
+            except Exception as err:
+                return LaunchError(
+                    view.id, f"not started: its pending marker could not be saved ({err})"
+                )
+        try:
+            Path(view.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as err:
+            return err
+        return None
+
+    def withdraw(self, job: JobRecord, reason: Word | None) -> None:
+        """Keep a launching job from starting (lock held): it ends ``cancelled`` with ``reason``
+        once its marker's save is done, so its end is saved after the marker and clears it."""
+        if job.stop_cause is None:
+            job.stop_cause, job.stop_reason = JobState.CANCELLED, reason
+        self._guard.release(job.id)  # it will not start: its reservation goes now
 
     def _judge(self, job: JobRecord) -> Decision:
         """The guard's answer; a disk refusal gets one worktree prune first, then a second look."""
@@ -483,9 +539,24 @@ class LaunchRounds:
             self._cpu_value, self._cpu_read_at = self._clocks.cpu_percent(), now
         return self._cpu_value
 
-    def _start(self, job: JobRecord, limits: Limits) -> None:
-        """Spawn the job (lock held, so a cancel is either before or after this)."""
-        self._queue.remove(job.spec.owner, job)
+    def _start(self, job: JobRecord, limits: Limits, failure: Exception | None) -> None:
+        """Spawn the launching job, its marker saved (lock held, so a cancel is either before or
+        after this); or end it: cancelled or shut down meanwhile, not saved, or past its
+        deadline."""
+        del self.launching[job.id]
+        if job.stop_cause is not None:  # a cancel or a shutdown came while it was saved
+            self._guard.release(job.id)
+            self._book.finish(job, JobState.CANCELLED, job.stop_reason)
+            return
+        if failure is not None:
+            self._guard.release(job.id)
+            job.error = str(failure)
+            self._book.finish(job, JobState.FAILED, None)
+            return
+        if job.deadline is not None and self._clocks.clock() >= job.deadline:
+            self._guard.release(job.id)  # its time ran out while it was saved: never started
+            self._book.finish(job, JobState.EXPIRED, None)
+            return
         spec = LaunchSpec(
             argv=job.spec.argv,
             log_path=job.log_path,
@@ -501,15 +572,6 @@ class LaunchRounds:
             else max(0.0, job.deadline - self._clocks.clock()),
         )
         try:
-            before_launch = self._listeners.before_launch
-            if before_launch is not None:
-                try:
-                    before_launch(self._book.view(job))
-                except Exception as err:
-                    raise LaunchError(
-                        job.id, f"not started: its pending marker could not be saved ({err})"
-                    ) from err
-            Path(job.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             handle = self._launcher(job.id, spec)
         except (LaunchError, OSError, ValueError) as err:
             self._guard.release(job.id)
@@ -538,7 +600,8 @@ class LaunchRounds:
         """Forget the oldest finished jobs beyond the book's bound, and then idle owners' lines."""
         if not self._book.prune(len(self.running)):
             return
-        self._queue.forget_idle({j.spec.owner for j in self.running.values()})
+        live = [*self.running.values(), *self.launching.values()]
+        self._queue.forget_idle({j.spec.owner for j in live})
         self._stoppers = [t for t in self._stoppers if t.is_alive()]
 
     def next_due(self) -> float | None:

@@ -191,6 +191,11 @@ class Scheduler:
         """
         with self._lock:
             job = self._book.find(job_id)
+            if job.id in self._rounds.launching:
+                # Its marker is being saved: the launch ends it, never started, once the save
+                # is done (its end is then saved after the marker); the lock is let go meanwhile.
+                self._rounds.withdraw(job, None)
+                self._book.wait_while(lambda: job.id in self._rounds.launching)
             if job.state is JobState.WAITING:
                 self._queue.remove(job.spec.owner, job)
                 self._guard.release(job.id)  # in case it was being judged right now
@@ -243,17 +248,18 @@ class Scheduler:
         """Counts by state and owner, refusals by reason, launches."""
         with self._lock:
             running = self._rounds.running
-            owners = self._queue.owners() | {j.spec.owner for j in running.values()}
+            launching = list(self._rounds.launching.values())  # still waiting: not started yet
+            owners = self._queue.owners() | {j.spec.owner for j in [*running.values(), *launching]}
             by_owner = {
                 o: (
-                    self._queue.waiting_of(o),
+                    self._queue.waiting_of(o) + sum(1 for j in launching if j.spec.owner == o),
                     sum(1 for j in running.values() if j.spec.owner == o),
                 )
                 for o in sorted(owners)
             }
             first = self._queue.first()
             return SchedulerStatistics(
-                waiting=self._queue.waiting(),
+                waiting=self._queue.waiting() + len(launching),
                 running=len(running),
                 by_owner={o: c for o, c in by_owner.items() if c != (0, 0)},
                 refusals=dict(self._rounds.refusals),
@@ -384,9 +390,7 @@ class Scheduler:
             self._closed = True
             self._closing = True
             handles = self._rounds.reap()  # a job that already ended is not "stopped"
-            # Reason "shutdown": an orderly stop, not a person's cancel (recovery may defer it).
-            for job in self._queue.take(lambda j: True):
-                self._book.finish(job, JobState.CANCELLED, SchedulerReason.SHUTDOWN)
+            self._cancel_what_waits()
             stoppers = self._rounds.stop_all(grace)
         self._wake()
         # Every wait below has one deadline: a tree that cannot be reaped (a stuck
@@ -401,7 +405,7 @@ class Scheduler:
         self._rounds.close_handles(handles)
         while True:
             with self._lock:
-                left = [j.id for j in self._rounds.running.values()]
+                left = [*self._rounds.running, *self._rounds.launching]
             if not left:
                 break
             if time.monotonic() >= deadline:
@@ -422,6 +426,15 @@ class Scheduler:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def _cancel_what_waits(self) -> None:
+        """For a shutdown (lock held): cancel the waiting jobs now, and the launching ones once
+        their marker's save is done; reason ``shutdown``, an orderly stop, not a person's
+        cancel (recovery may defer it)."""
+        for job in self._queue.take(lambda j: True):
+            self._book.finish(job, JobState.CANCELLED, SchedulerReason.SHUTDOWN)
+        for job in self._rounds.launching.values():
+            self._rounds.withdraw(job, SchedulerReason.SHUTDOWN)
 
     def _tick_before(self, deadline: float) -> bool:
         """One round, unless the loop's thread is stuck in one past ``deadline``."""

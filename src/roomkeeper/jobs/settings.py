@@ -119,9 +119,11 @@ class SchedulerListeners:
             until that resolves the job's memory stays reserved, so the hook runs
             before that memory is offered again, and nothing else waits.
         on_refusal: called with the job id and the guard's refusal (every refused round).
-        before_launch: called with the job's view just before its spawn, lock held; it
-            writes the durable pending marker (save first).  If it raises, the job is
-            not started and ends as failed.
+        before_launch: called with the job's view just before its spawn, lock not held
+            (it waits on the disk); it writes the durable pending marker (save first), and
+            the job starts only once it has returned.  If it raises, the job is not started
+            and ends as failed; a cancel or a shutdown meanwhile ends it cancelled once it
+            has returned.
         on_relief: told of every step the relief ladder takes (the gateway's history).
     """
 
