@@ -4,6 +4,7 @@
   one for a whole module (tests that only read or add their own records).
 - ``reaper``: every process tree and job group a test launched, killed and
   removed whatever the test's outcome.
+- ``tiny_disk``: a real 2 MiB tmpfs, to fill (``gateways.fill_disk``) as a full disk.
 - ``browser``: headless Debian chromium, or a skip that names what is missing.
 
 Helpers that are not fixtures live in their own modules beside this one
@@ -15,6 +16,7 @@ test module imports from another (tests/test_layers.py holds it).
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,22 @@ def reaper() -> Iterator[Reaper]:
         yield keeper
     finally:
         keeper.cleanup()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 2 MiB tmpfs, mounted for the test and always unmounted."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=False
+    )
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root and the mount syscall)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture

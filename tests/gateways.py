@@ -79,17 +79,24 @@ def gateway_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def running_gateway(
-    tmp: Path, *, port: int | None = None, supervised: bool = False, **extra: str
+    tmp: Path,
+    *,
+    port: int | None = None,
+    supervised: bool = False,
+    code: str | None = None,
+    **extra: str,
 ) -> Iterator[RunningGateway]:
-    """Start ``roomkeeper gateway`` (``serve``, under its supervisor, when ``supervised``);
+    """Start ``roomkeeper gateway`` (``serve``, under its supervisor, when ``supervised``;
+    the Python program ``code``, given the port, when set: a gateway with a fault put in);
     stop it with SIGTERM (then SIGKILL) whatever happens."""
     port = port or free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     env = gateway_env(tmp, **extra)
     command = "serve" if supervised else "gateway"
     log = (tmp / f"gateway-{port}.log").open("wb")
+    argv = [sys.executable, "-m", "roomkeeper", command, "--port", str(port)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "roomkeeper", command, "--port", str(port)],
+        argv if code is None else [sys.executable, "-c", code, str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -109,6 +116,15 @@ def running_gateway(
     finally:
         stop_process(proc)
         log.close()
+
+
+def fill_disk(disk: Path) -> Path:
+    """Fill the volume at ``disk`` with one file, written until the disk refuses; that file."""
+    filler = disk / "filler"
+    with contextlib.suppress(OSError), filler.open("wb") as f:
+        while True:
+            f.write(b"x" * 65536)
+    return filler
 
 
 def wait_answering(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 90) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from roomkeeper.api.health_first import HealthFirst
+from roomkeeper.api.health_first import HealthFirst, goes_first, pause_of
 from roomkeeper.api.serve import YOUNG_OBJECTS_PER_COLLECTION
 from tests.gateways import free_port, gateway_env, stop_process, wait_answering
 
@@ -82,6 +82,50 @@ async def _stream_then_request() -> list[str]:
 
 def test_a_streaming_answer_gives_its_turn_back_when_it_starts() -> None:
     assert asyncio.run(_stream_then_request()) == ["/stream", "/v1/jobs"]
+
+
+async def _wait_beside_a_request() -> tuple[list[str], float]:
+    """One request waits (as a lease grant waits for room) in a line of one place; another
+    comes; the waiting one ends only once the other has been answered."""
+    answered, done = asyncio.Event(), []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/wait":
+            pause = pause_of(scope)
+            while not answered.is_set():
+                await pause(0.05)  # its place in line is given back while it waits
+        done.append(scope["path"])
+        if scope["path"] == "/v1/status":
+            answered.set()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    fair = HealthFirst(app, at_once=1)
+    transport = httpx.ASGITransport(app=fair)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        waiting = asyncio.create_task(client.get("/wait"))
+        await asyncio.sleep(0.1)
+        start = asyncio.get_running_loop().time()
+        await asyncio.wait_for(client.get("/v1/status"), timeout=2)
+        took = asyncio.get_running_loop().time() - start
+        await asyncio.wait_for(waiting, timeout=2)
+    return done, took
+
+
+def test_a_request_that_waits_gives_its_place_in_line_back() -> None:
+    """With one place in line, a request pausing in a loop does not hold it: the next
+    request is answered at once, and the waiting one takes a place again to answer."""
+    done, took = asyncio.run(_wait_beside_a_request())
+    assert done == ["/v1/status", "/wait"]
+    assert took < 1.0
+
+
+def test_cancels_and_the_way_out_never_wait_in_line() -> None:
+    """A job's cancel, a lease's release, shutdown and restart pass the line; work does not."""
+    first = ["/v1/jobs/abc/cancel", "/v1/leases/x", "/v1/shutdown", "/v1/restart", "/health"]
+    assert all(goes_first(path) for path in first)
+    work = ["/v1/jobs", "/v1/jobs/abc", "/v1/status", "/v1/calls/abc/cancel", "/v1/leases"]
+    assert not any(goes_first(path) for path in work)
 
 
 async def _health_asks(fair: HealthFirst) -> dict[str, httpx.Response]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 from tests.gateways import (
     RunningGateway,
+    fill_disk,
     kill_whole_tree,
     roomkeeper_cli,
     running_gateway,
@@ -314,22 +314,6 @@ def test_history_is_capped_in_count_and_size(
         journal.close()
 
 
-@pytest.fixture
-def tiny_disk(tmp_path: Path) -> Path:
-    """A real 2 MiB tmpfs, mounted for the test and always unmounted."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=False
-    )
-    if done.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root and the mount syscall)")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_a_full_disk_is_reported_never_presented_as_saved(tmp_path: Path, tiny_disk: Path) -> None:
     """Journal's disk full: 507, a log line, 'persistence failed'; /health still answers."""
     home = tiny_disk / "home"
@@ -366,14 +350,6 @@ def test_a_full_disk_is_reported_never_presented_as_saved(tmp_path: Path, tiny_d
     assert "the journal could not save" in log_text
 
 
-def _fill(disk: Path) -> Path:
-    filler = disk / "filler"
-    with contextlib.suppress(OSError), filler.open("wb") as f:
-        while True:
-            f.write(b"x" * 65536)
-    return filler
-
-
 def test_a_gateway_starts_and_serves_on_a_full_disk_and_saves_once_space_is_back(
     tmp_path: Path, tiny_disk: Path
 ) -> None:
@@ -386,7 +362,7 @@ def test_a_gateway_starts_and_serves_on_a_full_disk_and_saves_once_space_is_back
             lambda: gw.client.get(f"/v1/jobs/{earlier}").json()["state"] == "exited",
             "the first job's end",
         )
-    filler = _fill(tiny_disk)
+    filler = fill_disk(tiny_disk)
     with running_gateway(tmp_path / "second", ROOMKEEPER_HOME=str(home)) as gw:
         assert gw.anonymous.get("/health").status_code == 200
         assert earlier in {j["id"] for j in gw.client.get("/v1/jobs").json()}
@@ -411,8 +387,9 @@ def test_a_failed_save_undoes_what_it_promised_and_is_saved_once_space_is_back(
     tmp_path: Path, tiny_disk: Path
 ) -> None:
     """On a full disk: a refused lease holds nothing and its retry is judged again; a
-    refused job is never listed; a cancel stops the tree; a delete of an ended job frees
-    its output first.  Once space is back, the cancelled job is saved as ended."""
+    refused job is never listed; a cancel stops the tree (and says it is not saved); a
+    delete of an ended job frees its output first.  Once space is back, the cancelled job
+    is saved as ended."""
     home = tiny_disk / "home"
     with running_gateway(tmp_path, ROOMKEEPER_HOME=str(home)) as gw:
         talker = gw.client.post(
@@ -433,7 +410,7 @@ def test_a_failed_save_undoes_what_it_promised_and_is_saved_once_space_is_back(
         ]
         assert len(sleeper) == 1
         pid = sleeper[0].pid
-        filler = _fill(tiny_disk)
+        filler = fill_disk(tiny_disk)
         lease = {"id": "full", "memory_bytes": 10**6}
         for _ in range(2):  # the retry is judged and saved afresh, never a 200 for nothing
             assert gw.client.post("/v1/leases", json=lease).status_code == 507
@@ -442,8 +419,9 @@ def test_a_failed_save_undoes_what_it_promised_and_is_saved_once_space_is_back(
         assert refused.status_code == 507
         listed = {j["id"] for j in gw.client.get("/v1/jobs").json()}
         assert listed == {talker, runner}
-        cancelled = gw.client.post(f"/v1/jobs/{runner}/cancel")
-        assert cancelled.status_code == 200, cancelled.text
+        cancelled = gw.client.post(f"/v1/jobs/{runner}/cancel")  # not saved: said so
+        assert (cancelled.status_code, cancelled.json()["reason"]) == (507, "not_saved")
+        assert "the cancel holds in this run (a running tree is stopped)" in cancelled.text
         wait_until(lambda: not psutil.pid_exists(pid) or _zombie(pid), "the tree stopped")
         assert gw.client.get("/v1/needs-you").json()["headline"] == "persistence failed"
         assert gw.client.delete(f"/v1/jobs/{talker}").status_code == 204
@@ -511,7 +489,7 @@ def test_no_new_work_runs_while_start_up_recovery_is_owed(tmp_path: Path, tiny_d
     home = tiny_disk / "home"
     with running_gateway(tmp_path / "first", ROOMKEEPER_HOME=str(home)) as gw:
         assert gw.client.post("/v1/jobs", json={"argv": ["true"]}).status_code == 201
-    filler = _fill(tiny_disk)
+    filler = fill_disk(tiny_disk)
     with running_gateway(tmp_path / "second", ROOMKEEPER_HOME=str(home)) as gw:
         refused = gw.client.post("/v1/jobs", json={"argv": ["true"]})
         assert refused.status_code == 507, refused.text

@@ -18,6 +18,7 @@
     ├── StateConflictError          the job's state forbids this now (``work_id``, ``reason``)
     ├── AlreadyEndedError           the lease asked about has already ended (``lease_id``)
     ├── PersistenceError            the journal could not save (disk full, I/O error)
+    │   └── SaveTimeoutError        the journal did not answer within a save's deadline
     └── NoGatewayError              no gateway answers for this ROOMKEEPER_HOME
 
 Readers never let ``KernelFileError`` or ``OSError`` escape to the caller:
@@ -130,6 +131,13 @@ class UnknownJobError(RoomkeeperError, KeyError):
 
 class PersistenceError(RoomkeeperError):
     """The journal could not save something; it is reported, never presented as saved."""
+
+
+class SaveTimeoutError(PersistenceError):
+    """The journal did not answer within a save's deadline (a slow or hung disk).
+
+    The write is still queued and may land later: the caller says what happens to it then.
+    """
 
 
 class CallStateError(RoomkeeperError):

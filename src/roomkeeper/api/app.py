@@ -56,6 +56,7 @@ from roomkeeper.errors import (
     NotEndedError,
     PersistenceError,
     QueueFullError,
+    SaveTimeoutError,
     StateConflictError,
     UnknownJobError,
     UnrunnableError,
@@ -211,7 +212,7 @@ def _add_conflict_answers(app: FastAPI) -> None:
 
 
 def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
-    """A 4xx or 507 saying what was wrong for each of our errors, never a 500."""
+    """A 4xx, 503 or 507 saying what was wrong for each of our errors, never a 500."""
 
     _add_request_errors(app)
     _add_conflict_answers(app)
@@ -230,6 +231,9 @@ def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
 
     @app.exception_handler(PersistenceError)
     async def not_saved(request: Request, err: PersistenceError) -> JSONResponse:
+        if isinstance(err, SaveTimeoutError):  # a hung disk: reported until a write lands
+            gateway.persistence.note(err)
+            return error(503, "not_saved_in_time", str(err))
         return error(507, "not_saved", str(err))
 
     @app.exception_handler(sqlite3.Error)

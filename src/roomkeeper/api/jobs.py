@@ -7,7 +7,6 @@ includes them with its token check on every one.
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -224,10 +223,7 @@ def _call_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depe
             raise UsageError("the gateway is shutting down", name="shutdown")
         # Owed recovery marks every pending call uncertain: this run's would be taken too.
         gateway.startup.refuse_new_work_while_owed()
-        try:
-            return gateway.calls.register(body.kind, body.owner, resumable=body.resumable).to_json()
-        except sqlite3.Error as err:
-            raise PersistenceError(f"the call was not registered: {err}") from err
+        return gateway.calls.register(body.kind, body.owner, resumable=body.resumable).to_json()
 
     @router.get("/v1/calls", dependencies=auth, response_model=list[CallOut], **SENT_AS_BUILT)
     def list_calls(state: CallState | None = None) -> list[dict[str, Any]]:
@@ -244,15 +240,12 @@ def _call_routes(router: APIRouter, gateway: Gateway, auth: Sequence[params.Depe
     )
     def call_outcome(call_id: Id, body: OutcomeIn) -> dict[str, Any]:
         """Save a call's outcome; only then is its pending marker cleared."""
-        try:
-            return gateway.calls.outcome(
-                call_id,
-                succeeded=body.outcome == "succeeded",
-                numbers=body.numbers,
-                error=body.error,
-            ).to_json()
-        except sqlite3.Error as err:
-            raise PersistenceError(f"the outcome was not saved: {err}") from err
+        return gateway.calls.outcome(
+            call_id,
+            succeeded=body.outcome == "succeeded",
+            numbers=body.numbers,
+            error=body.error,
+        ).to_json()
 
 
 def _call_ending_routes(

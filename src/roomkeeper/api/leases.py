@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import APIRouter, params
+from fastapi import APIRouter, Request, params
 from fastapi.responses import JSONResponse, Response
 
+from roomkeeper.api.health_first import pause_of
 from roomkeeper.api.models import HeartbeatIn, Id, LeaseIn
 from roomkeeper.api.paging import (
     DEFAULT_LIMIT,
@@ -39,10 +40,15 @@ def lease_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
         responses={200: {"model": LeaseOut, "description": "The lease already granted (a retry)"}},
         **SENT_AS_BUILT,
     )
-    async def grant_lease(body: LeaseIn, answer: Response) -> dict[str, Any] | JSONResponse:
-        """Grant a lease (201; 200 for a retried id) or refuse it (409 with the guard's reason)."""
+    async def grant_lease(
+        body: LeaseIn, answer: Response, request: Request
+    ) -> dict[str, Any] | JSONResponse:
+        """Grant a lease (201; 200 for a retried id) or refuse it (409 with the guard's reason).
+
+        With ``wait_s`` it waits for room, giving its place in the API's line back between
+        its tries."""
         lease, decision, created = await gateway.durable_leases.grant(
-            body.id, body.terms(), wait_s=body.wait_s
+            body.id, body.terms(), wait_s=body.wait_s, pause=pause_of(request.scope)
         )
         if lease is None:
             assert decision is not None

@@ -96,6 +96,7 @@ ERROR_REASONS = (
     "no_supervisor",
     "shutting_down",
     "not_saved",
+    "not_saved_in_time",
     "queue_full",
     "owner_queue_full",
     "closing",

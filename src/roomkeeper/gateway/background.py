@@ -4,8 +4,9 @@ Beside the loops its parts bring (the Health page's chart, the baseline, the
 supervisor's heartbeats), the gateway's own: lease expiry, the release hooks
 owed since before this start, and the resume loop, which every
 :data:`RESUME_CHECK_S` resumes the next deferred job (while nothing holds
-automatic work), catches up on what a full disk refused at start, and saves
-again each job change that could not be saved.
+automatic work), catches up on what a full disk refused at start (the
+expiry of leases past their ttl among it), and saves again each job and
+lease change that could not be saved.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class Background:
     Args:
         startup: what a full disk left owed at start, and the hooks owed since before.
         jobs: whose unsaved changes are saved again, and whose owed hooks are made.
-        leases: whose expiry runs, and whose owed hooks are made.
+        leases: whose expiry runs, whose owed hooks are made, and whose unsaved changes are
+            saved again.
         doubt: resumes the next deferred job.
         may_resume: whether nothing holds automatic work now (closing, a journal that
             cannot save, recovery mode).
@@ -87,6 +89,7 @@ class Background:
             except Exception as err:  # the loop must go on: said once, tried again
                 say_failure_once("resuming deferred work", err)
             await self._startup.catch_up()
+            self._leases.save_owed()  # on the loop: in order with the leases' own changes
             if self._jobs.unsaved:
                 try:
                     await asyncio.to_thread(self._jobs.retry_unsaved)

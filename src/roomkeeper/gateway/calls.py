@@ -6,19 +6,22 @@ outcome clears the marker (``succeeded`` or ``failed``).  No kind is assumed
 read-only: every registered call is marked, whatever its kind.  A result that
 arrives after the call was cancelled cannot retire its marker, and a failed
 step stays a failure.  After a crash, a pending call is ``uncertain`` until a
-person or the client resolves it.
+person or the client resolves it.  Each request waits for its save within the
+save deadline (:mod:`~roomkeeper.gateway.persistence`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from roomkeeper.errors import CallStateError, NotEndedError, UnknownJobError
+from roomkeeper.gateway.persistence import FREE_SPACE, saved
 from roomkeeper.journal.calls import CallRow
 from roomkeeper.journal.database import Journal
 
@@ -64,18 +67,50 @@ class CallView:
         }
 
 
-class Calls:
-    """Registered calls, kept in the journal (every method waits for durability)."""
+_T = TypeVar("_T")
 
-    def __init__(self, journal: Journal) -> None:
+
+class Calls:
+    """Registered calls, kept in the journal (every method waits for durability).
+
+    Args:
+        journal: where the calls are kept.
+        watch: told of every journal write, to report one that fails.
+    """
+
+    def __init__(
+        self, journal: Journal, *, watch: Callable[[concurrent.futures.Future[Any]], None]
+    ) -> None:
         self._journal = journal
+        self._watch = watch
+
+    def _saved(self, write: concurrent.futures.Future[_T], what: str, then: str) -> _T:
+        """Wait for ``write`` within the save deadline; watched, so a failure is reported.
+
+        Raises:
+            PersistenceError: the journal refused it.
+            SaveTimeoutError: the journal did not answer in time.
+        """
+        self._watch(write)
+        return saved(write, what, then=f"{then}; {FREE_SPACE}")
 
     def register(self, kind: str, owner: str, *, resumable: bool = False) -> CallView:
-        """Write the call and its pending marker durably, in one transaction."""
+        """Write the call and its pending marker durably, in one transaction.
+
+        Raises:
+            PersistenceError: not saved, so not registered.
+            SaveTimeoutError: the journal did not answer in time: the call may be registered
+                once it does, under the id the message names.
+        """
         call_id = uuid.uuid4().hex[:16]
-        self._journal.register_call(
+        write = self._journal.register_call(
             call_id, kind=kind, owner=owner, resumable=resumable, at=time.time()
-        ).result()
+        )
+        self._saved(
+            write,
+            f"call {call_id!r}",
+            "do not dispatch it; if GET /v1/calls/ID finds it later, cancel or resolve it",
+        )
         return self.get(call_id)
 
     def outcome(
@@ -117,7 +152,8 @@ class Calls:
         """Cancel a pending call; its marker stays, since what it did is unknown."""
         call = self.get(call_id)
         if call.state is CallState.PENDING:
-            self._journal.cancel_call(call_id, at=time.time()).result()
+            write = self._journal.cancel_call(call_id, at=time.time())
+            self._saved(write, f"call {call_id!r}'s cancel", "ask again")
         return self.get(call_id)
 
     def remove(self, call_id: str) -> None:
@@ -143,7 +179,8 @@ class Calls:
                 work_id=call_id,
                 reason="in_doubt",
             )
-        if not self._journal.forget_call(call_id).result():
+        write = self._journal.forget_call(call_id)
+        if not self._saved(write, f"call {call_id!r}'s removal", "ask again"):
             raise CallStateError(
                 f"call {call_id!r} changed while it was being removed", call_id=call_id
             )
@@ -168,7 +205,8 @@ class Calls:
                 call_id=call_id,
             )
         if resolution == "rerun":  # pending again, under a fresh marker
-            self._journal.rerun_call(call_id, at=time.time()).result()
+            write = self._journal.rerun_call(call_id, at=time.time())
+            self._saved(write, f"call {call_id!r}'s rerun", "ask again")
         else:
             state = CallState.SUCCEEDED if resolution == "succeeded" else CallState.FAILED
             if not self._settle(call_id, state, None, None, only_from=settleable):
@@ -187,14 +225,15 @@ class Calls:
         only_from: tuple[CallState, ...],
     ) -> bool:
         """Save the outcome and clear the marker in one transaction; False if the state moved."""
-        return self._journal.settle_call(
+        write = self._journal.settle_call(
             call_id,
             state=state.value,
             numbers=numbers,
             error=error,
             only_from=[s.value for s in only_from],
             at=time.time(),
-        ).result()
+        )
+        return self._saved(write, f"call {call_id!r}'s outcome", "its marker stays; ask again")
 
     def get(self, call_id: str) -> CallView:
         """One call.

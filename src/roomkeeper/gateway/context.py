@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from roomkeeper.journal.database import Journal
 
@@ -30,5 +31,5 @@ class GatewayContext:
 
     env: Mapping[str, str]
     journal: Journal
-    watch: Callable[[concurrent.futures.Future[None]], None]
+    watch: Callable[[concurrent.futures.Future[Any]], None]
     closing: Callable[[], bool]

@@ -14,6 +14,7 @@ from typing import Any
 
 from roomkeeper.errors import StateConflictError, UnknownJobError
 from roomkeeper.gateway.context import GatewayContext
+from roomkeeper.gateway.persistence import FREE_SPACE, saved
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.spec import JobSpec, JobState
@@ -72,7 +73,7 @@ class WorkInDoubt:
         now = time.time()
         if resolution == "rerun":
             self._scheduler.submit(spec_from_row(row.spec, row.owner, row.resumable), job_id=job_id)
-        elif not self._journal.resolve_job(job_id, resolution=resolution, at=now).result():
+        elif not self._resolved(job_id, resolution, now):
             raise StateConflictError(
                 f"job {job_id!r} is no longer uncertain", work_id=job_id, reason="not_uncertain"
             )
@@ -80,6 +81,18 @@ class WorkInDoubt:
             self._journal.record_history(HistoryEvent(now, RecoveryCode.RESOLVED, {"jobs": 1}))
         )
         return resolution
+
+    def _resolved(self, job_id: str, resolution: str, at: float) -> bool:
+        """Save a person's word on an uncertain job, within the save deadline; False when the
+        job was no longer uncertain.
+
+        Raises:
+            PersistenceError: the journal refused it.
+            SaveTimeoutError: the journal did not answer in time.
+        """
+        write = self._journal.resolve_job(job_id, resolution=resolution, at=at)
+        self._watch(write)
+        return saved(write, f"job {job_id!r}'s resolution", then=f"ask again; {FREE_SPACE}")
 
 
 def spec_from_row(spec: dict[str, Any], owner: str, resumable: bool) -> JobSpec:

@@ -14,10 +14,13 @@ import logging
 from dataclasses import replace
 
 from roomkeeper.gateway.context import GatewayContext
+from roomkeeper.gateway.persistence import FREE_SPACE, awaited
 from roomkeeper.jobs.spec import JobState, JobView
 from roomkeeper.loopback.hooks import HOOK_DUE, HookRunner, ReleaseHook
 
 log = logging.getLogger("roomkeeper")
+
+NOT_RUN = f"the job is not queued and will not run: submit it again once it saves; {FREE_SPACE}"
 
 
 class JobHooks:
@@ -36,10 +39,15 @@ class JobHooks:
 
     async def keep(self, job_id: str, hook: ReleaseHook) -> None:
         """Save the job's hook, then keep it for the job's end (before the job exists: it
-        may end at once)."""
+        may end at once).
+
+        Raises:
+            PersistenceError: not saved, so the job is not queued.
+            SaveTimeoutError: the same, the journal not answering within the deadline.
+        """
         saved = self._journal.save_job_hook(job_id, hook)
         self._watch(saved)
-        await asyncio.wrap_future(saved)
+        await awaited(saved, "the job's release hook", then=NOT_RUN)
         self._pending[job_id] = hook
 
     def forget(self, job_id: str) -> None:

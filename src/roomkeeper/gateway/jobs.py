@@ -2,7 +2,10 @@
 
 A submit is answered once its record is durable, and a cancel once the
 request is; a job whose record could not be saved is answered 507 and never
-runs.  The parts: :mod:`~roomkeeper.gateway.job_records` saves each change
+runs (503 when the journal did not answer within the save deadline: then a
+row that lands later is taken back).  A cancel stops the tree whatever the
+disk does; one not saved is answered so, and saved again until it is.  The
+parts: :mod:`~roomkeeper.gateway.job_records` saves each change
 (the scheduler's listeners), :mod:`~roomkeeper.gateway.job_hooks` makes each
 job's release hook when it ends, :mod:`~roomkeeper.gateway.waits` counts how
 long jobs waited; the refusals are kept for the Health page.  Work a crash
@@ -27,13 +30,15 @@ from collections import deque
 from roomkeeper.errors import (
     NotEndedError,
     PersistenceError,
+    SaveTimeoutError,
     UnknownJobError,
     UnrunnableError,
     UsageError,
 )
 from roomkeeper.gateway.context import GatewayContext
-from roomkeeper.gateway.job_hooks import JobHooks
-from roomkeeper.gateway.job_records import MARKER_TIMEOUT_S, JobRecords
+from roomkeeper.gateway.job_hooks import NOT_RUN, JobHooks
+from roomkeeper.gateway.job_records import JobRecords
+from roomkeeper.gateway.persistence import FREE_SPACE, awaited, saved
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.gateway.waits import WaitTimes
 from roomkeeper.guard.rule import Decision
@@ -116,7 +121,11 @@ class DurableJobs:
         job_id = uuid.uuid4().hex[:12]
         if release is not None:
             # Saved before the job is: a crash from here on leaves a hook owed, not lost.
-            await self.hooks.keep(job_id, release)
+            try:
+                await self.hooks.keep(job_id, release)
+            except SaveTimeoutError:  # its row may land yet: taken back after it, in order
+                self._watch(self._journal.withdraw_job(job_id))
+                raise
         try:
             view = await asyncio.to_thread(self.scheduler.submit, spec, job_id=job_id)
         except BaseException:
@@ -125,10 +134,14 @@ class DurableJobs:
         write = self.records.writes.get(job_id)
         if write is not None:
             try:
-                await asyncio.wrap_future(write)
-            except Exception as err:  # not saved: it must not run, and must not look saved
+                await awaited(write, "the job", then=NOT_RUN)
+            except SaveTimeoutError:  # its row may land yet: taken back after it, in order
                 await asyncio.to_thread(self._withdraw, job_id)
-                raise PersistenceError(f"the job was not saved, so it will not run: {err}") from err
+                self._watch(self._journal.withdraw_job(job_id))
+                raise
+            except Exception:  # not saved: it must not run, and must not look saved
+                await asyncio.to_thread(self._withdraw, job_id)
+                raise
         return view
 
     def learned(self, spec: JobSpec) -> JobSpec:
@@ -165,25 +178,38 @@ class DurableJobs:
         """Cancel or stop a job; the request is durable before it is acknowledged or signalled.
 
         A crash right after the answer must not turn a person's cancel into a
-        deferred job that runs again.
+        deferred job that runs again.  The tree is stopped whatever the disk does.
+
+        Raises:
+            PersistenceError: the cancel holds in this run but is not saved yet.
+            SaveTimeoutError: the same, the journal not answering within the deadline.
         """
         view = self.scheduler.get(job_id)
+        what = f"job {job_id!r}'s cancel"
+        unsaved: PersistenceError | None = None
         if not view.state.final:
             asked = self._journal.request_stop(job_id)
             self._watch(asked)
             try:
-                asked.result()
-            except Exception as err:
-                # The tree is stopped all the same (a full disk must not keep it running);
-                # its end is saved once the journal can (a failed save is retried).
-                log.error(
-                    "job %s: its cancel could not be saved first (%s); stopping it", job_id, err
-                )
+                saved(asked, what, then="")
+            except PersistenceError as err:
+                # The tree is stopped all the same (a full or hung disk must not keep it
+                # running); its end is saved once the journal can (a failed save is retried).
+                log.error("%s; stopping it", err)
+                unsaved = err
         view = self.scheduler.cancel(job_id)
         write = self.records.writes.get(job_id)
         if write is not None and view.state.final:
-            with contextlib.suppress(Exception):  # failed: kept unsaved, retried, reported
-                write.result(timeout=MARKER_TIMEOUT_S)
+            try:  # failed: kept unsaved, retried, reported
+                saved(write, what, then="", timeout_s=0 if unsaved else None)
+            except PersistenceError as err:
+                unsaved = unsaved or err
+        if unsaved is not None:
+            kind = SaveTimeoutError if isinstance(unsaved, SaveTimeoutError) else PersistenceError
+            raise kind(
+                f"{unsaved}; the cancel holds in this run (a running tree is stopped) and is "
+                f"saved as soon as the journal takes it; {FREE_SPACE}"
+            ) from unsaved
         return view
 
     def _withdraw(self, job_id: str) -> None:
@@ -241,20 +267,26 @@ class DurableJobs:
         self.scheduler.flush()
         write = self.records.writes.get(job_id)
         if write is not None:
-            write.result(timeout=MARKER_TIMEOUT_S)
+            with contextlib.suppress(PersistenceError):  # kept unsaved: the 409 below says so
+                saved(write, f"job {job_id!r}'s end", then="")
         if job_id in self.unsaved:
             raise NotEndedError(
                 f"job {job_id!r} is not saved as ended yet; try again in a moment",
                 work_id=job_id,
                 reason="not_ended",
             )
+        what, then = f"job {job_id!r}'s removal", f"the job stays; try again; {FREE_SPACE}"
         try:
-            forgotten = self._journal.forget_job(job_id).result()
-        except sqlite3.OperationalError:
+            forgotten = saved(self._journal.forget_job(job_id), what, then=then)
+        except SaveTimeoutError:
+            raise
+        except PersistenceError as err:
+            if not isinstance(err.__cause__, sqlite3.OperationalError):
+                raise
             # A full disk: its output goes first, freeing the space the delete needs.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(log_path)
-            forgotten = self._journal.forget_job(job_id).result()
+            forgotten = saved(self._journal.forget_job(job_id), what, then=then)
         if not forgotten:
             raise NotEndedError(
                 f"job {job_id!r} is not saved as ended yet; try again in a moment",

@@ -1,8 +1,14 @@
 """Leases made durable: each grant, heartbeat and end is recorded in the journal.
 
-A grant may wait for room; an end runs the lease's release hook before its
-memory is given back; leases past their ttl are expired by a timer; and a
-restart restores the leases still within their ttl, with their reservation.
+A grant may wait for room (between its tries it waits as its caller says: the
+API gives its place in line back meanwhile); an end runs the lease's release
+hook before its memory is given back; leases past their ttl are expired by a
+timer; and a restart restores the leases still within their ttl, with their
+reservation.  Each save is :mod:`~roomkeeper.gateway.lease_records`'s: a
+request waits for it within the save deadline, and one that failed is saved
+again until the journal takes it.  Leases that expired while the gateway was
+down are saved expired at start, or, when a full disk refuses that, once the
+journal saves; their hooks are made then.
 """
 
 from __future__ import annotations
@@ -14,11 +20,19 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from roomkeeper.errors import AlreadyEndedError, UsageError, say_failure_once
+from roomkeeper.errors import (
+    AlreadyEndedError,
+    PersistenceError,
+    SaveTimeoutError,
+    UsageError,
+    say_failure_once,
+)
+from roomkeeper.gateway.lease_records import LeaseRecords
+from roomkeeper.gateway.persistence import FREE_SPACE, awaited, saved
 from roomkeeper.gateway.refusals import Refusal
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.lease_terms import LeaseTerms
@@ -40,6 +54,8 @@ UNJUDGED_RELIEF = (
     "called again)"
 )
 LEASE_RETRY_S = 0.25
+NOT_GRANTED = f"the lease is not granted and holds nothing: ask again once it saves; {FREE_SPACE}"
+SAVED_LATER = f"it holds in this run and is saved as soon as the journal takes it; {FREE_SPACE}"
 
 log = logging.getLogger("roomkeeper")
 
@@ -80,71 +96,120 @@ class DurableLeases:
         self._refusals = refusals
         self._closing = closing
         self._watch = watch
+        self.records = LeaseRecords(journal=journal, watch=watch)
         self._due: list[tuple[str, ReleaseHook]] = []  # hooks owed since before this start
+        self._owed_ids: set[str] = set()  # every lease whose owed hook this run makes, once
+        self._more_due = asyncio.Event()
 
     def restore(self) -> None:
         """Leases granted before a restart and not yet past their ttl keep their reservation;
         the hooks of those that ended meanwhile, or whose hook a crash interrupted, are due
         (:meth:`run_due_hooks`)."""
         now = time.time()
+        expiry = self._journal.expire_leases(now=now)
+        self._watch(expiry)
         try:
-            self._journal.expire_leases(now=now).result()
-        except Exception as err:  # a full disk: the expiry is saved by the next start
-            log.error("leases past their ttl could not be saved as expired: %s", err)
-        self._due = self._journal.leases_with_hooks_due()
-        for saved in self._journal.live_leases(now=now):
-            lease = saved
-            if saved.relieve_outcome == RELIEVE_ASKED:  # asked before the restart, never judged
-                lease = replace(saved, relieve_outcome=UNJUDGED_RELIEF)
-                with contextlib.suppress(Exception):  # a full disk: said again next start
-                    self._journal.record_relieve(lease.id, UNJUDGED_RELIEF).result()
+            saved(expiry, "the expiry of leases past their ttl", then="saved once it can be")
+        except PersistenceError as err:  # a full disk: saved, and hooks made, once it saves
+            log.error("%s; their hooks are made then", err)
+            self.records.owe_expiry(now, expiry)
+        self._owe_hooks(self._journal.leases_with_hooks_due())
+        for kept in self._journal.live_leases(now=now):
+            lease = kept
+            if kept.relieve_outcome == RELIEVE_ASKED:  # asked before the restart, never judged
+                lease = replace(kept, relieve_outcome=UNJUDGED_RELIEF)
+                with contextlib.suppress(PersistenceError):  # a full disk: said next start
+                    write = self._journal.record_relieve(lease.id, UNJUDGED_RELIEF)
+                    saved(write, f"lease {lease.id!r}'s relief", then="")
             self.leases.restore(lease)
             self._guard.hold(
                 guard_key(lease.id), lease.terms.memory_bytes or 0, age_s=now - lease.granted_at
             )
 
-    def record(self, lease: LeaseView) -> concurrent.futures.Future[bool]:
-        """The lease's change and its row, in one write: watched, and awaited by the caller
-        (False: the id is another grant's, whose row was left as it was)."""
-        write = self._journal.record_lease(lease)
-        self._watch(write)
-        return write
-
     async def grant(
-        self, lease_id: str | None, terms: LeaseTerms, *, wait_s: float
+        self,
+        lease_id: str | None,
+        terms: LeaseTerms,
+        *,
+        wait_s: float,
+        pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> tuple[LeaseView | None, Decision | None, bool]:
         """Grant a lease on ``terms`` (an id is made when None), waiting up to ``wait_s`` for
-        room; (lease, decision, created)."""
+        room; (lease, decision, created).
+
+        Args:
+            lease_id: the holder's id for it, or None.
+            terms: what the holder asks for.
+            wait_s: how long to wait for room before a refusal stands.
+            pause: how the request waits between tries (the API's gives its place in line
+                back while it waits).
+
+        Raises:
+            UsageError: the gateway is shutting down (``shutdown``).
+            AlreadyEndedError: the id belongs to a lease that ended.
+            PersistenceError: the grant was not saved, so not granted.
+            SaveTimeoutError: the grant's save did not answer in time, so it is not granted.
+        """
         if self._closing():
             raise UsageError("the gateway is shutting down", name="shutdown")
         lease_id = lease_id or uuid.uuid4().hex[:16]
+        if self.records.taking_back(lease_id):
+            raise SaveTimeoutError(
+                f"lease {lease_id!r}: the journal has not answered yet for an earlier grant "
+                "under this id (answered as not granted); ask again in a moment"
+            )
         await self._refuse_an_id_seen_before(lease_id)
         deadline = time.monotonic() + wait_s
         pruned = False
         while True:
             lease, decision = self.leases.grant(lease_id, terms)
             if lease is not None:
-                if decision is not None:  # a new grant, not a retried request
-                    try:
-                        made = await asyncio.wrap_future(self.record(lease))
-                    except Exception:
-                        # Not saved, so not granted: it holds nothing, and a retry of the
-                        # same request tries to save it again.
-                        self.leases.withdraw(lease_id)
-                        raise
-                    if not made:  # the journal knew the id (a grant raced this one)
-                        self.leases.withdraw(lease_id)
-                        await self._refuse_an_id_seen_before(lease_id)
-                return lease, decision, decision is not None
+                if decision is None:  # a retried request: answered as the lease's saves stand
+                    await self.records.settled(lease_id, f"lease {lease_id!r}", then=SAVED_LATER)
+                    return lease, None, False
+                await self._save_grant(lease)
+                return lease, decision, True
             assert decision is not None
             if not pruned and self._may_prune(decision):
                 pruned = True  # one prune per request, then the guard judges again
                 if await asyncio.to_thread(self._prune_for, decision):
                     continue
             self._refusals.append(Refusal.of(decision, lease_id))
-            if time.monotonic() + LEASE_RETRY_S > deadline or self._closing():
+            if time.monotonic() + LEASE_RETRY_S > deadline:
                 return None, decision, False
-            await asyncio.sleep(LEASE_RETRY_S)
+            if self._closing():
+                raise UsageError(
+                    "the gateway is shutting down: the lease was not granted", name="shutdown"
+                )
+            await pause(LEASE_RETRY_S)
+
+    async def _save_grant(self, lease: LeaseView) -> None:
+        """Save a new grant before it is answered.  Not saved, it never was: it holds
+        nothing, and a retry of the same request is judged afresh.
+
+        Raises:
+            PersistenceError: the journal refused it.
+            SaveTimeoutError: no answer in time; a row that lands later is taken back.
+            AlreadyEndedError: the journal knew the id (a grant raced this one).
+        """
+        try:
+            made = await awaited(
+                self.records.save(lease, again=False),
+                f"lease {lease.id!r}'s grant",
+                then=NOT_GRANTED,
+            )
+        except SaveTimeoutError:
+            self.leases.withdraw(lease.id)
+            self.records.take_back(lease)
+            raise
+        except Exception:
+            self.leases.withdraw(lease.id)
+            self.records.forget(lease.id)
+            raise
+        if not made:  # the journal knew the id (a grant raced this one)
+            self.leases.withdraw(lease.id)
+            self.records.forget(lease.id)
+            await self._refuse_an_id_seen_before(lease.id)
 
     async def _refuse_an_id_seen_before(self, lease_id: str) -> None:
         """An id the journal knows and memory does not (forgotten past its window, or
@@ -185,25 +250,36 @@ class DurableLeases:
         back, and record how the hook went.
 
         Saved before the call: a crash during the hook leaves an ended lease (never
-        granted again) whose hook the next start makes again, with the same key.
+        granted again) whose hook the next start makes again, with the same key.  An end
+        the journal does not take is kept and saved again until it does.
+
+        Raises:
+            PersistenceError: the end holds in this run but is not saved yet.
+            SaveTimeoutError: the same, the journal not answering in time.
         """
+        then = (
+            f"lease {lease_id!r} has ended in this run (its memory given back, its hook made "
+            f"if it has one) and its end is saved as soon as the journal takes it; {FREE_SPACE}"
+        )
         lease = self.leases.end(lease_id, state)
         if lease is None:  # it had ended already: releasing twice is not an error
+            await self.records.settled(lease_id, f"lease {lease_id!r}'s end", then=then)
             return self.leases.get(lease_id)
-        outcome = None
+        outcome, late = None, False
         try:
             if lease.terms.release is not None:
+                due = self.records.save(replace(lease, hook_outcome=HOOK_DUE))
                 try:
-                    due = replace(lease, hook_outcome=HOOK_DUE)
-                    await asyncio.wrap_future(self.record(due))
-                except Exception as err:  # a full disk: the hook still runs, memory comes back
-                    log.error(
-                        "lease %s: its end could not be saved before its hook: %s", lease_id, err
-                    )
+                    await awaited(due, f"lease {lease_id!r}'s end", then="its hook is made")
+                except PersistenceError as err:  # the hook still runs, memory comes back
+                    log.error("%s", err)
+                    late = isinstance(err, SaveTimeoutError)
                 outcome = await self._run_hook(lease.terms.release, lease_id)
         finally:  # whatever happened to the hook, the lease's memory is given back
             lease = self.leases.complete(lease_id, outcome)
-        await asyncio.wrap_future(self.record(lease))
+            write = self.records.save(lease)
+        # A journal that did not answer before the hook will not answer now: say so at once.
+        await awaited(write, f"lease {lease_id!r}'s end", then=then, timeout_s=0 if late else None)
         return lease
 
     async def _run_hook(self, hook: ReleaseHook, lease_id: str) -> str:
@@ -212,25 +288,49 @@ class DurableLeases:
         keyed = replace(hook, key=f"lease-{lease_id}")
         return await asyncio.wrap_future(self._hooks.submit(keyed))
 
+    def _owe_hooks(self, found: list[tuple[str, ReleaseHook]]) -> None:
+        """Hooks owed since before this start, each lease's once, for :meth:`run_due_hooks`."""
+        for lease_id, hook in found:
+            if lease_id not in self._owed_ids:
+                self._owed_ids.add(lease_id)
+                self._due.append((lease_id, hook))
+        if self._due:
+            self._more_due.set()
+
     async def run_due_hooks(self) -> None:
-        """Make the hooks owed since before this start (once each), and record how they went."""
-        due, self._due = self._due, []
-        for lease_id, hook in due:
-            outcome = await self._run_hook(hook, lease_id)
-            with contextlib.suppress(Exception):  # a failed save is reported by the watch
-                write = self._journal.settle_lease_hook(lease_id, outcome)
-                self._watch(write)
-                await asyncio.wrap_future(write)
-            log.warning(
-                "lease %s: its release hook, due since before this start, ran: %s",
-                lease_id,
-                outcome,
-            )
+        """Make the hooks owed since before this start (once each), and record how they went;
+        then those a late expiry makes owed.  Runs until cancelled."""
+        while True:
+            while self._due:
+                lease_id, hook = self._due.pop(0)
+                outcome = await self._run_hook(hook, lease_id)
+                self.records.settle_hook(lease_id, outcome)  # saved again until it is
+                log.warning(
+                    "lease %s: its release hook, due since before this start, ran: %s",
+                    lease_id,
+                    outcome,
+                )
+            self._more_due.clear()
+            await self._more_due.wait()
+
+    def save_owed(self) -> None:
+        """Save again what failed to save (on the event loop); the leases a late expiry
+        ended get their hooks."""
+        self._owe_hooks(self.records.retry())
 
     async def heartbeat(self, lease_id: str, ttl_s: float | None) -> LeaseView:
-        """Extend a lease's ttl from now."""
+        """Extend a lease's ttl from now.
+
+        Raises:
+            PersistenceError: the new ttl holds in this run but is not saved yet.
+            SaveTimeoutError: the same, the journal not answering in time.
+        """
         lease = self.leases.heartbeat(lease_id, ttl_s)
-        await asyncio.wrap_future(self.record(lease))
+        await awaited(
+            self.records.save(lease),
+            f"lease {lease_id!r}'s heartbeat",
+            then=SAVED_LATER,
+        )
         return lease
 
     async def expiry_loop(self) -> None:

@@ -133,7 +133,7 @@ class Gateway:
         )
         self.guard = Guard(env=env, reserve=self._gateway_reserve)
         self.cluster = open_cluster(env)  # None: jobs run here, as managed trees
-        self.calls = Calls(journal)
+        self.calls = Calls(journal, watch=self.persistence.watch)
         self.leases = Leases(self.guard)
         self.hooks = HookRunner()  # release hooks: their own pool, one deadline each
         self.refusals: deque[Refusal] = deque(maxlen=REFUSALS_KEPT)  # newest last
@@ -336,13 +336,18 @@ class Gateway:
 
     @property
     def persistence_error(self) -> str | None:
-        """Why the journal cannot save, while it cannot or a job's change is still unsaved
-        (new work is refused); else None."""
+        """Why the journal cannot save, while it cannot or a job's or lease's change is still
+        unsaved (new work is refused); else None."""
         error = self.persistence.error
         if self.startup.recovery_due:
             return error or "start-up recovery is not saved yet"
-        if error is None and self.durable_jobs.unsaved:
-            return f"{len(self.durable_jobs.unsaved)} job change(s) not saved yet"
+        if error is None:
+            owed = (
+                (len(self.durable_jobs.unsaved), "job"),
+                (self.durable_leases.records.owed, "lease"),
+            )
+            said = [f"{n} {what} change(s)" for n, what in owed if n]
+            return " and ".join(said) + " not saved yet" if said else None
         return error
 
     def _may_resume(self) -> bool:

@@ -328,6 +328,21 @@ class JobsTable(Store):
 
         return self.submit(write)
 
+    def withdraw_job(self, job_id: str) -> Future[bool]:
+        """Take back a job answered as not saved whose row was written too late: its row, its
+        state changes and its hook go, whatever its state, unless it carries a pending marker
+        (it was launched: then it is settled as any launched job).  False: nothing went."""
+
+        def write(conn: sqlite3.Connection) -> bool:
+            if is_marked(conn, MarkerKind.JOB, job_id):
+                return False
+            gone = conn.execute("DELETE FROM jobs WHERE id = :id", {"id": job_id}).rowcount
+            conn.execute("DELETE FROM job_events WHERE job_id = :id", {"id": job_id})
+            conn.execute("DELETE FROM job_hooks WHERE job_id = :id", {"id": job_id})
+            return bool(gone)
+
+        return self.submit(write)
+
     def mark_uncertain(self, job_id: str, *, at: float) -> Future[None]:
         """A job in flight at a crash: uncertain, shown to a person; its marker stays."""
         return self.submit(lambda conn: _reopen(conn, job_id, JobState.UNCERTAIN, at))

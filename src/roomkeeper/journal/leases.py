@@ -60,9 +60,11 @@ ADDED_COLUMNS = (
 
 # Every field is written when the row is first made; a later change of the lease rewrites
 # only what changes over its life, and only the same grant's row (its grant time): a new
-# grant of an id seen before changes nothing, and is told so (no row written).  A relief's
-# outcome is written by record_relieve alone: a lease's own change, taken before the ask and
-# written after it, must never put the ask back to nothing.
+# grant of an id seen before changes nothing, and is told so (no row written).  An ended
+# lease is never made granted again: a save of an older state, retried after a newer one
+# landed, changes nothing.  A relief's outcome is written by record_relieve alone: a lease's
+# own change, taken before the ask and written after it, must never put the ask back to
+# nothing.
 _UPSERT = f"""
 INSERT INTO leases ({", ".join(LEASE_FIELDS)})
 VALUES ({", ".join(f":{name}" for name in LEASE_FIELDS)})
@@ -70,6 +72,7 @@ ON CONFLICT (id) DO UPDATE SET
     state = excluded.state, ttl_s = excluded.ttl_s, expires_at = excluded.expires_at,
     ended_at = excluded.ended_at, hook_outcome = excluded.hook_outcome
 WHERE leases.granted_at = excluded.granted_at AND leases.owner = excluded.owner
+    AND (leases.state = 'granted' OR excluded.state != 'granted')
 """
 
 
@@ -178,17 +181,38 @@ class LeasesTable(Store):
 
         return self.submit(write)
 
-    def expire_leases(self, *, now: float) -> Future[None]:
+    def expire_leases(self, *, now: float) -> Future[list[tuple[str, ReleaseHook]]]:
         """Every granted lease past its ttl at ``now`` is expired, ended at ``now``; its
-        release hook, if it has one, is due."""
+        release hook, if it has one, is due.  The future holds those hooks, by lease id."""
+        args = {"now": now, "due": HOOK_DUE}
+        past = "state = 'granted' AND expires_at <= :now"
 
-        def write(conn: sqlite3.Connection) -> None:
+        def write(conn: sqlite3.Connection) -> list[tuple[str, ReleaseHook]]:
+            sql = f"SELECT id, release FROM leases WHERE {past} AND release IS NOT NULL"
+            due = [(row[0], _hook_of(row[1])) for row in conn.execute(sql, args)]
             conn.execute(
                 "UPDATE leases SET state = 'expired', ended_at = :now, "
                 "hook_outcome = CASE WHEN release IS NULL THEN hook_outcome ELSE :due END "
-                "WHERE state = 'granted' AND expires_at <= :now",
-                {"now": now, "due": HOOK_DUE},
+                f"WHERE {past}",
+                args,
             )
+            return [(lease_id, hook) for lease_id, hook in due if hook is not None]
+
+        return self.submit(write)
+
+    def forget_lease_grant(self, lease_id: str, *, granted_at: float) -> Future[bool]:
+        """Take back the row of a grant that was answered as not granted (its save came too
+        late): that grant's row and its events go, while it is still granted; the id may be
+        granted afresh.  The future says whether a row went."""
+
+        def write(conn: sqlite3.Connection) -> bool:
+            gone = conn.execute(
+                "DELETE FROM leases WHERE id = :id AND granted_at = :at AND state = 'granted'",
+                {"id": lease_id, "at": granted_at},
+            ).rowcount
+            if gone:
+                conn.execute("DELETE FROM lease_events WHERE lease_id = :id", {"id": lease_id})
+            return gone == 1
 
         return self.submit(write)
 
