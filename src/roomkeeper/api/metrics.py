@@ -167,8 +167,16 @@ def _pressure_metrics(
         value=pressure.trial_pauses,
     )
     for suffix, doc, value in (
-        ("p50", "Median reaction time, crossing to step.", pressure.reaction_p50_s),
-        ("max", "Longest reaction time, crossing to step.", pressure.reaction_max_s),
+        (
+            "p50",
+            "Median reaction time, crossing to the step that answered it.",
+            pressure.reaction_p50_s,
+        ),
+        (
+            "max",
+            "Longest reaction time, crossing to the step that answered it.",
+            pressure.reaction_max_s,
+        ),
     ):
         if value is not None:
             yield GaugeMetricFamily(f"roomkeeper_pressure_reaction_{suffix}_seconds", doc, value)
