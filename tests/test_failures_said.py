@@ -38,6 +38,9 @@ class _Failing:
     def resume_next(self) -> str | None:
         raise RuntimeError("the journal went away")
 
+    def save_owed(self) -> None:
+        raise OSError(28, "No space left on device")
+
     async def catch_up(self) -> None:
         return None
 
@@ -67,4 +70,5 @@ def test_the_resume_loop_says_why_it_failed_and_goes_on(caplog: pytest.LogCaptur
     assert any(
         "saving unsaved job changes again failed" in e and "Input/output" in e for e in errors
     )
-    assert len(errors) == 2  # each said once, however many turns
+    assert any("saving unsaved lease changes again failed" in e and "No space" in e for e in errors)
+    assert len(errors) == 3  # each said once, however many turns

@@ -89,7 +89,10 @@ class Background:
             except Exception as err:  # the loop must go on: said once, tried again
                 say_failure_once("resuming deferred work", err)
             await self._startup.catch_up()
-            self._leases.save_owed()  # on the loop: in order with the leases' own changes
+            try:
+                self._leases.save_owed()  # on the loop: in order with the leases' own changes
+            except Exception as err:
+                say_failure_once("saving unsaved lease changes again", err)
             if self._jobs.unsaved:
                 try:
                     await asyncio.to_thread(self._jobs.retry_unsaved)
