@@ -7,7 +7,7 @@
    in the journal, no marker was cleared without a persisted outcome, no
    non-resumable job ran twice, and work running at the kill is uncertain
    (or, if resumable, deferred or settled).  tests/test_crash.py makes the
-   same checks over 20 kills; a change to one belongs in both.
+   same checks over 8 kills; a change to one belongs in both.
 2. The cost of the durable marker: jobs per second through the API (4
    clients submitting `true`, until all have exited) with the journal at
    synchronous=FULL against synchronous=OFF.

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -202,3 +203,18 @@ def gateway_in_box(box: MemoryBox, tmp: Path, **extra: str) -> Iterator[tuple[ht
                 yield client, log_path
         finally:
             stop_process(proc)
+
+
+def journal_db(home: Path) -> sqlite3.Connection:
+    """A connection to the journal of ROOMKEEPER_HOME ``home``, rows by name (to read it as
+    the gateway saved it)."""
+    conn = sqlite3.connect(home / "journal.db", timeout=30)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def zombie_or_gone(pid: int) -> bool:
+    """The process is dead (a zombie waiting for its reaper counts as dead)."""
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    return True

@@ -356,7 +356,9 @@ def test_a_freed_cpu_is_used_at_once_beside_a_job_no_node_could_hold(
     gateway: RunningGateway, tmp_path: Path
 ) -> None:
     """Every CPU of the cluster (2 nodes of 2) is taken: the next job waits for a CPU, a
-    job larger than any node waits aside, and the next job starts within 2 s of a slot freeing."""
+    job larger than any node waits aside, and the next job starts once a slot frees: within
+    10 s (a job stuck behind the one no node can hold would never start; a Ray task's start
+    took 3.3 s beside a CPU hog, so the bound is one no busy machine misses)."""
     holders = []
     for n in range(4):
         script = f"while [ ! -e {tmp_path}/end{n} ]; do sleep 0.05; done"
@@ -377,7 +379,7 @@ def test_a_freed_cpu_is_used_at_once_beside_a_job_no_node_could_hold(
     (tmp_path / "end0").touch()
     assert wait_state(gateway, following, "exited")["exit_code"] == 0
     started = float(started_file.read_text())
-    assert started - freed_at < 2.0, f"started {started - freed_at:.2f} s after the slot freed"
+    assert started - freed_at < 10.0, f"started {started - freed_at:.2f} s after the slot freed"
     assert job(gateway, huge)["state"] == "waiting"
     for n in range(1, 4):
         (tmp_path / f"end{n}").touch()

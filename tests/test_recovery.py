@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 from tests.gateways import (
     RunningGateway,
-    fill_disk,
+    journal_db,
     kill_whole_tree,
     roomkeeper_cli,
     running_gateway,
@@ -23,12 +22,6 @@ from tests.gateways import (
 )
 
 pytestmark = pytest.mark.kernel
-
-
-def db(home: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(home / "journal.db", timeout=30)
-    conn.row_factory = sqlite3.Row
-    return conn
 
 
 def wait_state(gw: RunningGateway, job_id: str, *states: str, timeout: float = 30) -> dict:  # type: ignore[type-arg]
@@ -49,17 +42,17 @@ def test_marker_is_durable_before_the_launch_and_cleared_with_the_outcome(tmp_pa
     with running_gateway(tmp_path) as gw:
         job_id = gw.client.post("/v1/jobs", json={"argv": ["sleep", "1"]}).json()["id"]
         wait_state(gw, job_id, "running")
-        with db(gw.home) as conn:
+        with journal_db(gw.home) as conn:
             marked = conn.execute("SELECT id FROM markers WHERE kind='job'").fetchall()
         assert [r["id"] for r in marked] == [job_id]
         assert wait_state(gw, job_id, "exited")["exit_code"] == 0
 
         def cleared() -> bool:
-            with db(gw.home) as conn:
+            with journal_db(gw.home) as conn:
                 return int(conn.execute("SELECT count(*) FROM markers").fetchone()[0]) == 0
 
         wait_until(cleared, "the marker's clearing")  # the exit row is written after the answer
-        with db(gw.home) as conn:
+        with journal_db(gw.home) as conn:
             assert conn.execute("SELECT state FROM jobs").fetchone()[0] == "exited"
 
 
@@ -198,7 +191,7 @@ def test_orphans_of_the_previous_run_are_stopped_at_start(tmp_path: Path) -> Non
         wait_state(gw, job_id, "running")
         row = None
         for _ in range(50):
-            with db(gw.home) as conn:
+            with journal_db(gw.home) as conn:
                 row = conn.execute("SELECT pid FROM jobs WHERE id=?", (job_id,)).fetchone()
             if row and row["pid"]:
                 break
@@ -314,136 +307,6 @@ def test_history_is_capped_in_count_and_size(
         journal.close()
 
 
-def test_a_full_disk_is_reported_never_presented_as_saved(tmp_path: Path, tiny_disk: Path) -> None:
-    """Journal's disk full: 507, a log line, 'persistence failed'; /health still answers."""
-    home = tiny_disk / "home"
-    with running_gateway(tmp_path, ROOMKEEPER_HOME=str(home)) as gw:
-        ok = gw.client.post("/v1/jobs", json={"argv": ["true"]})
-        assert ok.status_code == 201
-        filler = tiny_disk / "filler"
-        with contextlib.suppress(OSError), filler.open("wb") as f:
-            while True:
-                f.write(b"x" * 65536)
-        refused = None
-        for i in range(20):  # SQLite may still fit a page or two
-            refused = gw.client.post("/v1/jobs", json={"argv": ["sh", "-c", f"echo {i}"]})
-            if refused.status_code != 201:
-                break
-        assert refused is not None and refused.status_code == 507, refused.text
-        acknowledged = [r.json()["id"] for r in [ok] if r.status_code == 201]
-        with db(home) as conn:  # every 201 is a saved row; the refused job is not running
-            saved = {row[0] for row in conn.execute("SELECT id FROM jobs")}
-        assert set(acknowledged) <= saved
-        assert "not saved" in refused.json()["detail"]
-        assert gw.client.get("/v1/needs-you").json()["headline"] == "persistence failed"
-        assert gw.anonymous.get("/health").status_code == 200
-        assert gw.client.get("/v1/status").status_code == 200
-        filler.unlink()
-        again = gw.client.post("/v1/jobs", json={"argv": ["true"]})
-        assert again.status_code == 201
-        # Changes that failed to save meanwhile are saved again within a moment.
-        wait_until(
-            lambda: gw.client.get("/v1/needs-you").json()["headline"] != "persistence failed",
-            "every failed save made again",
-        )
-    log_text = "".join(p.read_text() for p in tmp_path.glob("gateway-*.log"))
-    assert "the journal could not save" in log_text
-
-
-def test_a_gateway_starts_and_serves_on_a_full_disk_and_saves_once_space_is_back(
-    tmp_path: Path, tiny_disk: Path
-) -> None:
-    """A full home volume at start: /health, reads and 507 on writes, never a crash loop;
-    once space is back the journal saves, start-up recovery runs and gateway.json is written."""
-    home = tiny_disk / "home"
-    with running_gateway(tmp_path / "first", ROOMKEEPER_HOME=str(home)) as gw:
-        earlier = gw.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
-        wait_until(
-            lambda: gw.client.get(f"/v1/jobs/{earlier}").json()["state"] == "exited",
-            "the first job's end",
-        )
-    filler = fill_disk(tiny_disk)
-    with running_gateway(tmp_path / "second", ROOMKEEPER_HOME=str(home)) as gw:
-        assert gw.anonymous.get("/health").status_code == 200
-        assert earlier in {j["id"] for j in gw.client.get("/v1/jobs").json()}
-        refused = gw.client.post("/v1/jobs", json={"argv": ["true"]})
-        assert refused.status_code == 507, refused.text
-        assert gw.client.get("/v1/needs-you").json()["headline"] == "persistence failed"
-        assert not (home / "gateway.json").exists()
-        filler.unlink()
-        wait_until(
-            lambda: gw.client.get("/v1/needs-you").json()["headline"] != "persistence failed",
-            "the journal saving again",
-        )
-        assert gw.client.post("/v1/jobs", json={"argv": ["true"]}).status_code == 201
-        wait_until((home / "gateway.json").exists, "gateway.json written")
-        assert gw.proc.poll() is None  # the same process served throughout
-    log_text = "".join(p.read_text() for p in (tmp_path / "second").glob("gateway-*.log"))
-    assert "cannot be opened for writing" in log_text
-    assert "start-up recovery ran once the journal could save again" in log_text
-
-
-def test_a_failed_save_undoes_what_it_promised_and_is_saved_once_space_is_back(
-    tmp_path: Path, tiny_disk: Path
-) -> None:
-    """On a full disk: a refused lease holds nothing and its retry is judged again; a
-    refused job is never listed; a cancel stops the tree (and says it is not saved); a
-    delete of an ended job frees its output first.  Once space is back, the cancelled job
-    is saved as ended."""
-    home = tiny_disk / "home"
-    with running_gateway(tmp_path, ROOMKEEPER_HOME=str(home)) as gw:
-        talker = gw.client.post(
-            "/v1/jobs", json={"argv": ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x"]}
-        ).json()["id"]
-        runner = gw.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
-        wait_until(
-            lambda: (
-                gw.client.get(f"/v1/jobs/{runner}").json()["state"] == "running"
-                and gw.client.get(f"/v1/jobs/{talker}").json()["state"] == "exited"
-            ),
-            "one job running, one ended",
-        )
-        sleeper = [
-            c
-            for c in psutil.Process(gw.proc.pid).children(recursive=True)
-            if c.cmdline()[:2] == ["sleep", "60"]
-        ]
-        assert len(sleeper) == 1
-        pid = sleeper[0].pid
-        filler = fill_disk(tiny_disk)
-        lease = {"id": "full", "memory_bytes": 10**6}
-        for _ in range(2):  # the retry is judged and saved afresh, never a 200 for nothing
-            assert gw.client.post("/v1/leases", json=lease).status_code == 507
-            assert gw.client.get("/v1/status").json()["leases"].get("granted", 0) == 0
-        refused = gw.client.post("/v1/jobs", json={"argv": ["true"]})
-        assert refused.status_code == 507
-        listed = {j["id"] for j in gw.client.get("/v1/jobs").json()}
-        assert listed == {talker, runner}
-        cancelled = gw.client.post(f"/v1/jobs/{runner}/cancel")  # not saved: said so
-        assert (cancelled.status_code, cancelled.json()["reason"]) == (507, "not_saved")
-        assert "the cancel holds in this run (a running tree is stopped)" in cancelled.text
-        wait_until(lambda: not psutil.pid_exists(pid) or _zombie(pid), "the tree stopped")
-        assert gw.client.get("/v1/needs-you").json()["headline"] == "persistence failed"
-        assert gw.client.delete(f"/v1/jobs/{talker}").status_code == 204
-        filler.unlink()
-        wait_until(
-            lambda: gw.client.get("/v1/needs-you").json()["headline"] != "persistence failed",
-            "every change saved",
-        )
-        with db(home) as conn:
-            state = conn.execute("SELECT state FROM jobs WHERE id = ?", (runner,)).fetchone()[0]
-            assert state == "stopped"
-            assert (
-                conn.execute("SELECT count(*) FROM jobs WHERE id = ?", (talker,)).fetchone()[0] == 0
-            )
-
-
-def _zombie(pid: int) -> bool:
-    with contextlib.suppress(psutil.Error):
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    return True
-
-
 def test_history_cap_follows_its_variable(tmp_path: Path) -> None:
     """ROOMKEEPER_HISTORY_MAX_EVENTS sets how many recovery events a gateway keeps."""
     for _ in range(3):
@@ -481,40 +344,3 @@ def test_queued_work_survives_an_orderly_restart(tmp_path: Path) -> None:
         wait_state(gw, queued, "waiting")
     with running_gateway(tmp_path) as gw:
         assert wait_state(gw, queued, "exited")["state"] == "exited"
-
-
-def test_no_new_work_runs_while_start_up_recovery_is_owed(tmp_path: Path, tiny_disk: Path) -> None:
-    """A full disk at start leaves recovery owed: submits and calls are refused (507, saying
-    so) until it has run, and nothing this run accepted is ever stopped by it."""
-    home = tiny_disk / "home"
-    with running_gateway(tmp_path / "first", ROOMKEEPER_HOME=str(home)) as gw:
-        assert gw.client.post("/v1/jobs", json={"argv": ["true"]}).status_code == 201
-    filler = fill_disk(tiny_disk)
-    with running_gateway(tmp_path / "second", ROOMKEEPER_HOME=str(home)) as gw:
-        refused = gw.client.post("/v1/jobs", json={"argv": ["true"]})
-        assert refused.status_code == 507, refused.text
-        call = gw.client.post("/v1/calls", json={"kind": "send", "owner": "o"})
-        assert call.status_code == 507, call.text
-        filler.unlink()
-        accepted: list[str] = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len(accepted) < 5:
-            answer = gw.client.post("/v1/jobs", json={"argv": ["sleep", "1"]})
-            if answer.status_code == 201:
-                accepted.append(answer.json()["id"])
-            else:
-                assert answer.status_code == 507, answer.text
-                assert "recovery" in answer.json()["detail"], answer.text
-            time.sleep(0.01)
-        assert accepted, "no submit was accepted once space was back"
-        for job_id in accepted:
-            wait_until(
-                lambda job_id=job_id: (
-                    gw.client.get(f"/v1/jobs/{job_id}").json()["state"]
-                    not in ("waiting", "running")
-                ),
-                f"job {job_id} ending",
-                60,
-            )
-            job = gw.client.get(f"/v1/jobs/{job_id}").json()
-            assert (job["state"], job.get("exit_code")) == ("exited", 0), job
