@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.gateways import RunningGateway, running_gateway
+from tests.hook_servers import SlowHooks
 from tests.pages import CHROMIUM, CHROMIUM_ARGS
 from tests.processes import Reaper
 
@@ -85,3 +86,12 @@ def browser() -> Iterator[Any]:
             yield launched
         finally:
             launched.close()
+
+
+@pytest.fixture
+def hooks() -> Iterator[SlowHooks]:
+    """A loopback server that records the release hooks it is sent, shut down after the test."""
+    server = SlowHooks()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()

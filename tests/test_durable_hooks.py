@@ -7,54 +7,18 @@ server that records every call with its Idempotency-Key.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.gateways import kill_whole_tree, running_gateway, wait_until
+from tests.hook_servers import SlowHooks
 
 pytestmark = pytest.mark.kernel
-
-
-class SlowHooks:
-    """A loopback server that records (method, path, Idempotency-Key) and answers after
-    ``delay_s``."""
-
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.calls: list[tuple[str, str, str | None]] = []
-        calls, self.delay_s = self.calls, delay_s
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_DELETE(self) -> None:
-                calls.append((self.command, self.path, self.headers.get("Idempotency-Key")))
-                time.sleep(owner.delay_s)
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
-
-
-@pytest.fixture
-def hooks() -> Iterator[SlowHooks]:
-    server = SlowHooks()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
 
 
 def lease_row(home: Path, lease_id: str) -> tuple[str, str | None]:

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import http.server
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,38 +21,7 @@ from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import LeaseState, LeaseView
 from roomkeeper.journal.database import Journal
 from tests.gateways import fill_disk, running_gateway, wait_until
-
-
-class Hooks:
-    """A loopback server that records each release hook it is sent."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        calls = self.calls
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_DELETE(self) -> None:
-                calls.append(self.path)
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
-
-
-@pytest.fixture
-def hooks() -> Iterator[Hooks]:
-    server = Hooks()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
+from tests.hook_servers import SlowHooks
 
 
 def lease_row(home: Path, lease_id: str) -> tuple[str, str | None] | None:
@@ -147,7 +113,7 @@ serve.run_gateway(int(sys.argv[1]), None)
 
 @pytest.mark.kernel
 def test_a_release_whose_save_failed_is_saved_later_and_stays_released(
-    tmp_path: Path, hooks: Hooks
+    tmp_path: Path, hooks: SlowHooks
 ) -> None:
     """A release the journal refuses: 507 (its hook made, its memory given back), then saved
     once the journal takes it; after a restart the lease is not granted back and its hook
@@ -160,7 +126,7 @@ def test_a_release_whose_save_failed_is_saved_later_and_stays_released(
         released = gw.client.delete("/v1/leases/turn")
         assert (released.status_code, released.json()["reason"]) == (507, "not_saved")
         assert "has ended in this run" in released.json()["detail"]
-        assert hooks.calls == ["/chat/turn"]
+        assert hooks.paths == ["/chat/turn"]
         assert gw.client.get("/v1/status").json()["leases"].get("granted", 0) == 0
         assert gw.client.get("/v1/needs-you").json()["headline"] == "persistence failed"
         assert lease_row(home, "turn") == ("granted", None)
@@ -176,12 +142,12 @@ def test_a_release_whose_save_failed_is_saved_later_and_stays_released(
         assert gw.client.get("/v1/status").json()["leases"].get("granted", 0) == 0
         assert "turn" not in {x["id"] for x in gw.client.get("/v1/leases").json()}
         time.sleep(1.0)  # owed hooks are made at once: none is
-    assert hooks.calls == ["/chat/turn"]
+    assert hooks.paths == ["/chat/turn"]
 
 
 @pytest.mark.kernel
 def test_a_lease_that_expired_while_down_on_a_full_disk_gets_its_hook_once_space_is_back(
-    tmp_path: Path, tiny_disk: Path, hooks: Hooks
+    tmp_path: Path, tiny_disk: Path, hooks: SlowHooks
 ) -> None:
     """Past its ttl while nothing ran, and the disk full at start: its expiry cannot be
     saved, so no hook yet; once space is back it is saved expired and its hook is made,
@@ -197,19 +163,19 @@ def test_a_lease_that_expired_while_down_on_a_full_disk_gets_its_hook_once_space
         granted = gw.client.post("/v1/leases", json=body)
         assert granted.status_code == 201
         expires_at = granted.json()["expires_at"]
-    assert hooks.calls == []  # stopped within its ttl: the lease was still granted
+    assert hooks.paths == []  # stopped within its ttl: the lease was still granted
     filler = fill_disk(tiny_disk)
     time.sleep(max(0.0, expires_at + 0.5 - time.time()))
     with running_gateway(tmp_path / "second", ROOMKEEPER_HOME=str(home)) as gw:
         assert gw.client.get("/v1/needs-you").json()["headline"] == "persistence failed"
         assert gw.client.get("/v1/status").json()["leases"].get("granted", 0) == 0
         time.sleep(1.0)
-        assert hooks.calls == []  # its expiry is not saved: its hook waits for that
+        assert hooks.paths == []  # its expiry is not saved: its hook waits for that
         with contextlib.suppress(FileNotFoundError):
             filler.unlink()
-        wait_until(lambda: hooks.calls == ["/chat/turn"], "the expired lease's hook")
+        wait_until(lambda: hooks.paths == ["/chat/turn"], "the expired lease's hook")
         wait_until(lambda: lease_row(home, "turn") == ("expired", "ok 204"), "its outcome saved")
         assert gw.proc.poll() is None  # the same run made it
     with running_gateway(tmp_path / "third", ROOMKEEPER_HOME=str(home)):
         time.sleep(1.0)  # owed hooks are made at once: none is
-    assert hooks.calls == ["/chat/turn"]
+    assert hooks.paths == ["/chat/turn"]
