@@ -129,6 +129,10 @@ class Served:
         """Wait until ``name`` was recorded ``count`` times."""
         return self.wait_for(lambda ev: names(ev).count(name) >= count, timeout)
 
+    def wait_healthy_gen(self, gen: int | None = None, timeout: float = 20) -> list[dict[str, Any]]:
+        """Wait until a gateway (of generation ``gen``, if given) reported healthy or recovered."""
+        return self.wait_for(lambda ev: bool(healthy_events(ev, gen)), timeout)
+
     def gateway_tree(self) -> list[psutil.Process]:
         """The supervisor's descendants now."""
         with contextlib.suppress(psutil.Error):
@@ -144,6 +148,23 @@ def first(events: list[dict[str, Any]], name: str, **match: Any) -> dict[str, An
     return next(
         e for e in events if e["event"] == name and all(e.get(k) == v for k, v in match.items())
     )
+
+
+# A gateway whose first heartbeat came after the start grace (a busy machine) was
+# relieved and then said "recovered", never "healthy": both mean it answers now.
+HEALTHY_NOW = ("healthy", "recovered")
+
+
+def healthy_events(events: list[dict[str, Any]], gen: int | None = None) -> list[dict[str, Any]]:
+    """The events saying a gateway (of generation ``gen``, if given) answers its probe."""
+    return [e for e in events if e["event"] in HEALTHY_NOW and gen in (None, e["gen"])]
+
+
+def first_after(
+    events: list[dict[str, Any]], name: str, since: float, **match: Any
+) -> dict[str, Any]:
+    """The first ``name`` event recorded at or after the monotonic time ``since``."""
+    return first([e for e in events if e["mono"] >= since], name, **match)
 
 
 def kill_ours(procs: list[psutil.Process]) -> None:
