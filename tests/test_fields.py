@@ -58,6 +58,7 @@ def every_term() -> LeaseTerms:
         ttl_s=42.5,
         release=ReleaseHook("DELETE", "http://127.0.0.1:9/release"),
         relieve=HOOK,
+        session="session-7",
     )
     left = [f.name for f in dataclasses.fields(LeaseTerms) if getattr(terms, f.name) == f.default]
     assert left == [], f"give these terms a value other than their default here: {left}"

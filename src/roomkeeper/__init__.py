@@ -41,6 +41,10 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
 - ``api``: the HTTP app, one module per resource's routes, models, views,
   metrics, serving.  May import: ``gateway``, ``cluster``, ``journal``, ``jobs``,
   ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``.
+- ``client``: the typed Python client of the HTTP API, sync and async, with leases held
+  by their own heartbeat.  May import: ``api``, ``gateway``, ``cluster``, ``journal``,
+  ``jobs``, ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``,
+  ``ipc``.
 - ``supervisor``: runs the gateway as its child and watches it from outside;
   talks to it through ``ipc`` only.  May import: ``ipc``.
 - ``batch``: ``roomkeeper batch``, a memory-aware ``parallel`` on the
@@ -49,7 +53,7 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
 - ``cli``: the ``roomkeeper`` command, and what ``batch`` shows a person.
   May import: ``api``, ``gateway``, ``batch``, ``cluster``, ``journal``, ``jobs``,
   ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``,
-  ``supervisor``.
+  ``supervisor``, ``client``.
 
 ``ipc`` (the supervisor's socketpair protocol) imports nothing of ours.
 ``testing`` holds fakes for tests and may import anything.  Only ``api``
@@ -66,6 +70,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from roomkeeper.batch.run import BatchResult, run_batch
+    from roomkeeper.client.aio import AsyncClient, AsyncLease
+    from roomkeeper.client.discovery import ClientSettings, Retries
+    from roomkeeper.client.sync import Client, Lease
     from roomkeeper.guard.admission import Guard, GuardStatistics
     from roomkeeper.guard.packing import MemoryPolicy
     from roomkeeper.guard.rule import Decision, Reason, Word
@@ -89,6 +96,12 @@ if TYPE_CHECKING:
     from roomkeeper.relief.ladder import PressureReason
 
 _HOMES = {
+    "AsyncClient": "client.aio",
+    "AsyncLease": "client.aio",
+    "Client": "client.sync",
+    "ClientSettings": "client.discovery",
+    "Lease": "client.sync",
+    "Retries": "client.discovery",
     "Decision": "guard.rule",
     "Guard": "guard.admission",
     "GuardStatistics": "guard.admission",
@@ -119,7 +132,11 @@ _HOMES = {
 }
 
 __all__ = [
+    "AsyncClient",
+    "AsyncLease",
     "BatchResult",
+    "Client",
+    "ClientSettings",
     "Decision",
     "DiskReading",
     "EstimateSource",
@@ -128,6 +145,7 @@ __all__ = [
     "JobSpec",
     "JobState",
     "JobView",
+    "Lease",
     "LimitOrigin",
     "Limits",
     "MemoryPolicy",
@@ -136,6 +154,7 @@ __all__ = [
     "PressureReason",
     "Reason",
     "Resources",
+    "Retries",
     "Scheduler",
     "SchedulerClocks",
     "SchedulerListeners",

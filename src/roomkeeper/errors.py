@@ -19,7 +19,13 @@
     ├── AlreadyEndedError           the lease asked about has already ended (``lease_id``)
     ├── PersistenceError            the journal could not save (disk full, I/O error)
     │   └── SaveTimeoutError        the journal did not answer within a save's deadline
-    └── NoGatewayError              no gateway answers for this ROOMKEEPER_HOME
+    ├── NoGatewayError              no gateway answers for this ROOMKEEPER_HOME
+    └── GatewayError                the gateway refused a client's request (``status``, ``reason``)
+        ├── NoRoom                  no room for the lease (the guard's ``reason``, ``summary``)
+        ├── QueueFull               a bound was reached; nothing was queued or granted
+        ├── NotFound                no job, lease or call has that id
+        ├── Unauthorized            the token is missing or wrong
+        └── GatewayUnavailable      no answer, or a 503: ask again later
 
 Readers never let ``KernelFileError`` or ``OSError`` escape to the caller:
 they translate both, at one boundary in :mod:`roomkeeper.kernel.resources`, into a
@@ -264,3 +270,52 @@ def say_failure_once(what: str, err: BaseException) -> None:
             _SAID.add(key)
     level = logging.ERROR if first else logging.DEBUG
     _log.log(level, "%s failed (it goes on, and tries again): %s: %s", what, key[1], err)
+
+
+# The client's errors are named for what a caller catches (``except NoRoom:``), as the
+# client's documentation names them: the names are its interface.
+class GatewayError(RoomkeeperError):
+    """The gateway answered a client's request with an error (``roomkeeper.client``).
+
+    Attributes:
+        status: the HTTP status (0 when no answer came).
+        reason: the answer's machine-readable ``reason``.
+        detail: the answer's words for people.
+    """
+
+    def __init__(self, detail: str, *, status: int = 0, reason: str = "") -> None:
+        super().__init__(detail)
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+
+
+class NoRoom(GatewayError):  # noqa: N818
+    """The guard refused the lease: no room for it now (waiting may bring some).
+
+    Attributes:
+        summary: every number that decided it, in words.
+    """
+
+    def __init__(self, detail: str, *, status: int = 409, reason: str = "", summary: str = ""):
+        super().__init__(detail, status=status, reason=reason)
+        self.summary = summary
+
+
+class QueueFull(GatewayError):  # noqa: N818
+    """A bound was reached (a queue, the granted leases, the followed streams): nothing was
+    queued or granted, so asking again later is safe."""
+
+
+class NotFound(GatewayError):  # noqa: N818
+    """No job, lease or call has the id asked for."""
+
+
+class Unauthorized(GatewayError):  # noqa: N818
+    """The token is missing or wrong: set ROOMKEEPER_TOKEN, or ROOMKEEPER_HOME to the
+    gateway's home (its ``token`` file)."""
+
+
+class GatewayUnavailable(GatewayError):  # noqa: N818
+    """No answer came (the gateway is down or unreachable), or it answered 503 (shutting
+    down, a save that did not answer): ask again later."""

@@ -29,6 +29,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from roomkeeper import __version__
+from roomkeeper.api.agent_hooks import agent_hook_routes
 from roomkeeper.api.bodylimit import BodyLimit
 from roomkeeper.api.contract import allowed_methods, install_links, no_unknown_query
 from roomkeeper.api.health_first import HealthFirst
@@ -97,6 +98,7 @@ def create_app(gateway: Gateway, *, port: int | None = None, socket: str | None 
     _add_open_routes(app, gateway)
     app.include_router(work_routes(gateway, auth))
     app.include_router(lease_routes(gateway, auth))
+    app.include_router(agent_hook_routes(gateway, auth))
     app.include_router(worktree_routes(gateway, auth))
     _add_service_routes(app, gateway, auth)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
@@ -155,6 +157,10 @@ def validation_details(err: RequestValidationError) -> list[dict[str, Any]] | st
         ]
     except Exception:  # never a 500 for a bad request
         return "the request is not valid"
+
+
+RETRY_AFTER_S = 1
+"""The ``Retry-After`` of a 429: queues and lease caps free as work ends, seconds apart."""
 
 
 def error(status: int, reason: str, detail: str, **extra: Any) -> JSONResponse:
@@ -244,7 +250,10 @@ def _add_error_answers(app: FastAPI, gateway: Gateway) -> None:
 
     @app.exception_handler(QueueFullError)
     async def queue_full(request: Request, err: QueueFullError) -> JSONResponse:
-        return error(429, err.reason, str(err))
+        # Nothing was queued or granted: a client may ask again, and is told when.
+        answer = error(429, err.reason, str(err))
+        answer.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return answer
 
 
 def health_body(gateway: Gateway) -> dict[str, Any]:

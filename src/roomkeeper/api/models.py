@@ -334,6 +334,8 @@ class LeaseIn(BaseModel):
     wait_s: Annotated[float, Field(ge=0, le=600)] = 0.0
     release: ReleaseIn | None = None
     relieve: RelieveIn | None = None
+    # The agent session it belongs to (Claude Code's or Codex's session_id), shown per session.
+    session: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
 
     def terms(self) -> LeaseTerms:
         """The terms asked for: each field of :class:`LeaseTerms` by name, hooks checked."""

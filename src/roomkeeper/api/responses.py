@@ -210,6 +210,7 @@ class LeaseOut(BaseModel):
         description="null until the relief ladder calls the relieve hook; ``asked`` while "
         "its memory is awaited; then ``relieved: ...`` or ``not relieved: ...``."
     )
+    session: str | None = Field(description="The agent session it belongs to; null when not told.")
 
 
 class LeaseCounts(BaseModel):
@@ -220,6 +221,19 @@ class LeaseCounts(BaseModel):
     released: int = 0
     expired: int = 0
     relieved: int = 0
+
+
+class SessionOut(BaseModel):
+    """What one agent session (its ``session_id``) holds now: granted leases and their memory."""
+
+    model_config = OUT
+    leases: int
+    memory_bytes: int
+
+
+SESSIONS_FIELD = Field(
+    description="Granted leases per agent session (the leases that named one), by session id."
+)
 
 
 # ------------------------------------------------------------------ status and feed
@@ -354,6 +368,7 @@ class StatusOut(BaseModel):
     disk: DiskOut
     queue: QueueOut
     leases: LeaseCounts
+    sessions: dict[str, SessionOut] = SESSIONS_FIELD
     backend: Literal["local", "ray"]
     nodes: list[NodeOut] = Field(description="Ray nodes; empty with the local backend.")
     holds: list[Literal["shutting down", "recovery mode", "relief", "memory pressure"]]
@@ -443,6 +458,7 @@ class FeedOut(BaseModel):
     refusals: list[FeedRefusal]
     recoveries: list[FeedRecovery]
     leases: LeaseCounts
+    sessions: dict[str, SessionOut] = SESSIONS_FIELD
     backend: Literal["local", "ray"]
     nodes: list[NodeOut] = Field(description="Ray nodes; empty with the local backend.")
 

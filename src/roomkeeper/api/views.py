@@ -148,6 +148,7 @@ def feed_json(gateway: Gateway) -> dict[str, Any]:
             for e in gateway.journal.history(limit=FEED_RECOVERIES)
         ],
         "leases": gateway.leases.counts(),
+        "sessions": gateway.leases.sessions(),
         "backend": gateway.backend,
         "nodes": nodes_json(gateway),
     }
@@ -297,6 +298,7 @@ def status_json(gateway: Gateway) -> dict[str, Any]:
             "last_refusal": stats.last_refusal,
         },
         "leases": gateway.leases.counts(),
+        "sessions": gateway.leases.sessions(),
         "backend": gateway.backend,
         "nodes": nodes_json(gateway),
         "holds": [

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from roomkeeper import __version__
-from roomkeeper.cli import journal, local, remote, service
+from roomkeeper.cli import hook, journal, local, remote, service
 from roomkeeper.errors import RoomkeeperError
 
 
@@ -51,7 +51,13 @@ def main(verbose: bool) -> None:
     _setup_logging(verbose)
 
 
-for _command in (*local.COMMANDS, *remote.COMMANDS, *service.COMMANDS, *journal.COMMANDS):
+for _command in (
+    *local.COMMANDS,
+    *remote.COMMANDS,
+    *service.COMMANDS,
+    *journal.COMMANDS,
+    *hook.COMMANDS,
+):
     main.add_command(_command)
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
+from roomkeeper.client.discovery import check_it_is_ours
 from roomkeeper.errors import NoGatewayError
 from roomkeeper.paths import home_dir
 
@@ -44,47 +43,9 @@ def connect(env: Mapping[str, str] | None = None, *, timeout: float = 30.0) -> h
         base = f"http://127.0.0.1:{info.get('port')}"
     client = httpx.Client(base_url=base, transport=transport, timeout=timeout)
     try:
-        _check_it_is_ours(client, info, home / "gateway.json", how)
+        check_it_is_ours(client, home / "gateway.json", how)
     except BaseException:
         client.close()
         raise
     client.headers["Authorization"] = f"Bearer {token}"
     return client
-
-
-def _check_it_is_ours(client: httpx.Client, info: dict[str, Any], record: Path, how: str) -> None:
-    """The recorded process lives, and what listens answers with its boot id; else refuse.
-
-    Raises:
-        NoGatewayError: the recorded gateway is gone, or something else listens
-            where it did; the token has not been sent.
-    """
-    if not _recorded_process_lives(info):
-        raise NoGatewayError(f"the roomkeeper gateway recorded in {record} is not running; {how}")
-    try:
-        answer = client.get("/health", timeout=5)
-        answer.raise_for_status()
-        boot_id = answer.json().get("boot_id")
-    except (httpx.HTTPError, ValueError, AttributeError):
-        raise NoGatewayError(
-            f"the roomkeeper gateway recorded in {record} does not answer; {how}"
-        ) from None
-    if boot_id != info.get("boot_id"):
-        raise NoGatewayError(
-            f"what answers where {record} says the gateway listens is not that gateway "
-            f"(boot id {boot_id!r}, recorded {info.get('boot_id')!r}); the token was not "
-            f"sent; {how}"
-        )
-
-
-def _recorded_process_lives(info: dict[str, Any]) -> bool:
-    """The recorded pid exists and started when the record says (a reused pid does not)."""
-    try:
-        process = psutil.Process(int(info["pid"]))
-        started = float(info["started"])
-    except (KeyError, TypeError, ValueError, psutil.Error):
-        return False
-    try:
-        return abs(process.create_time() - started) < 0.01
-    except psutil.Error:
-        return False

@@ -33,6 +33,8 @@ class LeaseTerms:
         release: the call made when it ends, before its memory is offered to other work.
         relieve: the call the relief ladder may make, once, to ask its holder to end the
             turn now (sustained memory pressure).
+        session: the agent session the turn belongs to (a Claude Code or Codex
+            ``session_id``), so a person sees which session holds what; None when not told.
     """
 
     owner: str = "default"
@@ -41,3 +43,4 @@ class LeaseTerms:
     ttl_s: float = DEFAULT_TTL_S
     release: ReleaseHook | None = None
     relieve: ReleaseHook | None = None
+    session: str | None = None

@@ -378,6 +378,19 @@ class Leases:
             granted = sum(1 for v in self._leases.values() if v.state is LeaseState.GRANTED)
             return {"granted": granted, **dict(self._ended)}
 
+    def sessions(self) -> dict[str, dict[str, int]]:
+        """Granted leases per agent session (those that named one): how many, and the memory
+        they hold, so a person sees which session holds what."""
+        found: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for lease in self._leases.values():
+                if lease.state is not LeaseState.GRANTED or lease.terms.session is None:
+                    continue
+                held = found.setdefault(lease.terms.session, {"leases": 0, "memory_bytes": 0})
+                held["leases"] += 1
+                held["memory_bytes"] += lease.terms.memory_bytes or 0
+        return found
+
     def ended_without_hook(self) -> int:
         """Leases of this run that ended with no release hook (their sessions may stay)."""
         with self._lock:

@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS leases (
     release TEXT,
     hook_outcome TEXT,
     relieve TEXT,
-    relieve_outcome TEXT
+    relieve_outcome TEXT,
+    session TEXT
 );
 CREATE TABLE IF NOT EXISTS lease_events (
     lease_id TEXT NOT NULL,
@@ -56,6 +57,7 @@ CREATE TABLE IF NOT EXISTS lease_events (
 ADDED_COLUMNS = (
     ("leases", "relieve", "TEXT"),
     ("leases", "relieve_outcome", "TEXT"),
+    ("leases", "session", "TEXT"),
 )
 
 # Every field is written when the row is first made; a later change of the lease rewrites

@@ -1,0 +1,246 @@
+"""Memory admission for coding agents' subagents, through the agents' own hooks.
+
+``POST /v1/agent-hooks/claude-code`` and ``POST /v1/agent-hooks/codex`` take a hook
+event's JSON exactly as the tool sends it (Claude Code's ``http`` hook type posts it
+here itself; ``roomkeeper hook claude-code`` and ``roomkeeper hook codex`` forward
+what their stdin holds) and answer exactly what the tool reads back:
+
+- ``PreToolUse`` of a gated tool (the subagent tool: Claude Code's ``Agent``, formerly
+  ``Task``, Codex's ``spawn_agent``; ``Bash`` too when asked) takes a lease keyed by the
+  event's ``tool_use_id``, for the memory learned for its ``subagent_type`` or command,
+  else the stated default.  Granted, the answer is ``{}``: no decision, so the tool's
+  own permission rules still apply (roomkeeper never grants a permission).  Refused,
+  it is ``hookSpecificOutput.permissionDecision`` ``deny`` with a reason the model can
+  act on (the memory needed and the memory free), or ``defer`` in ``defer`` mode.
+- ``PostToolUse`` with the same ``tool_use_id`` releases that lease, unless the call
+  started a background subagent, whose lease ``SubagentStop`` releases (the oldest of
+  that session and ``agent_type``).
+- Anything else is answered ``{}``.
+
+A lease left behind (the tool crashed before its ``PostToolUse``) ends by its ttl.
+Any failure to judge a ``PreToolUse`` is answered ``deny``, never a silent pass: an
+``http`` hook that gets no 2xx lets the call through, so a refusal must be a 2xx.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Query, Request, params
+
+from roomkeeper.api.health_first import pause_of
+from roomkeeper.errors import AlreadyEndedError, RoomkeeperError, UnknownJobError, UsageError
+from roomkeeper.gateway.service import Gateway
+from roomkeeper.guard.lease_terms import LeaseTerms
+from roomkeeper.guard.leases import LeaseState
+from roomkeeper.guard.rule import Decision
+
+Tool = Literal["claude-code", "codex"]
+Mode = Literal["wait", "deny", "defer"]
+
+DEFAULT_MEMORY_MB = 1024
+"""The estimate of a subagent the gateway has learned nothing about, in MiB."""
+DEFAULT_WAIT_S = 540.0
+"""How long ``wait`` mode holds a call: safely under the 600 s a Claude Code hook may take."""
+DEFAULT_TTL_S = 3600.0
+"""How long a hook's lease lives unreleased: its subagent cannot heartbeat, so the ttl covers
+its whole run, and a lease a crashed tool left behind ends by it."""
+
+SUBAGENT_TOOLS: dict[str, frozenset[str]] = {
+    "claude-code": frozenset({"Agent", "Task"}),
+    "codex": frozenset({"spawn_agent"}),
+}
+"""Each tool's subagent tool names: always gated."""
+PREFIX = {"claude-code": "cc", "codex": "codex"}
+BACKGROUND = "bg"
+_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9.:@-]")
+_NO_DECISION: dict[str, Any] = {}
+
+
+def name_of(text: str, limit: int = 120) -> str:
+    """``text`` as a lease id or session may hold it: other characters as ``-``, bounded."""
+    return _NOT_IN_A_NAME.sub("-", text)[:limit] or "-"
+
+
+def agent_hook_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
+    """``/v1/agent-hooks/{tool}`` for ``gateway``, behind ``auth``."""
+    router = APIRouter()
+
+    @router.post("/v1/agent-hooks/{tool}", dependencies=auth)
+    async def agent_hook(
+        tool: Tool,
+        request: Request,
+        event: Annotated[dict[str, Any], Body()],
+        mode: Mode = "wait",
+        memory_mb: Annotated[int, Query(ge=1, le=2**23)] = DEFAULT_MEMORY_MB,
+        wait_s: Annotated[float, Query(ge=0, le=590)] = DEFAULT_WAIT_S,
+        ttl_s: Annotated[float, Query(gt=0, le=86400)] = DEFAULT_TTL_S,
+        bash: bool = False,
+    ) -> dict[str, Any]:
+        """Answer one hook event of ``tool`` as that tool reads a hook's answer."""
+        if tool == "codex" and mode == "defer":
+            raise UsageError(
+                "mode defer is Claude Code's (-p mode) only: Codex hooks take allow, deny or "
+                "ask; use mode wait or deny",
+                name="mode",
+            )
+        judge = HookJudge(gateway, tool, HookSettings(mode, memory_mb << 20, wait_s, ttl_s, bash))
+        return await judge.answer(event, request)
+
+    return router
+
+
+@dataclass(frozen=True, slots=True)
+class HookSettings:
+    """How a hook judges.
+
+    Attributes:
+        mode: ``wait`` for room (at most ``wait_s``), ``deny`` at once, or ``defer``.
+        memory_bytes: the estimate when none is learned for the call's kind.
+        wait_s: the longest ``wait`` holds a call.
+        ttl_s: the lease's life unreleased.
+        bash: whether ``Bash`` calls are gated too.
+    """
+
+    mode: Mode
+    memory_bytes: int
+    wait_s: float
+    ttl_s: float
+    bash: bool
+
+
+class HookJudge:
+    """One event's answer for one tool's hook settings."""
+
+    def __init__(self, gateway: Gateway, tool: Tool, settings: HookSettings) -> None:
+        self._gateway = gateway
+        self._tool = tool
+        self._settings = settings
+
+    async def answer(self, event: Mapping[str, Any], request: Request) -> dict[str, Any]:
+        """The tool's answer to ``event``: ``{}`` for no decision, else its decision."""
+        name = event.get("hook_event_name")
+        if name == "PreToolUse" and self._gated(event):
+            try:
+                return await self._admit(event, request)
+            except (RoomkeeperError, ValueError, TypeError, KeyError) as err:
+                # Fails closed: a call roomkeeper could not judge does not pass.
+                return self._refusal("deny", f"roomkeeper could not judge this call: {err}")
+        if name == "PostToolUse" and self._gated(event) and not _background(event):
+            await self._end(self._lease_id(event))
+        elif name == "SubagentStop":
+            await self._end_background(event)
+        return _NO_DECISION
+
+    def _gated(self, event: Mapping[str, Any]) -> bool:
+        tool_name = event.get("tool_name")
+        if tool_name in SUBAGENT_TOOLS[self._tool]:
+            return True
+        return self._settings.bash and tool_name == "Bash"
+
+    def _lease_id(self, event: Mapping[str, Any]) -> str:
+        """``cc:<tool_use_id>``; a background subagent's names its agent type too, for its
+        ``SubagentStop`` to find."""
+        use_id = event.get("tool_use_id")
+        if not isinstance(use_id, str) or not use_id:
+            raise ValueError("the event has no tool_use_id (a string) to key its lease by")
+        prefix = PREFIX[self._tool]
+        if _background(event):
+            return f"{prefix}-{BACKGROUND}:{name_of(_agent_type(event), 60)}:{name_of(use_id)}"
+        return f"{prefix}:{name_of(use_id)}"
+
+    def _kind(self, event: Mapping[str, Any]) -> str:
+        """The learned-size kind: ``agent-<subagent_type>``, or ``bash-<program>``."""
+        if event.get("tool_name") == "Bash":
+            command = _tool_input(event).get("command")
+            words = command.split() if isinstance(command, str) else []
+            return f"bash-{name_of(words[0].rsplit('/', 1)[-1], 60) if words else '-'}"
+        return f"agent-{name_of(_agent_type(event), 60)}"
+
+    async def _admit(self, event: Mapping[str, Any], request: Request) -> dict[str, Any]:
+        kind = self._kind(event)
+        learned = self._gateway.journal.learned_size(f"kind:{kind}")
+        estimate = learned or self._settings.memory_bytes
+        session = event.get("session_id")
+        terms = LeaseTerms(
+            owner=self._tool,
+            memory_bytes=estimate,
+            ttl_s=self._settings.ttl_s,
+            session=name_of(session) if isinstance(session, str) and session else None,
+        )
+        wait = self._settings.wait_s if self._settings.mode == "wait" else 0.0
+        lease, decision, _ = await self._gateway.durable_leases.grant(
+            self._lease_id(event), terms, wait_s=wait, pause=pause_of(request.scope)
+        )
+        if lease is not None:
+            return _NO_DECISION
+        assert decision is not None
+        source = "learned for" if learned else "the stated default for"
+        why = _no_room(decision, estimate, f"{source} {kind}", wait)
+        return self._refusal("defer" if self._settings.mode == "defer" else "deny", why)
+
+    def _refusal(self, decision: Literal["deny", "defer"], reason: str) -> dict[str, Any]:
+        return {
+            "hookSpecificOutput": {
+                "hookEventName": "PreToolUse",
+                "permissionDecision": decision,
+                "permissionDecisionReason": reason,
+            }
+        }
+
+    async def _end(self, lease_id: str) -> None:
+        """End the lease; one already ended (its ttl, a repeated event) or never granted is
+        no error."""
+        with contextlib.suppress(UnknownJobError, AlreadyEndedError):
+            await self._gateway.durable_leases.end(lease_id)
+
+    async def _end_background(self, event: Mapping[str, Any]) -> None:
+        """End the oldest background lease of the event's session and agent type."""
+        prefix = f"{PREFIX[self._tool]}-{BACKGROUND}:{name_of(_agent_type(event), 60)}:"
+        session = event.get("session_id")
+        session = name_of(session) if isinstance(session, str) and session else None
+        held = [
+            v
+            for v in self._gateway.leases.views()
+            if v.state is LeaseState.GRANTED
+            and v.id.startswith(prefix)
+            and v.terms.session == session
+        ]
+        if held:
+            await self._end(min(held, key=lambda v: v.granted_at).id)
+
+
+def _tool_input(event: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = event.get("tool_input")
+    return found if isinstance(found, Mapping) else {}
+
+
+def _background(event: Mapping[str, Any]) -> bool:
+    return _tool_input(event).get("run_in_background") is True
+
+
+def _agent_type(event: Mapping[str, Any]) -> str:
+    """The subagent's type: ``subagent_type`` of the tool's input, ``agent_type`` of a
+    ``SubagentStop``, else ``general-purpose`` (the tool's own default)."""
+    found = _tool_input(event).get("subagent_type") or event.get("agent_type")
+    return found if isinstance(found, str) and found else "general-purpose"
+
+
+def _no_room(decision: Decision, estimate: int, source: str, waited_s: float) -> str:
+    """Why the call may not start, in words a model can act on: needed, free, what to do."""
+    free = None
+    if decision.memory is not None and decision.memory_line_bytes is not None:
+        used = decision.memory.used_bytes
+        if used is not None:
+            free = max(0, decision.memory_line_bytes - used - decision.young_reserved_bytes)
+    free_text = "unknown" if free is None else f"{free >> 20} MiB"
+    waited = f" after waiting {waited_s:g} s" if waited_s else ""
+    return (
+        f"roomkeeper: not enough memory for this call{waited}: it needs {estimate >> 20} MiB "
+        f"({source}), {free_text} is free ({decision.summary}). Wait for running subagents "
+        "to finish before starting another, or do this work without a subagent."
+    )

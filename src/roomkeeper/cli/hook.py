@@ -1,0 +1,108 @@
+"""``roomkeeper hook claude-code`` and ``roomkeeper hook codex``: commands to name in those
+tools' hook settings, so that subagents start only when there is memory for them.
+
+Each reads one hook event (JSON) from stdin, hands it to the gateway's
+``/v1/agent-hooks/{tool}`` (:mod:`roomkeeper.api.agent_hooks` judges it), and writes
+the tool's answer to stdout: nothing when the call may go on (the tool's own
+permission rules still apply), else the ``hookSpecificOutput`` decision.
+
+It fails closed: both tools let a call through when a hook exits with anything but
+0 or 2, so every failure here (no gateway, bad input, a refusal of the gateway, a
+bug) exits 2 with its reason on stderr, which the tool shows the model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from roomkeeper.api.agent_hooks import DEFAULT_MEMORY_MB, DEFAULT_TTL_S, DEFAULT_WAIT_S
+from roomkeeper.client.sync import Client
+from roomkeeper.units import parse_size
+
+BLOCK = 2  # the exit status both tools read as "blocked", with stderr as the reason
+MAX_EVENT_BYTES = 4 << 20
+
+
+def _options(command: Any) -> Any:
+    for option in reversed(
+        [
+            click.option(
+                "--mode",
+                type=click.Choice(["wait", "deny", "defer"]),
+                default="wait",
+                show_default=True,
+                help="wait: hold the call until room (at most --wait); deny: refuse at once, "
+                "saying why; defer: Claude Code -p only, the call is asked again on --resume.",
+            ),
+            click.option(
+                "--memory",
+                default=f"{DEFAULT_MEMORY_MB}M",
+                show_default=True,
+                help="Each call's estimate when the gateway has learned none for its kind.",
+            ),
+            click.option(
+                "--wait",
+                "wait_s",
+                type=click.FloatRange(0, 590),
+                default=DEFAULT_WAIT_S,
+                show_default=True,
+                help="Seconds wait mode holds a call; keep it under the hook's timeout.",
+            ),
+            click.option(
+                "--ttl",
+                "ttl_s",
+                type=click.FloatRange(1, 86400),
+                default=DEFAULT_TTL_S,
+                show_default=True,
+                help="Seconds a lease lives unreleased (a crashed tool's lease ends by it).",
+            ),
+            click.option("--bash", is_flag=True, help="Gate Bash calls too, not only subagents."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _run(tool: str, mode: str, memory: str, wait_s: float, ttl_s: float, bash: bool) -> None:
+    try:
+        memory_mb = max(1, parse_size(memory) >> 20)
+        raw = sys.stdin.buffer.read(MAX_EVENT_BYTES + 1)
+        if len(raw) > MAX_EVENT_BYTES:
+            raise ValueError(f"the hook event on stdin is over {MAX_EVENT_BYTES} bytes")
+        event = json.loads(raw or b"null")
+        if not isinstance(event, dict):
+            raise ValueError("stdin must hold the hook event, a JSON object")
+        settings = {"mode": mode, "memory_mb": memory_mb, "wait_s": wait_s, "ttl_s": ttl_s}
+        with Client.from_env() as client:
+            answer = client.agent_hook(tool, event, bash=bash, **settings)
+    except Exception as err:  # every failure blocks: a crash must not let the call through
+        click.echo(f"roomkeeper hook {tool}: blocked, could not judge this call: {err}", err=True)
+        sys.exit(BLOCK)
+    if answer:
+        click.echo(json.dumps(answer))
+
+
+@click.group("hook")
+def hook() -> None:
+    """Memory admission for coding agents' subagents, named in their hook settings."""
+
+
+@hook.command("claude-code")
+@_options
+def claude_code(mode: str, memory: str, wait_s: float, ttl_s: float, bash: bool) -> None:
+    """A Claude Code hook (PreToolUse, PostToolUse, SubagentStop): the event on stdin."""
+    _run("claude-code", mode, memory, wait_s, ttl_s, bash)
+
+
+@hook.command("codex")
+@_options
+def codex(mode: str, memory: str, wait_s: float, ttl_s: float, bash: bool) -> None:
+    """A Codex hook (PreToolUse, PostToolUse): the event on stdin; modes wait and deny."""
+    _run("codex", mode, memory, wait_s, ttl_s, bash)
+
+
+COMMANDS = [hook]
