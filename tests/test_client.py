@@ -65,12 +65,14 @@ def test_a_lease_beats_past_its_ttl_and_is_released_on_an_exception(
     """A 1.5 s lease held for 4 s is still granted (its thread beat); an exception in the
     block releases it."""
     with client_of(module_gw) as client:
-        with pytest.raises(RuntimeError, match="the turn failed"):
-            with client.lease("5M", ttl=1.5) as lease:
-                time.sleep(4)
-                assert lease_state(module_gw, lease.id) == "granted"
-                assert lease.lost is None
-                raise RuntimeError("the turn failed")
+        with (
+            pytest.raises(RuntimeError, match="the turn failed"),
+            client.lease("5M", ttl=1.5) as lease,
+        ):
+            time.sleep(4)
+            assert lease_state(module_gw, lease.id) == "granted"
+            assert lease.lost is None
+            raise RuntimeError("the turn failed")
         assert lease_state(module_gw, lease.id) == "released"
 
 
@@ -84,9 +86,8 @@ def test_errors_are_typed(module_gw: RunningGateway) -> None:
     with client_of(module_gw) as client:
         with pytest.raises(NotFound, match="no-such-job"):
             client.job("no-such-job")
-        with pytest.raises(NoRoom) as refused:
-            with client.lease(2**50, ttl=5, wait=0):
-                pass
+        with pytest.raises(NoRoom) as refused, client.lease(2**50, ttl=5, wait=0):
+            pass
         assert refused.value.summary and refused.value.reason
     nobody = ClientSettings(url=f"http://127.0.0.1:{free_port()}", timeout_s=2)
     with Client(nobody, sleep=lambda s: None) as client, pytest.raises(GatewayUnavailable):
