@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Query, Request, params
 
 from roomkeeper.api.health_first import pause_of
+from roomkeeper.api.responses import HookAnswerOut
 from roomkeeper.errors import AlreadyEndedError, RoomkeeperError, UnknownJobError, UsageError
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.guard.lease_terms import LeaseTerms
@@ -70,7 +71,12 @@ def agent_hook_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRo
     """``/v1/agent-hooks/{tool}`` for ``gateway``, behind ``auth``."""
     router = APIRouter()
 
-    @router.post("/v1/agent-hooks/{tool}", dependencies=auth)
+    @router.post(
+        "/v1/agent-hooks/{tool}",
+        dependencies=auth,
+        response_model=HookAnswerOut,
+        response_model_exclude_unset=True,
+    )
     async def agent_hook(
         tool: Tool,
         request: Request,

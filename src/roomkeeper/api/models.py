@@ -138,8 +138,17 @@ class ErrorOut(BaseModel):
     summary: str | None = None
 
 
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before asking again: nothing was queued or granted.",
+        "schema": {"type": "integer", "minimum": 0},
+        "required": True,
+    }
+}
+"""The header every 429 carries (a queue or a cap is full; it frees as work ends)."""
+
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorOut}
+    status: {"model": ErrorOut, **({"headers": RETRY_AFTER} if status == 429 else {})}
     for status in (400, 401, 403, 404, 405, 409, 413, 422, 429, 503, 507)
 }
 """The error answers any route may give, declared on every route of the document."""

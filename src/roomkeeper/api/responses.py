@@ -236,6 +236,25 @@ SESSIONS_FIELD = Field(
 )
 
 
+class HookDecisionOut(BaseModel):
+    """A coding agent's hook decision on one tool call, in the tool's own field names."""
+
+    model_config = OUT
+    hookEventName: Literal["PreToolUse"]  # noqa: N815 (the tool's own name)
+    permissionDecision: Literal["deny", "defer"]  # noqa: N815
+    permissionDecisionReason: str  # noqa: N815
+
+
+class HookAnswerOut(BaseModel):
+    """A hook event's answer, as Claude Code and Codex read it: ``{}`` for no decision."""
+
+    model_config = OUT
+    hookSpecificOutput: HookDecisionOut | None = Field(  # noqa: N815
+        default=None,
+        description="Sent only when the call may not start now: deny (saying why) or defer.",
+    )
+
+
 # ------------------------------------------------------------------ status and feed
 
 
