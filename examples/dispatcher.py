@@ -1,15 +1,18 @@
 """A tiny dispatcher: a lease before every turn, and the lease back after it.
 
+It talks to the gateway through the Python client, :class:`roomkeeper.Client`:
+``client.lease(...)`` waits for room, heartbeats on its own thread while the
+turn runs, and gives the lease back when the turn ends, exceptions included.
 For each turn ``t-<n>`` it
 
 1. asks the roomkeeper gateway for a lease the size of one session
-   (``POST /v1/leases``), with a release hook that deletes the turn's session
+   (``client.lease``, under the turn's own id), with a release hook that deletes the turn's session
    on the agent server (``DELETE {agent}/chat/t-<n>``) and a relieve hook
    that asks this dispatcher to end the turn now (``POST
    {dispatcher}/relieve/t-<n>``, served by the dispatcher itself);
 2. runs the turn on the agent server (``POST {agent}/chat/t-<n>``), whose
    session may grow while the turn runs (``--grow-bytes``, ``--turn-s``);
-3. gives the lease back (``DELETE /v1/leases/t-<n>``); the gateway runs the
+3. gives the lease back as the ``with`` block ends; the gateway runs the
    release hook before it answers, so the session is gone when the lease is.
 
 Under sustained memory pressure the gateway may call a turn's relieve hook:
@@ -17,7 +20,7 @@ the dispatcher then ends that turn on the agent server (``POST
 {agent}/chat/t-<n>/end``, which drops its session) and gives the lease back;
 the gateway reports that lease ``relieved``.
 
-A refusal (409) stops launching turns: the container has no room, and the
+A refusal (no room within ``--wait``) stops launching turns: the container has no room, and the
 next turn would only ask again.  ``--no-release-hook`` leaves the release
 hook out, which is the bug release hooks exist for: every finished turn's
 session stays in the agent server and its memory grows with every turn.
@@ -41,39 +44,31 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import re
 import sys
 import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from roomkeeper import Client, ClientSettings
+from roomkeeper.errors import GatewayError, NoRoom
+
 MIB = 2**20
 
 
-def home_dir() -> Path:
-    """ROOMKEEPER_HOME, found the way roomkeeper finds it."""
-    if os.environ.get("ROOMKEEPER_HOME"):
-        return Path(os.environ["ROOMKEEPER_HOME"]).expanduser()
-    if os.environ.get("XDG_STATE_HOME"):
-        return Path(os.environ["XDG_STATE_HOME"]).expanduser() / "roomkeeper"
-    return Path.home() / ".local/state/roomkeeper"
-
-
 def read_token(given: str | None) -> str:
-    """``--token``, else ``$ROOMKEEPER_HOME/token``."""
+    """``--token``, else ``$ROOMKEEPER_HOME/token`` (as the client finds it)."""
     if given:
         return given
-    path = home_dir() / "token"
-    try:
-        return path.read_text().strip()
-    except OSError as err:
-        raise SystemExit(f"dispatcher: no --token and cannot read {path}: {err}") from err
+    with Client.from_env() as found:  # no I/O: the token file the client would read
+        token = found.settings.token
+    if not token:
+        raise SystemExit("dispatcher: no --token and no token in $ROOMKEEPER_HOME/token")
+    return token
 
 
 def mib(n: int) -> str:
@@ -87,7 +82,7 @@ def detail(response: httpx.Response) -> str:
 
 
 class RefusedError(Exception):
-    """The gateway said no room (409); the message is its summary."""
+    """The gateway said no room; the message is its reason and summary."""
 
 
 class DispatchError(Exception):
@@ -102,11 +97,7 @@ class Dispatcher:
 
     def __init__(self, gateway: str, agent: str, token: str, *, timeout: float = 30.0) -> None:
         self.agent_url = agent.rstrip("/")
-        self.gateway = httpx.Client(
-            base_url=gateway.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout,
-        )
+        self.gateway = Client(ClientSettings(url=gateway.rstrip("/"), token=token))
         self.agent = httpx.Client(base_url=self.agent_url, timeout=timeout)
         self.relieved: list[str] = []  # turns the gateway asked us to end, in order
         self._said = threading.Lock()
@@ -169,38 +160,6 @@ class Dispatcher:
         self.gateway.close()
         self.agent.close()
 
-    def take_lease(
-        self,
-        turn: str,
-        session_bytes: int,
-        *,
-        hook: bool,
-        relieve: bool,
-        ttl_s: float,
-        wait_s: float,
-    ) -> dict[str, Any]:
-        """``POST /v1/leases``; the granted lease, or :class:`RefusedError`."""
-        body: dict[str, Any] = {
-            "id": turn,
-            "owner": "dispatcher",
-            "memory_bytes": session_bytes,
-            "ttl_s": ttl_s,
-            "wait_s": wait_s,
-        }
-        if hook:
-            body["release"] = {"method": "DELETE", "url": f"{self.agent_url}/chat/{turn}"}
-        if relieve:
-            body["relieve"] = {"method": "POST", "url": f"{self.relieve_url}/relieve/{turn}"}
-        # The gateway may hold the request up to wait_s looking for room.
-        response = self.gateway.post("/v1/leases", json=body, timeout=wait_s + 30.0)
-        if response.status_code in (200, 201):  # 200: a retried id that is still granted
-            lease: dict[str, Any] = response.json()
-            return lease
-        if response.status_code == 409:
-            answer = response.json()
-            raise RefusedError(f"{answer.get('reason')}: {answer.get('summary')}")
-        raise DispatchError(f"lease {turn}: {detail(response)}")
-
     def run_turn(
         self, turn: str, session_bytes: int, grow_bytes: int, turn_s: float
     ) -> dict[str, Any]:
@@ -212,14 +171,6 @@ class Dispatcher:
         started: dict[str, Any] = response.json()
         return started
 
-    def give_back(self, turn: str) -> dict[str, Any]:
-        """``DELETE /v1/leases/{turn}``; the gateway runs the release hook before it answers."""
-        response = self.gateway.delete(f"/v1/leases/{turn}")
-        if response.status_code != 200:
-            raise DispatchError(f"release {turn}: {detail(response)}")
-        released: dict[str, Any] = response.json()
-        return released
-
     def stats(self) -> dict[str, Any]:
         """The agent server's ``GET /stats``."""
         response = self.agent.get("/stats")
@@ -230,22 +181,29 @@ class Dispatcher:
 
 def one_turn(d: Dispatcher, args: argparse.Namespace, turn: str) -> None:
     """Lease, run and give back one turn, and say how it went (raises RefusedError)."""
-    d.take_lease(
-        turn,
-        args.session_bytes,
-        hook=not args.no_release_hook,
-        relieve=not args.no_relieve_hook,
-        ttl_s=args.ttl,
-        wait_s=args.wait,
-    )
+    hooks: dict[str, str] = {}
+    if not args.no_release_hook:
+        hooks["release"] = f"{d.agent_url}/chat/{turn}"
+    if not args.no_relieve_hook:
+        hooks["relieve"] = f"{d.relieve_url}/relieve/{turn}"
     try:
-        ran = d.run_turn(turn, args.session_bytes, args.grow_bytes, args.turn_s)
-    finally:  # a turn that failed to start still gives its lease back
-        released = d.give_back(turn)
+        # The lease heartbeats while the turn runs, and is given back however it ends.
+        with d.gateway.lease(
+            args.session_bytes,
+            ttl=args.ttl,
+            wait=args.wait,
+            lease_id=turn,
+            owner="dispatcher",
+            **hooks,
+        ) as lease:
+            ran = d.run_turn(turn, args.session_bytes, args.grow_bytes, args.turn_s)
+    except NoRoom as err:
+        raise RefusedError(f"{err.reason}: {err.summary}") from err
+    ended = lease.released or lease.info  # None: it had ended already (its ttl)
     print(
         f"{turn}: granted {mib(args.session_bytes)}, turn {ran.get('ended')} "
         f"(session {mib(ran.get('session_bytes', 0))}, sessions held: {ran.get('sessions')}), "
-        f"lease {released.get('state')}, hook {released.get('hook_outcome') or 'none'}",
+        f"lease {ended.state.value}, hook {ended.hook_outcome or 'none'}",
         flush=True,
     )
 
@@ -275,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
                 done += _settle(future, running[future], refused)
         code = 2 if refused.is_set() else 0
         stats = d.stats()
-    except DispatchError as err:
+    except (DispatchError, GatewayError) as err:
         print(f"dispatcher: {err}", file=sys.stderr, flush=True)
         return 1
     except httpx.HTTPError as err:

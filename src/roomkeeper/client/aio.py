@@ -145,6 +145,7 @@ class AsyncClient:
         *,
         ttl: float = 60.0,
         wait: float | None = None,
+        lease_id: str | None = None,
         **terms: Any,
     ) -> AsyncIterator[AsyncLease]:
         """Hold a lease for an ``async with`` block: wait for room (for ever when ``wait`` is
@@ -154,17 +155,19 @@ class AsyncClient:
             NoRoom: no room came within ``wait``.
         """
         ask = LeaseAsk(memory=memory, ttl=ttl, **terms)
-        held = AsyncLease(self, await self._grant_waiting(ask, wait), ttl)
+        held = AsyncLease(self, await self._grant_waiting(ask, wait, lease_id), ttl)
         held.start()
         try:
             yield held
         finally:
             await held.stop()
             # Released even when the block was cancelled: the release must not be.
-            await asyncio.shield(self.release(held.id))
+            held.released = await asyncio.shield(self.release(held.id))
 
-    async def _grant_waiting(self, ask: LeaseAsk, wait: float | None) -> LeaseOut:
-        lease_id = uuid.uuid4().hex[:16]
+    async def _grant_waiting(
+        self, ask: LeaseAsk, wait: float | None, lease_id: str | None = None
+    ) -> LeaseOut:
+        lease_id = lease_id or uuid.uuid4().hex[:16]
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             left = WAIT_CHUNK_S if deadline is None else deadline - time.monotonic()
@@ -307,6 +310,7 @@ class AsyncLease:
         self.id = granted.id
         self.info = granted
         self.lost: str | None = None
+        self.released: LeaseOut | None = None  # the release's answer, once the block ended
         self._client = client
         self._ttl = ttl
         self._task: asyncio.Task[None] | None = None

@@ -151,6 +151,7 @@ class Client:
         *,
         ttl: float = 60.0,
         wait: float | None = None,
+        lease_id: str | None = None,
         **terms: Any,
     ) -> Iterator[Lease]:
         """Hold a lease for a ``with`` block: wait for room (for ever when ``wait`` is None),
@@ -160,6 +161,7 @@ class Client:
             memory: bytes or a size such as ``600M``; the guard's estimate when None.
             ttl: seconds it lives without a heartbeat; beats go every third of it.
             wait: the longest wait for room in seconds; None waits until room comes.
+            lease_id: the lease's id (a turn's own name, say); a fresh one when None.
             terms: ``owner``, ``release``, ``relieve``, ``session``, ``disk``
                 (:class:`~roomkeeper.client.wire.LeaseAsk`).
 
@@ -167,17 +169,19 @@ class Client:
             NoRoom: no room came within ``wait``.
         """
         ask = LeaseAsk(memory=memory, ttl=ttl, **terms)
-        held = Lease(self, self._grant_waiting(ask, wait), ttl)
+        held = Lease(self, self._grant_waiting(ask, wait, lease_id), ttl)
         held.start()
         try:
             yield held
         finally:
             held.stop()
-            self.release(held.id)
+            held.released = self.release(held.id)
 
-    def _grant_waiting(self, ask: LeaseAsk, wait: float | None) -> LeaseOut:
+    def _grant_waiting(
+        self, ask: LeaseAsk, wait: float | None, lease_id: str | None = None
+    ) -> LeaseOut:
         """Grant under one id, asking again while room may still come within ``wait``."""
-        lease_id = uuid.uuid4().hex[:16]
+        lease_id = lease_id or uuid.uuid4().hex[:16]
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             left = WAIT_CHUNK_S if deadline is None else deadline - time.monotonic()
@@ -328,12 +332,15 @@ class Lease:
         info: the lease as the last grant or heartbeat answered it.
         lost: why the lease was lost (it ended, or no beat got through within its ttl);
             None while it holds.
+        released: the lease as its release answered it (its state, how its release hook
+            went), once the ``with`` block has ended; None before, or when it had ended.
     """
 
     def __init__(self, client: Client, granted: LeaseOut, ttl: float) -> None:
         self.id = granted.id
         self.info = granted
         self.lost: str | None = None
+        self.released: LeaseOut | None = None
         self._client = client
         self._ttl = ttl
         self._stopped = threading.Event()
