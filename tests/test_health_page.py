@@ -76,6 +76,28 @@ def test_health_page_shows_chart_guard_and_a_submitted_job(
     assert errors == []
 
 
+def test_health_page_shows_a_sessions_leases_under_leases(
+    browser: Any, gateway: RunningGateway
+) -> None:
+    """A lease that names its agent session shows as that session's row under Leases, with
+    how many leases it holds."""
+    answer = httpx.post(
+        f"{gateway.url}/v1/leases",
+        headers={"Authorization": f"Bearer {gateway.token}"},
+        json={"id": "sub-1", "owner": "claude-code", "memory_bytes": 1 << 20, "session": "s-42"},
+        timeout=10.0,
+    )
+    assert answer.status_code == 201, answer.text
+
+    page, errors = _open(browser, f"{gateway.url}/")
+    row = page.locator("#sessions [data-session='s-42']")
+    row.wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert "session s-42" in row.inner_text()
+    assert "1 held" in row.inner_text()
+    assert page.locator("section.card:has(h2:text-is('Leases')) #sessions").count() == 1
+    assert errors == []
+
+
 def test_health_page_describes_every_reason_the_api_may_send(
     browser: Any, gateway: RunningGateway
 ) -> None:
