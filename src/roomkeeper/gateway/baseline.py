@@ -7,7 +7,9 @@ and hands it to the pure rule (:mod:`roomkeeper.relief.baseline`).  When the
 rule fires, the gateway says ``memory not given back`` (needs-you, the
 Health page), logs it with its numbers, and adds a recovery-history entry of
 numbers only.  :meth:`BaselineKeeper.grown` ranks the container's processes
-that are not our jobs by how much they grew since the gateway started.
+that are not our jobs by how much they grew since the gateway started.  Each
+half second it also has :class:`~roomkeeper.gateway.lease_growth.LeaseGrowth`
+measure the granted leases from the container's growth.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from roomkeeper.config import read_baseline_settings
+from roomkeeper.gateway.lease_growth import LeaseGrowth
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.leases import Leases
 from roomkeeper.guard.rule import gb
@@ -72,6 +75,8 @@ class BaselineKeeper:
         self._wall = wall
         self.watch = BaselineWatch(lambda: read_baseline_settings(env))
         self.growth = ProcessGrowth(self._container)
+        # The growth our jobs do not explain, given to the granted leases as measured memory.
+        self.lease_growth = LeaseGrowth(guard=guard, scheduler=scheduler, leases=leases)
         self._endings_seen = 0
         self._quiet_at = float("-inf")
 
@@ -146,6 +151,10 @@ class BaselineKeeper:
                 await asyncio.to_thread(self.check)
             except Exception:  # the watch must outlive one bad reading
                 log.exception("a baseline record failed; trying again shortly")
+            try:
+                await asyncio.to_thread(self.lease_growth.step)
+            except Exception:  # attribution must outlive one bad reading
+                log.exception("attributing memory to leases failed; trying again shortly")
             await asyncio.sleep(CHECK_EVERY_S)
 
     def grown(self, most: int = 10) -> list[Grown]:

@@ -1,8 +1,8 @@
 """Granted leases measured from the container's growth, so none is counted twice.
 
 :class:`LeaseGrowth` reads the guard's ``used`` and our running jobs'
-footprints every half second, keeps the base (what the container holds that
-is none of our work: taken at quiet moments, raised as
+footprints at each step (the baseline keeper's, every half second), keeps
+the base (what the container holds that is none of our work: taken at quiet moments, raised as
 :func:`~roomkeeper.guard.attribution.raised_base` allows), attributes the growth
 since to the granted leases oldest first
 (:mod:`roomkeeper.guard.attribution` states the rule and why it is sound), and
@@ -12,8 +12,6 @@ reserves only the part of its estimate its work has not yet allocated.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,10 +19,6 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.attribution import Holder, attribute, raised_base
 from roomkeeper.guard.leases import Leases, LeaseState, guard_key
 from roomkeeper.jobs.scheduler import Scheduler
-
-log = logging.getLogger("roomkeeper")
-
-MEASURE_EVERY_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +87,3 @@ class LeaseGrowth:
     def statistics(self) -> LeaseGrowthStatistics:
         """The base, the growth and each lease's share at the last step."""
         return LeaseGrowthStatistics(self._base, self._grown, dict(self._measured))
-
-    async def loop(self) -> None:
-        """Measure every MEASURE_EVERY_S (a timer; runs until cancelled)."""
-        while True:
-            try:
-                await asyncio.to_thread(self.step)
-            except Exception:  # attribution must outlive one bad reading
-                log.exception("attributing memory to leases failed; trying again shortly")
-            await asyncio.sleep(MEASURE_EVERY_S)

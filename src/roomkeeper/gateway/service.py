@@ -58,7 +58,6 @@ from roomkeeper.gateway.home import (
     unclean_stop_pid,
 )
 from roomkeeper.gateway.jobs import DurableJobs
-from roomkeeper.gateway.lease_growth import LeaseGrowth
 from roomkeeper.gateway.leases import DurableLeases
 from roomkeeper.gateway.link import SupervisorLink
 from roomkeeper.gateway.persistence import Persistence
@@ -166,9 +165,6 @@ class Gateway:
             journal=journal,
             watch=self.persistence.watch,
             env=env,
-        )
-        self.lease_growth = LeaseGrowth(
-            guard=self.guard, scheduler=self.scheduler, leases=self.leases
         )
         self.sampler = Sampler(
             guard=self.guard, scheduler=self.scheduler, explained=self._explained
@@ -327,7 +323,7 @@ class Gateway:
         """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""
         self._loop = asyncio.get_running_loop()
         self.scheduler.start()
-        self.background.start(self.sampler.loop(), self.baseline.loop(), self.lease_growth.loop())
+        self.background.start(self.sampler.loop(), self.baseline.loop())
         self.background.adopt(self.link.start(port=port, socket=socket))
         self.startup.write_run_record(port=port, socket=socket)
 
