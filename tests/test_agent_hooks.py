@@ -96,7 +96,8 @@ def test_a_dead_gateway_blocks_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_bad_input_blocks_with_exit_2(gw: RunningGateway, tmp_path: Path) -> None:
-    """Stdin that is not an event, or defer for Codex (which has none), exits 2 saying why."""
+    """Stdin that is not an event, or defer for Codex (which has none, refused before the
+    gateway is asked), exits 2 saying why."""
     env = hook_env(tmp_path, gw.url, gw.token)
     done = subprocess.run(
         [sys.executable, "-m", "roomkeeper", "hook", "claude-code"],
@@ -108,7 +109,9 @@ def test_bad_input_blocks_with_exit_2(gw: RunningGateway, tmp_path: Path) -> Non
         check=False,
     )
     assert done.returncode == 2 and "blocked" in done.stderr
-    deferred = run_hook(env, "codex", codex_pre_bash("call_1", "make"), "--mode", "defer")
+    # Refused up front, before the gateway is asked: no gateway answers on this port.
+    nowhere = hook_env(tmp_path, f"http://127.0.0.1:{free_port()}", "t")
+    deferred = run_hook(nowhere, "codex", codex_pre_bash("call_1", "make"), "--mode", "defer")
     assert deferred.returncode == 2 and "defer is Claude Code's" in deferred.stderr
 
 

@@ -278,3 +278,19 @@ def test_oversized_body_is_refused_with_413(served: RunningGateway) -> None:
 def test_gateway_still_healthy_after_fuzzing(served: RunningGateway, tmp_path: Path) -> None:
     """After the fuzzing the gateway still answers its health probe."""
     assert served.anonymous.get("/health").status_code == 200
+
+
+def test_every_429_declares_retry_after(served: RunningGateway) -> None:
+    """Every 429 of every route declares the Retry-After header it carries, as required."""
+    document = served.anonymous.get("/openapi.json").json()
+    bare = []
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            too_many = operation["responses"].get("429")
+            if too_many is None:
+                continue
+            header = too_many.get("headers", {}).get("Retry-After", {})
+            if not header.get("required") or header.get("schema", {}).get("type") != "integer":
+                bare.append(f"{method.upper()} {path}")
+    assert not bare, f"429 without a required integer Retry-After: {bare}"
+    assert "429" in document["paths"]["/v1/leases"]["post"]["responses"]

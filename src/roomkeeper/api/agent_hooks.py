@@ -28,13 +28,13 @@ import contextlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Body, Query, Request, params
 
 from roomkeeper.api.health_first import pause_of
 from roomkeeper.api.responses import HookAnswerOut
-from roomkeeper.errors import AlreadyEndedError, RoomkeeperError, UnknownJobError, UsageError
+from roomkeeper.errors import AlreadyEndedError, RoomkeeperError, UnknownJobError
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import LeaseState
@@ -42,6 +42,13 @@ from roomkeeper.guard.rule import Decision
 
 Tool = Literal["claude-code", "codex"]
 Mode = Literal["wait", "deny", "defer"]
+CodexMode = Literal["wait", "deny"]
+"""Codex's hooks answer allow, deny or ask: it has no ``defer``."""
+MODES: dict[str, tuple[str, ...]] = {"claude-code": get_args(Mode), "codex": get_args(CodexMode)}
+"""Each tool's modes, as its route declares them."""
+MemoryMb = Annotated[int, Query(ge=1, le=2**23)]
+WaitS = Annotated[float, Query(ge=0, le=590)]
+TtlS = Annotated[float, Query(gt=0, le=86400)]
 
 DEFAULT_MEMORY_MB = 1024
 """The estimate of a subagent the gateway has learned nothing about, in MiB."""
@@ -68,34 +75,52 @@ def name_of(text: str, limit: int = 120) -> str:
 
 
 def agent_hook_routes(gateway: Gateway, auth: Sequence[params.Depends]) -> APIRouter:
-    """``/v1/agent-hooks/{tool}`` for ``gateway``, behind ``auth``."""
+    """``/v1/agent-hooks/claude-code`` and ``/v1/agent-hooks/codex`` for ``gateway``,
+    behind ``auth``.
+
+    Two routes, not one with the tool in the path: each declares the modes its tool
+    reads, so the document admits ``defer`` only where a tool has it (Claude Code's
+    ``-p`` mode; Codex answers allow, deny or ask), and what it admits is answered.
+    """
     router = APIRouter()
 
     @router.post(
-        "/v1/agent-hooks/{tool}",
+        "/v1/agent-hooks/claude-code",
         dependencies=auth,
         response_model=HookAnswerOut,
         response_model_exclude_unset=True,
     )
-    async def agent_hook(
-        tool: Tool,
+    async def claude_code_hook(
         request: Request,
         event: Annotated[dict[str, Any], Body()],
         mode: Mode = "wait",
-        memory_mb: Annotated[int, Query(ge=1, le=2**23)] = DEFAULT_MEMORY_MB,
-        wait_s: Annotated[float, Query(ge=0, le=590)] = DEFAULT_WAIT_S,
-        ttl_s: Annotated[float, Query(gt=0, le=86400)] = DEFAULT_TTL_S,
+        memory_mb: MemoryMb = DEFAULT_MEMORY_MB,
+        wait_s: WaitS = DEFAULT_WAIT_S,
+        ttl_s: TtlS = DEFAULT_TTL_S,
         bash: bool = False,
     ) -> dict[str, Any]:
-        """Answer one hook event of ``tool`` as that tool reads a hook's answer."""
-        if tool == "codex" and mode == "defer":
-            raise UsageError(
-                "mode defer is Claude Code's (-p mode) only: Codex hooks take allow, deny or "
-                "ask; use mode wait or deny",
-                name="mode",
-            )
-        judge = HookJudge(gateway, tool, HookSettings(mode, memory_mb << 20, wait_s, ttl_s, bash))
-        return await judge.answer(event, request)
+        """Answer one Claude Code hook event as Claude Code reads a hook's answer."""
+        settings = HookSettings(mode, memory_mb << 20, wait_s, ttl_s, bash)
+        return await HookJudge(gateway, "claude-code", settings).answer(event, request)
+
+    @router.post(
+        "/v1/agent-hooks/codex",
+        dependencies=auth,
+        response_model=HookAnswerOut,
+        response_model_exclude_unset=True,
+    )
+    async def codex_hook(
+        request: Request,
+        event: Annotated[dict[str, Any], Body()],
+        mode: CodexMode = "wait",
+        memory_mb: MemoryMb = DEFAULT_MEMORY_MB,
+        wait_s: WaitS = DEFAULT_WAIT_S,
+        ttl_s: TtlS = DEFAULT_TTL_S,
+        bash: bool = False,
+    ) -> dict[str, Any]:
+        """Answer one Codex hook event as Codex reads a hook's answer (no ``defer``)."""
+        settings = HookSettings(mode, memory_mb << 20, wait_s, ttl_s, bash)
+        return await HookJudge(gateway, "codex", settings).answer(event, request)
 
     return router
 

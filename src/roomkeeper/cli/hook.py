@@ -2,7 +2,7 @@
 tools' hook settings, so that subagents start only when there is memory for them.
 
 Each reads one hook event (JSON) from stdin, hands it to the gateway's
-``/v1/agent-hooks/{tool}`` (:mod:`roomkeeper.api.agent_hooks` judges it), and writes
+``/v1/agent-hooks/<tool>`` (:mod:`roomkeeper.api.agent_hooks` judges it), and writes
 the tool's answer to stdout: nothing when the call may go on (the tool's own
 permission rules still apply), else the ``hookSpecificOutput`` decision.
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from roomkeeper.api.agent_hooks import DEFAULT_MEMORY_MB, DEFAULT_TTL_S, DEFAULT_WAIT_S
+from roomkeeper.api.agent_hooks import DEFAULT_MEMORY_MB, DEFAULT_TTL_S, DEFAULT_WAIT_S, MODES
 from roomkeeper.client.sync import Client
 from roomkeeper.units import parse_size
 
@@ -68,6 +68,16 @@ def _options(command: Any) -> Any:
 
 
 def _run(tool: str, mode: str, memory: str, wait_s: float, ttl_s: float, bash: bool) -> None:
+    if mode not in MODES[tool]:
+        # Refused before any event is read: a setting the tool cannot act on is a mistake
+        # in the hook's settings, and every call would otherwise be blocked for it.
+        click.echo(
+            f"roomkeeper hook {tool}: blocked, --mode {mode} is not one of {tool}'s modes "
+            f"({', '.join(MODES[tool])}): mode defer is Claude Code's (-p mode) only; Codex "
+            "hooks take allow, deny or ask, so use --mode wait or deny",
+            err=True,
+        )
+        sys.exit(BLOCK)
     try:
         memory_mb = max(1, parse_size(memory) >> 20)
         raw = sys.stdin.buffer.read(MAX_EVENT_BYTES + 1)
