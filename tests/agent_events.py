@@ -26,8 +26,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
 
 from tests.cgroups import MemoryBox
 
@@ -123,6 +126,11 @@ class Swarm:
     """Subagents started through the hook: each a real process in the box that takes its
     memory for a while, then its PostToolUse.
 
+    The first wave's PreToolUse is asked through ``roomkeeper hook claude-code`` (a
+    command hook); calls asked again later, and every PostToolUse, go through ``http``,
+    the gateway's route for Claude Code's ``http`` hook type (the same judge, without a
+    process per event).
+
     Attributes:
         live: subagents running now; most: the most at once.
         answers: each call's first answer; exits: each subagent process's exit status.
@@ -130,8 +138,10 @@ class Swarm:
 
     box: MemoryBox
     env: dict[str, str]
+    http: httpx.Client
     mb: int = 300
-    hold_s: float = 1.5
+    hold_s: float = 0.8
+    agent_type: str = "general-purpose"
     live: int = 0
     most: int = 0
     answers: dict[str, str] = field(default_factory=dict)
@@ -139,15 +149,32 @@ class Swarm:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def call(self, use_id: str, *args: str) -> str:
-        """One subagent call: its PreToolUse; when allowed, the subagent and its PostToolUse."""
-        pre = claude_pre_agent(use_id)
+        """One subagent call through the command: its PreToolUse; when allowed, the
+        subagent and its PostToolUse."""
+        pre = claude_pre_agent(use_id, agent_type=self.agent_type)
         said = decision(run_hook(self.env, "claude-code", pre, "--memory", f"{self.mb}M", *args))
+        return self._went(pre, said)
+
+    def call_http(self, use_id: str, mode: str) -> str:
+        """One subagent call through the http hook route, asked as ``call`` asks."""
+        pre = claude_pre_agent(use_id, agent_type=self.agent_type)
+        route = "/v1/agent-hooks/claude-code"
+        answer = self.http.post(route, params={"mode": mode, "memory_mb": self.mb}, json=pre)
+        assert answer.status_code == 200, answer.text
+        found = answer.json().get("hookSpecificOutput", {})
+        said = str(found.get("permissionDecision", "allow"))
+        return self._went(pre, said)
+
+    def _went(self, pre: dict[str, Any], said: str) -> str:
+        """Note the call's first answer; when allowed, run its subagent, then post its
+        PostToolUse to the http route (a PostToolUse through the command is tested on its
+        own; here a process per end would only slow the swarm down)."""
         with self.lock:
-            self.answers.setdefault(use_id, said)
+            self.answers.setdefault(str(pre["tool_use_id"]), said)
         if said == "allow":
             self._subagent()
-            done = run_hook(self.env, "claude-code", claude_post(pre))
-            assert done.returncode == 0, done.stderr
+            done = self.http.post("/v1/agent-hooks/claude-code", json=claude_post(pre))
+            assert done.status_code == 200, done.text
         return said
 
     def _subagent(self) -> None:
@@ -163,27 +190,28 @@ class Swarm:
         with self.lock:
             self.exits.append(code)
 
-    def wave(self, ids: list[str], *args: str) -> dict[str, str]:
-        """Every call of ``ids`` at once; each one's answer."""
+    def wave(self, ids: list[str], ask: Callable[[str], str]) -> dict[str, str]:
+        """Every call of ``ids`` at once, each asked by ``ask(id)``; each one's answer."""
         said: dict[str, str] = {}
-        threads = [
-            threading.Thread(target=lambda i=i: said.__setitem__(i, self.call(i, *args)))
-            for i in ids
-        ]
+        threads = [threading.Thread(target=lambda i=i: said.__setitem__(i, ask(i))) for i in ids]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         return said
 
-    def until_all_done(self, ids: list[str], *args: str, rounds: int = 20) -> int:
-        """Waves of the calls not yet allowed (a denied or deferred call asked again, as a
-        model or ``claude -p --resume`` would) until all ran; the waves it took."""
+    def until_all_done(self, ids: list[str], mode: str, rounds: int = 20) -> int:
+        """A first wave of every call through the command, then waves of the calls not yet
+        allowed (a denied or deferred call asked again, as a model or ``claude -p
+        --resume`` would) through the http route, until all ran; the waves it took."""
         pending = list(ids)
         for n in range(1, rounds + 1):
-            said = self.wave(pending, *args)
+            if n == 1:
+                said = self.wave(pending, lambda i: self.call(i, "--mode", mode))
+            else:
+                said = self.wave(pending, lambda i: self.call_http(i, mode))
             pending = [i for i in pending if said[i] != "allow"]
             if not pending:
                 return n
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise AssertionError(f"{len(pending)} calls never ran in {rounds} waves")

@@ -15,12 +15,13 @@ from roomkeeper.guard.attribution import Holder, attribute, raised_base
 from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import Leases
 from roomkeeper.units import GB
-from tests.agent_events import claude_post, claude_pre_agent, decision, run_hook
+from tests.agent_events import claude_post, claude_pre_agent
 from tests.cgroups import memory_box
 from tests.fakes import fixture_guard
-from tests.gateways import gateway_env, gateway_in_box
+from tests.gateways import gateway_in_box
 
 MB = 1 << 20
+HOOK = "/v1/agent-hooks/claude-code"  # the http hook type: no process per event
 GIB = 1 << 30
 
 
@@ -134,21 +135,17 @@ def test_subagents_whose_memory_shows_are_counted_once_in_a_real_group(
     tmp_path: Path,
 ) -> None:
     """In a real 1 GiB group, subagents of 150 MiB asked for at 160 MiB one after another
-    (each grown before the next asks) through the hook: at least 4 run at once, where
+    (each grown before the next asks) through the http hook: at least 4 run at once, where
     counting each twice (its memory and its whole reservation) lets 3 at most; no OOM kill."""
     with memory_box(GIB) as box, gateway_in_box(box, tmp_path) as (client, _):
-        token = client.headers["Authorization"].removeprefix("Bearer ")
-        env = gateway_env(tmp_path, ROOMKEEPER_URL=str(client.base_url).rstrip("/"))
-        env["ROOMKEEPER_TOKEN"] = token
         time.sleep(1.5)  # a quiet moment is seen: the base is the gateway's own memory
         running: list[tuple[dict[str, object], subprocess.Popen[str]]] = []
         try:
             for n in range(12):
                 pre = claude_pre_agent(f"toolu_01grow{n:02d}")
-                said = decision(
-                    run_hook(env, "claude-code", pre, "--mode", "deny", "--memory", "160M")
-                )
-                if said != "allow":
+                said = client.post(HOOK, params={"mode": "deny", "memory_mb": 160}, json=pre)
+                assert said.status_code == 200, said.text
+                if said.json() != {}:
                     break
                 argv = box.argv([sys.executable, "-c", GROW, "150"])
                 child = subprocess.Popen(
@@ -164,7 +161,7 @@ def test_subagents_whose_memory_shows_are_counted_once_in_a_real_group(
                 child.stdin.close()
                 child.wait(timeout=30)
                 child.stdout.close()
-                run_hook(env, "claude-code", claude_post(pre))
+                client.post(HOOK, json=claude_post(pre))
         assert at_once >= 4, at_once
         assert [child.returncode for _, child in running] == [0] * at_once
         assert box.oom_kills() == 0
