@@ -42,9 +42,10 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
   metrics, serving.  May import: ``gateway``, ``cluster``, ``journal``, ``jobs``,
   ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``.
 - ``client``: the typed Python client of the HTTP API, sync and async, with leases held
-  by their own heartbeat.  May import: ``api``, ``gateway``, ``cluster``, ``journal``,
-  ``jobs``, ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``,
-  ``ipc``.
+  by their own heartbeat; its transport and agent-hook call load neither pydantic nor
+  anything of ``api``, for ``roomkeeper hook``.  May import: ``api``, ``gateway``,
+  ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``processes``, ``relief``, ``guard``,
+  ``loopback``, ``kernel``, ``ipc``.
 - ``supervisor``: runs the gateway as its child and watches it from outside;
   talks to it through ``ipc`` only.  May import: ``ipc``.
 - ``batch``: ``roomkeeper batch``, a memory-aware ``parallel`` on the

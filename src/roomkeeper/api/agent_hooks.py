@@ -28,11 +28,22 @@ import contextlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, params
 
 from roomkeeper.api.health_first import pause_of
+from roomkeeper.api.hook_terms import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TTL_S,
+    DEFAULT_WAIT_S,
+    MAX_MEMORY_MB,
+    MAX_TTL_S,
+    MAX_WAIT_S,
+    CodexMode,
+    Mode,
+    Tool,
+)
 from roomkeeper.api.responses import HookAnswerOut
 from roomkeeper.errors import AlreadyEndedError, RoomkeeperError, UnknownJobError
 from roomkeeper.gateway.service import Gateway
@@ -40,23 +51,9 @@ from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import LeaseState
 from roomkeeper.guard.rule import Decision
 
-Tool = Literal["claude-code", "codex"]
-Mode = Literal["wait", "deny", "defer"]
-CodexMode = Literal["wait", "deny"]
-"""Codex's hooks answer allow, deny or ask: it has no ``defer``."""
-MODES: dict[str, tuple[str, ...]] = {"claude-code": get_args(Mode), "codex": get_args(CodexMode)}
-"""Each tool's modes, as its route declares them."""
-MemoryMb = Annotated[int, Query(ge=1, le=2**23)]
-WaitS = Annotated[float, Query(ge=0, le=590)]
-TtlS = Annotated[float, Query(gt=0, le=86400)]
-
-DEFAULT_MEMORY_MB = 1024
-"""The estimate of a subagent the gateway has learned nothing about, in MiB."""
-DEFAULT_WAIT_S = 540.0
-"""How long ``wait`` mode holds a call: safely under the 600 s a Claude Code hook may take."""
-DEFAULT_TTL_S = 3600.0
-"""How long a hook's lease lives unreleased: its subagent cannot heartbeat, so the ttl covers
-its whole run, and a lease a crashed tool left behind ends by it."""
+MemoryMb = Annotated[int, Query(ge=1, le=MAX_MEMORY_MB)]
+WaitS = Annotated[float, Query(ge=0, le=MAX_WAIT_S)]
+TtlS = Annotated[float, Query(gt=0, le=MAX_TTL_S)]
 
 SUBAGENT_TOOLS: dict[str, frozenset[str]] = {
     "claude-code": frozenset({"Agent", "Task"}),

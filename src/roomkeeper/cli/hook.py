@@ -6,6 +6,10 @@ Each reads one hook event (JSON) from stdin, hands it to the gateway's
 the tool's answer to stdout: nothing when the call may go on (the tool's own
 permission rules still apply), else the ``hookSpecificOutput`` decision.
 
+It starts light, as a process a tool starts for every tool call must: it loads the
+client's transport and the routes' terms (:mod:`roomkeeper.api.hook_terms`), never the
+API's models, the gateway or the other commands.
+
 It fails closed: both tools let a call through when a hook exits with anything but
 0 or 2, so every failure here (no gateway, bad input, a refusal of the gateway, a
 bug) exits 2 with its reason on stderr, which the tool shows the model.
@@ -19,8 +23,18 @@ from typing import Any
 
 import click
 
-from roomkeeper.api.agent_hooks import DEFAULT_MEMORY_MB, DEFAULT_TTL_S, DEFAULT_WAIT_S, MODES
-from roomkeeper.client.sync import Client
+from roomkeeper.api.hook_terms import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TTL_S,
+    DEFAULT_WAIT_S,
+    MAX_MEMORY_MB,
+    MAX_TTL_S,
+    MAX_WAIT_S,
+    MODES,
+)
+from roomkeeper.client.agent_hooks import agent_hook
+from roomkeeper.client.discovery import settings_from_env
+from roomkeeper.client.transport import Transport
 from roomkeeper.units import parse_size
 
 BLOCK = 2  # the exit status both tools read as "blocked", with stderr as the reason
@@ -47,7 +61,7 @@ def _options(command: Any) -> Any:
             click.option(
                 "--wait",
                 "wait_s",
-                type=click.FloatRange(0, 590),
+                type=click.FloatRange(0, MAX_WAIT_S),
                 default=DEFAULT_WAIT_S,
                 show_default=True,
                 help="Seconds wait mode holds a call; keep it under the hook's timeout.",
@@ -55,7 +69,7 @@ def _options(command: Any) -> Any:
             click.option(
                 "--ttl",
                 "ttl_s",
-                type=click.FloatRange(1, 86400),
+                type=click.FloatRange(1, MAX_TTL_S),
                 default=DEFAULT_TTL_S,
                 show_default=True,
                 help="Seconds a lease lives unreleased (a crashed tool's lease ends by it).",
@@ -80,6 +94,8 @@ def _run(tool: str, mode: str, memory: str, wait_s: float, ttl_s: float, bash: b
         sys.exit(BLOCK)
     try:
         memory_mb = max(1, parse_size(memory) >> 20)
+        if memory_mb > MAX_MEMORY_MB:
+            raise ValueError(f"--memory must be at most {MAX_MEMORY_MB} MiB (got {memory})")
         raw = sys.stdin.buffer.read(MAX_EVENT_BYTES + 1)
         if len(raw) > MAX_EVENT_BYTES:
             raise ValueError(f"the hook event on stdin is over {MAX_EVENT_BYTES} bytes")
@@ -87,8 +103,13 @@ def _run(tool: str, mode: str, memory: str, wait_s: float, ttl_s: float, bash: b
         if not isinstance(event, dict):
             raise ValueError("stdin must hold the hook event, a JSON object")
         settings = {"mode": mode, "memory_mb": memory_mb, "wait_s": wait_s, "ttl_s": ttl_s}
-        with Client.from_env() as client:
-            answer = client.agent_hook(tool, event, bash=bash, **settings)
+        # The event goes as the tool sent it: the gateway's route checks it and the
+        # query (a 422 is a typed error here, so it blocks like any other failure).
+        transport = Transport(settings_from_env())
+        try:
+            answer = agent_hook(transport, tool, event, bash=bash, **settings)
+        finally:
+            transport.close()
     except Exception as err:  # every failure blocks: a crash must not let the call through
         click.echo(f"roomkeeper hook {tool}: blocked, could not judge this call: {err}", err=True)
         sys.exit(BLOCK)

@@ -25,15 +25,14 @@ import httpx
 from pydantic import BaseModel
 
 from roomkeeper.api.responses import HealthOut, JobCreated, JobOut, LeaseOut, StatusOut
+from roomkeeper.client.bodies import LeaseAsk, job_body
 from roomkeeper.client.discovery import ClientSettings, check_it_is_ours, settings_from_env
 from roomkeeper.client.wire import (
     NEXT_HEADER,
     POLL_S,
     WAIT_CHUNK_S,
     Call,
-    LeaseAsk,
     error_of,
-    job_body,
     next_wait_s,
     timeout_of,
     unavailable,

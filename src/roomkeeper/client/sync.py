@@ -21,27 +21,25 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
 from roomkeeper.api.responses import HealthOut, JobCreated, JobOut, LeaseOut, StatusOut
-from roomkeeper.client.discovery import ClientSettings, check_it_is_ours, settings_from_env
+from roomkeeper.client.agent_hooks import agent_hook
+from roomkeeper.client.bodies import LeaseAsk, job_body
+from roomkeeper.client.discovery import ClientSettings, settings_from_env
+from roomkeeper.client.transport import Transport
 from roomkeeper.client.wire import (
     NEXT_HEADER,
     POLL_S,
     WAIT_CHUNK_S,
     Call,
-    LeaseAsk,
     error_of,
-    job_body,
-    next_wait_s,
-    timeout_of,
     unavailable,
 )
-from roomkeeper.errors import GatewayError, GatewayUnavailable, NoGatewayError, NoRoom
+from roomkeeper.errors import GatewayError, GatewayUnavailable, NoRoom
 
 log = logging.getLogger("roomkeeper.client")
 _M = TypeVar("_M", bound=BaseModel)
@@ -70,19 +68,8 @@ class Client:
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.settings = settings or ClientSettings()
-        if transport is None and self.settings.socket:
-            transport = httpx.HTTPTransport(uds=self.settings.socket)
-        self._http = httpx.Client(
-            base_url=self.settings.url,
-            transport=transport,
-            timeout=self.settings.timeout_s,
-        )
+        self._wire = Transport(self.settings, transport=transport, sleep=sleep, rand=rand)
         self._sleep = sleep
-        self._rand = rand
-        self._checked = self.settings.checked_record is None
-        self._check_lock = threading.Lock()
-        if self._checked and self.settings.token:
-            self._http.headers["Authorization"] = f"Bearer {self.settings.token}"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Client:
@@ -91,7 +78,7 @@ class Client:
 
     def close(self) -> None:
         """Close the connections."""
-        self._http.close()
+        self._wire.close()
 
     def __enter__(self) -> Client:
         return self
@@ -163,7 +150,7 @@ class Client:
             wait: the longest wait for room in seconds; None waits until room comes.
             lease_id: the lease's id (a turn's own name, say); a fresh one when None.
             terms: ``owner``, ``release``, ``relieve``, ``session``, ``disk``
-                (:class:`~roomkeeper.client.wire.LeaseAsk`).
+                (:class:`~roomkeeper.client.bodies.LeaseAsk`).
 
         Raises:
             NoRoom: no room came within ``wait``.
@@ -198,14 +185,7 @@ class Client:
         Args:
             settings: ``mode``, ``memory_mb``, ``wait_s``, ``ttl_s``, ``bash``: the route's query.
         """
-        wait = float(settings.get("wait_s", 0)) if settings.get("mode", "wait") == "wait" else 0.0
-        query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in settings.items()}
-        # Safe to send again: a grant is keyed by the call's own tool_use_id, a release is one.
-        call = Call(
-            "POST", f"/v1/agent-hooks/{tool}", dict(event), query, idempotent=True, extra_s=wait
-        )
-        answer: dict[str, Any] = self._send(call).json()
-        return answer
+        return agent_hook(self._wire, tool, event, **settings)
 
     # ------------------------------------------------------------ jobs
 
@@ -246,9 +226,9 @@ class Client:
     def output(self, job_id: str, *, follow: bool = False) -> Iterator[bytes]:
         """The job's output as it comes; with ``follow``, until the job ends."""
         params = {"follow": "true"} if follow else {}
-        self._check_once()
+        self._wire.check_once()
         try:
-            with self._http.stream(
+            with self._wire.http.stream(
                 "GET", f"/v1/jobs/{job_id}/output", params=params, timeout=None
             ) as answer:
                 if answer.status_code >= 400:
@@ -278,47 +258,7 @@ class Client:
             params = {**query, "cursor": cursor}
 
     def _send(self, call: Call) -> httpx.Response:
-        """Send ``call``, again where that is safe; its answer, or its typed error."""
-        self._check_once()
-        attempt = 0
-        while True:
-            try:
-                answer = self._http.request(
-                    call.method,
-                    call.path,
-                    json=call.body,
-                    params=call.params,
-                    timeout=timeout_of(call, self.settings.timeout_s),
-                )
-            except httpx.HTTPError as err:
-                wait = next_wait_s(call, attempt, self.settings.retries, error=err, rand=self._rand)
-                if wait is None:
-                    raise unavailable(self.settings.url, err) from err
-            else:
-                if answer.status_code < 400:
-                    return answer
-                wait = next_wait_s(
-                    call, attempt, self.settings.retries, response=answer, rand=self._rand
-                )
-                if wait is None:
-                    raise error_of(answer)
-            self._sleep(wait)
-            attempt += 1
-
-    def _check_once(self) -> None:
-        """Before the token first goes out: prove the gateway is the one recorded."""
-        if self._checked:
-            return
-        with self._check_lock:
-            if not self._checked:
-                assert self.settings.checked_record is not None
-                try:
-                    check_it_is_ours(self._http, Path(self.settings.checked_record))
-                except NoGatewayError as err:
-                    raise GatewayUnavailable(str(err)) from err
-                if self.settings.token:
-                    self._http.headers["Authorization"] = f"Bearer {self.settings.token}"
-                self._checked = True
+        return self._wire.send(call)
 
 
 class Lease:
