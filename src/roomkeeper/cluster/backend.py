@@ -49,10 +49,13 @@ from roomkeeper.cluster.handle import RayHandle
 from roomkeeper.cluster.node import Begun, NodeJob, run_job
 from roomkeeper.cluster.output import IN_FLIGHT_CHUNKS, collect_output
 from roomkeeper.cluster.ray_import import load_ray
+from roomkeeper.cluster.watch import NodeStep
+from roomkeeper.cluster.watches import NodeWatches
 from roomkeeper.errors import UsageError
 from roomkeeper.guard.rule import Decision, Reason, Word
 from roomkeeper.jobs.spec import SchedulerReason
 from roomkeeper.processes.launch import LaunchSpec
+from roomkeeper.relief.ladder import PressureReason
 from roomkeeper.units import GB
 
 log = logging.getLogger("roomkeeper")
@@ -86,6 +89,10 @@ class NodeView:
         headroom_bytes: its memory line less its use, as its guard last read it
             (when a job was judged there); None before any.
         headroom_at: when that was read (wall-clock seconds).
+        held: its pressure monitor holds launches now (past its line, its cooldown, or a
+            tree suspended there): placement passes it over.
+        suspended_jobs: our trees suspended there (still holding their memory).
+        steps: how many steps of the ladder its monitor took, by step, since we connected.
     """
 
     node_id: str
@@ -97,6 +104,9 @@ class NodeView:
     jobs: int
     headroom_bytes: int | None
     headroom_at: float | None
+    held: bool = False
+    suspended_jobs: int = 0
+    steps: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,15 +147,24 @@ class RayBackend:
         address: the head's ``HOST:PORT``.
         job_cpus: the ``num_cpus`` each job asks for.
         wall: wall-clock seconds (when a headroom was read).
+        watch_nodes: run a pressure monitor on every node (:mod:`roomkeeper.cluster.watch`);
+            without, nothing watches a job once its node admitted it.
 
     Raises:
         UsageError: Ray is not installed, or the cluster does not answer at ``address``.
     """
 
     def __init__(
-        self, address: str, *, job_cpus: float = 1.0, wall: Callable[[], float] = time.time
+        self,
+        address: str,
+        *,
+        job_cpus: float = 1.0,
+        wall: Callable[[], float] = time.time,
+        watch_nodes: bool = True,
     ) -> None:
         self._ray = load_ray()
+        self.on_step: Callable[[NodeStep], None] | None = None  # told of each node's steps
+        self._watches = NodeWatches(self._ray, NAMESPACE) if watch_nodes else None
         self.address = address
         self._job_cpus = job_cpus
         self._wall = wall
@@ -202,6 +221,7 @@ class RayBackend:
         while not self._closing.wait(NODES_FRESH_S):
             try:
                 self._read_nodes()
+                self._tend_watches()
             except Exception as err:
                 if not failing:
                     log.warning("the Ray cluster's node table could not be read: %s", err)
@@ -228,7 +248,29 @@ class RayBackend:
             return [n for n in self._nodes if n.get("Alive")]
 
     def _reserved_on(self, node_id: str) -> int:
-        return sum(p.memory_bytes for p in self._placed.values() if p.node_id == node_id)
+        """Our jobs' estimates there; a suspended tree counts with all it holds, when more."""
+        held = {} if self._watches is None else self._watches.suspended(node_id)
+        return sum(
+            max(p.memory_bytes, held.get(job_id, 0))
+            for job_id, p in self._placed.items()
+            if p.node_id == node_id
+        )
+
+    def _tend_watches(self) -> None:
+        """Start a watch on each new node, take each one's report, pass its steps on."""
+        if self._watches is None:
+            return
+        live = [
+            n["NodeID"]
+            for n in self._live_nodes()
+            if n["Resources"].get("CPU", 0) >= self._job_cpus
+        ]
+        for step in self._watches.tend(live):
+            if self.on_step is not None:
+                try:
+                    self.on_step(step)
+                except Exception:  # recording a node's step must not stop the next
+                    log.exception("recording a step of node %s failed", step.host)
 
     def place(self, job_id: str, memory_bytes: int) -> Decision:
         """Whether some live node could hold ``memory_bytes`` now; the decision says which.
@@ -250,6 +292,7 @@ class RayBackend:
             )
         nodes = [n for n in self._live_nodes() if n["Resources"].get("CPU", 0) >= self._job_cpus]
         sizes = [int(n["Resources"].get("memory", 0)) for n in nodes]
+        held = self._held_nodes([n["NodeID"] for n in nodes])
         ask = f"{_gb(memory_bytes)} of memory and {self._job_cpus:g} CPU"
         if not sizes or max(sizes) < memory_bytes:
             largest = _gb(max(sizes)) if sizes else "none"
@@ -278,6 +321,16 @@ class RayBackend:
                     room[most] -= estimate
                     cpus[most] -= self._job_cpus
         large = [i for i, r in enumerate(room) if r >= memory_bytes]
+        if large and all(nodes[i]["NodeID"] in held for i in large):
+            summary = (
+                f"every node with room for {ask} is held by its pressure monitor "
+                f"({'; '.join(sorted({held[nodes[i]['NodeID']] for i in large}))}); "
+                "waiting for one to be free"
+            )
+            return Decision(
+                job_id, False, PressureReason.PRESSURE, summary, estimate_bytes=memory_bytes
+            )
+        large = [i for i in large if nodes[i]["NodeID"] not in held]
         if not large:
             summary = (
                 f"every node that could hold {ask} is full of running jobs "
@@ -296,6 +349,13 @@ class RayBackend:
         summary = f"{len(fits)} of {len(nodes)} Ray nodes have room for {ask}"
         return Decision(job_id, True, Reason.OK, summary, estimate_bytes=memory_bytes)
 
+    def _held_nodes(self, node_ids: list[str]) -> dict[str, str]:
+        """The nodes placement passes over now, and why: their monitor holds launches (a
+        step of the ladder, its cooldown), or has not started yet."""
+        if self._watches is None:
+            return {}
+        return self._watches.held(node_ids)
+
     def _cpus_on(self, node_id: str) -> float:
         return self._job_cpus * sum(1 for p in self._placed.values() if p.node_id == node_id)
 
@@ -313,6 +373,9 @@ class RayBackend:
             memory_bytes=spec.memory_bytes,
             disk_bytes=spec.disk_bytes,
             deadline_s=spec.deadline_s,
+            restartable=spec.restartable,
+            last_run=spec.last_run,
+            watched=self._watches is not None,
         )
         options = self._task.options(
             memory=max(1, spec.memory_bytes),
@@ -364,6 +427,7 @@ class RayBackend:
 
     def nodes(self) -> list[NodeView]:
         """Every node of the last table read (live or lost), our jobs and its last headroom."""
+        watched = self._watches
         with self._lock:
             views = []
             for n in self._nodes:
@@ -381,6 +445,9 @@ class RayBackend:
                         jobs=sum(1 for p in self._placed.values() if p.node_id == node_id),
                         headroom_bytes=None if headroom is None else headroom[0],
                         headroom_at=None if headroom is None else headroom[1],
+                        held=node_id in watched.held([node_id]) if watched else False,
+                        suspended_jobs=len(watched.suspended(node_id)) if watched else 0,
+                        steps=watched.steps(node_id) if watched else (),
                     )
                 )
             return views

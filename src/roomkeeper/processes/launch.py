@@ -75,6 +75,9 @@ class LaunchSpec:
         disk_bytes: the job's own disk estimate (None: the default); unused here.
         deadline_s: seconds the job has left when launched (None: no deadline),
             for a launcher whose nodes enforce it too; unused here.
+        restartable: it may be stopped for memory pressure and run again, for a launcher
+            whose nodes run the relief ladder themselves; unused here.
+        last_run: its last allowed run (the ladder there stops it last); unused here.
     """
 
     argv: Sequence[str]
@@ -89,6 +92,8 @@ class LaunchSpec:
     memory_bytes: int = 0
     disk_bytes: int | None = None
     deadline_s: float | None = None
+    restartable: bool = False
+    last_run: bool = False
 
     def __post_init__(self) -> None:
         if not -20 <= self.nice <= 19:
