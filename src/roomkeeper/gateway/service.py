@@ -152,8 +152,7 @@ class Gateway:
             hooks=self.hooks,
             refusals=self.refusals,
         )
-        self.scheduler = self.durable_jobs.scheduler
-        hear_nodes(self.cluster, self.durable_jobs, self.scheduler)
+        self.scheduler = hear_nodes(self.cluster, self.durable_jobs)
         self.doubt = WorkInDoubt(self.context, scheduler=self.scheduler)
         self.durable_leases = self._durable_leases()
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start: leases end there
@@ -391,10 +390,12 @@ class Gateway:
             await asyncio.to_thread(self.cluster.close)
 
 
-def hear_nodes(cluster: RayBackend | None, jobs: DurableJobs, scheduler: Scheduler) -> None:
-    """Have each step a Ray node's own ladder takes recorded here (:func:`record_node_step`)."""
+def hear_nodes(cluster: RayBackend | None, jobs: DurableJobs) -> Scheduler:
+    """Have each step a Ray node's own ladder takes recorded here (:func:`record_node_step`);
+    the jobs' scheduler."""
     if cluster is not None:
-        cluster.on_step = functools.partial(record_node_step, jobs, scheduler)
+        cluster.on_step = functools.partial(record_node_step, jobs, jobs.scheduler)
+    return jobs.scheduler
 
 
 def record_node_step(jobs: DurableJobs, scheduler: Scheduler, step: NodeStep) -> None:
