@@ -120,7 +120,9 @@ class LocalCluster:
             "ROOMKEEPER_WORKSPACE": str(self.root),
         }
 
-    def _start(self, name: str, memory_bytes: int, cpus: int, head: bool) -> Node:
+    def _start(
+        self, name: str, memory_bytes: int, cpus: int, head: bool, group: Path | None = None
+    ) -> Node:
         ports = free_ports(6 + 8)
         args = [
             RAY,
@@ -156,6 +158,9 @@ class LocalCluster:
         # background jobs, and Ray's workers inherit that (so do the nodes pytest-xdist's
         # workers start).  A cancel must reach a job's task all the same.
         ignoring_sigint = ["sh", "-c", "trap '' INT; exec \"$@\"", "ray-node"]
+        if group is not None:  # the node and all it starts are charged to its own group
+            enter = f"echo $$ > {group / 'cgroup.procs'} && "
+            ignoring_sigint = ["sh", "-c", enter + "trap '' INT; exec \"$@\"", "ray-node"]
         proc = subprocess.Popen(
             [*ignoring_sigint, *args],
             env=self.node_env(name),
@@ -168,7 +173,9 @@ class LocalCluster:
         self.nodes[name] = node
         return node
 
-    def add_node(self, name: str, memory_bytes: int, cpus: int = 2) -> Node:
+    def add_node(
+        self, name: str, memory_bytes: int, cpus: int = 2, group: Path | None = None
+    ) -> Node:
         """Start a worker node and wait until it has joined the cluster.
 
         On a busy machine (two other test files beside this one) ``ray start``
@@ -176,7 +183,7 @@ class LocalCluster:
         a setup failure of Ray's, not of what is tested, so it is started once more.
         """
         for attempt in (1, 2):
-            node = self._start(name, memory_bytes, cpus, head=False)
+            node = self._start(name, memory_bytes, cpus, head=False, group=group)
             try:
                 self.wait_started(node)
                 return node
@@ -216,19 +223,27 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: dict[str, int], head_memory: int = 50_000_000) -> Iterator[LocalCluster]:
-    """A head and one worker node per entry (name -> its memory resource in bytes)."""
+def local_cluster(
+    nodes: dict[str, int],
+    head_memory: int = 50_000_000,
+    groups: dict[str, Path] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[LocalCluster]:
+    """A head and one worker node per entry (name -> its memory resource in bytes), each
+    started in its memory group of ``groups`` where one is named, with ``env`` added."""
     # Short: Ray's unix socket paths live under it and must stay under 108 bytes.
     root = Path(tempfile.mkdtemp(prefix="rk-ray-", dir="/tmp"))
     port = free_ports(1)[0]
+    extra = env
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROOMKEEPER_", "RAY_"))}
     env.update(FAST_HEALTH)
     env.update(ROOMKEEPER_JOB_DISK_MB="0", ROOMKEEPER_DISK_HEADROOM_PERCENT="0")
+    env.update(extra or {})
     cluster = LocalCluster(root=root, address=f"127.0.0.1:{port}", env=env)
     try:
         cluster.wait_started(cluster._start("head", head_memory, 0, head=True))
         for name, memory in nodes.items():
-            cluster.add_node(name, memory)
+            cluster.add_node(name, memory, group=(groups or {}).get(name))
         yield cluster
     finally:
         cluster.close()

@@ -1,0 +1,129 @@
+"""The ladder on every node: a real 3-node Ray cluster, each node in its own 1 GiB memory group.
+
+Nine restartable jobs state estimates a quarter to a half of what they
+really grow to, so Ray (which books only the estimates) packs two of them on
+each node's two CPUs, and two of them together outgrow a node.  With
+every node running its own pressure monitor, each node suspends its newest
+tree, resumes it once the older one ended, and stops restartable work the
+gateway runs again with a grown estimate: all nine finish, and no node's
+group sees an OOM kill.  With the node monitors turned off the same swarm
+is killed by the kernel, so the test can fail.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from roomkeeper.kernel.oom_kills import group_oom_kills
+from tests.cgroups import child_memory_cgroup
+from tests.gateways import RunningGateway, running_gateway, wait_until
+from tests.ray_cluster import local_cluster
+
+pytestmark = pytest.mark.ray
+
+MB = 1_000_000
+GIB = 1 << 30
+NODES = ("n1", "n2", "n3")
+# (stated estimate, true size): each 2-4x its estimate; any two of the larger ones outgrow
+# a node's 1 GiB beside Ray's own processes there.
+SWARM = [(180 * MB, s * MB) for s in (420, 560, 650, 450, 600, 700, 480, 620, 680)]
+GROW = (
+    "import sys, time\n"
+    "size, held = int(sys.argv[1]), []\n"
+    "for _ in range(20):\n"
+    "    held.append(b'x' * (size // 20)); time.sleep(0.15)\n"
+    "time.sleep(3.0)\n"
+)
+FINAL = {"exited", "failed", "stopped", "uncertain", "cancelled", "timed_out", "expired"}
+
+
+@pytest.fixture
+def groups() -> Iterator[dict[str, tuple[int, Path]]]:
+    """One child memory group of 1 GiB per node, removed afterwards even on failure."""
+    with (
+        child_memory_cgroup(GIB) as g1,
+        child_memory_cgroup(GIB) as g2,
+        child_memory_cgroup(GIB) as g3,
+    ):
+        yield dict(zip(NODES, (g1, g2, g3), strict=True))
+
+
+def run_swarm(
+    groups: dict[str, tuple[int, Path]], tmp: Path, *, monitors: bool
+) -> tuple[list[dict[str, Any]], dict[str, int], list[dict[str, Any]], set[str]]:
+    """The swarm through a gateway on the cluster: the jobs' ends, each group's OOM kills,
+    the recovery history and the alive nodes' ids."""
+    before = {name: group_oom_kills(path, version) for name, (version, path) in groups.items()}
+    # Ray's own memory monitor stays on, set above the ladder's stop line as the README says.
+    with (
+        local_cluster(
+            dict.fromkeys(NODES, GIB),
+            groups={name: path for name, (_, path) in groups.items()},
+            env={"RAY_memory_usage_threshold": "0.99"},
+        ) as cluster,
+        running_gateway(
+            tmp,
+            ROOMKEEPER_BACKEND="ray",
+            ROOMKEEPER_RAY_ADDRESS=cluster.address,
+            ROOMKEEPER_MAX_RUNNING="16",
+            ROOMKEEPER_RAY_NODE_MONITORS="on" if monitors else "off",
+        ) as gw,
+    ):
+        wait_until(lambda: ready_nodes(gw, monitors), "every node's monitor to start", 90)
+        ids = [submit(gw, estimate, size) for estimate, size in SWARM]
+        wait_until(lambda: all(job(gw, i)["state"] in FINAL for i in ids), "the swarm", 150)
+        ends = [job(gw, i) for i in ids]
+        history = gw.client.get("/v1/history").json()
+        nodes = {n["node_id"] for n in gw.client.get("/v1/status").json()["nodes"] if n["alive"]}
+    kills = {
+        name: group_oom_kills(path, version) - before[name]
+        for name, (version, path) in groups.items()
+    }
+    return ends, kills, history, nodes
+
+
+def ready_nodes(gw: RunningGateway, monitors: bool) -> bool:
+    """Three worker nodes joined and, with monitors, none held for a monitor still starting."""
+    refused = gw.anonymous.get("/v1/feed").json()["nodes"]
+    workers = [n for n in refused if n["alive"] and n["cpus"] > 0]
+    return len(workers) == 3 and (not monitors or not any(n["held"] for n in workers))
+
+
+def submit(gw: RunningGateway, estimate: int, size: int) -> str:
+    body = {
+        "argv": [sys.executable, "-c", GROW, str(size)],
+        "memory_bytes": estimate,
+        "restartable": True,
+    }
+    answer = gw.client.post("/v1/jobs", json=body)
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+def job(gw: RunningGateway, job_id: str) -> dict[str, Any]:
+    return dict(gw.client.get(f"/v1/jobs/{job_id}").json())
+
+
+def test_every_node_keeps_the_promise_with_its_own_ladder(
+    groups: dict[str, tuple[int, Path]], tmp_path: Path
+) -> None:
+    """All nine finish, no OOM kill in any node's group, each step named with its node."""
+    ends, kills, history, nodes = run_swarm(groups, tmp_path, monitors=True)
+    assert [(j["state"], j["exit_code"]) for j in ends] == [("exited", 0)] * 9, ends
+    assert kills == dict.fromkeys(NODES, 0)
+    acts = [e for e in history if e["code"].startswith("pressure_")]
+    assert acts and all(e["node"] in nodes for e in acts), acts
+
+
+def test_without_node_monitors_the_kernel_kills(
+    groups: dict[str, tuple[int, Path]], tmp_path: Path
+) -> None:
+    """The same swarm with the node monitors off: killed work (the test above can fail)."""
+    ends, kills, _, _ = run_swarm(groups, tmp_path, monitors=False)
+    lost = [j for j in ends if (j["state"], j["exit_code"]) != ("exited", 0)]
+    assert sum(kills.values()) > 0 or lost, (kills, ends)
