@@ -61,6 +61,7 @@ from roomkeeper.units import GB
 log = logging.getLogger("roomkeeper")
 
 NODES_FRESH_S = 1.0  # how often Ray's node table is read
+WATCH_START_POLL_S = 0.05  # how often a node's watch still starting is asked whether it runs
 UNREACHABLE_AFTER_S = 5.0  # no table read for this long: the cluster is unreachable
 CONNECT_TIMEOUT_S = 5.0  # for the head's port to accept a connection
 INIT_TIMEOUT_S = 60.0  # for ray.init to connect the gateway as the cluster's driver
@@ -216,17 +217,30 @@ class RayBackend:
                     self._resources[n["NodeID"]] = dict(n["Resources"])
 
     def _keep_reading(self) -> None:
-        """The node table, read every NODES_FRESH_S on this thread, never under a caller's lock."""
+        """The node table, read every NODES_FRESH_S on this thread, never under a caller's lock.
+
+        The nodes' watches are tended at once (from the first table read at
+        connect), and every :data:`WATCH_START_POLL_S` while one is starting:
+        placement passes over a node until its watch runs, so each second
+        waited here would be a second every first job waits.
+        """
         failing = False
-        while not self._closing.wait(NODES_FRESH_S):
+        pause = 0.0  # the first table was read as we connected
+        read_at = time.monotonic()
+        while not self._closing.wait(pause):
             try:
-                self._read_nodes()
+                if time.monotonic() - read_at >= NODES_FRESH_S:
+                    read_at = time.monotonic()
+                    self._read_nodes()
                 self._tend_watches()
             except Exception as err:
                 if not failing:
                     log.warning("the Ray cluster's node table could not be read: %s", err)
                 failing = True
                 continue
+            finally:
+                starting = self._watches is not None and self._watches.starting()
+                pause = WATCH_START_POLL_S if starting else NODES_FRESH_S
             if failing:
                 log.warning("the Ray cluster at %s answers again", self.address)
             failing = False

@@ -352,6 +352,19 @@ def _send(tree: _Tree, pid: int, sig: int) -> None:
         raise PermissionError(f"pid {pid}: {err}") from err
 
 
+def _stamp(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """When the node's settings file (ROOMKEEPER_NODE_SETTINGS) last changed, and its size;
+    None when there is none."""
+    path = env.get("ROOMKEEPER_NODE_SETTINGS")
+    if not path:
+        return None
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_mtime_ns, found.st_size
+
+
 def _rate(history: deque[tuple[float, int]], window_s: float) -> float:
     """Bytes per second the tree grew by over the last ``window_s`` of its readings."""
     if len(history) < 2:
@@ -373,7 +386,9 @@ class NodeWatch:
     def __init__(self, node_id: str, env: Mapping[str, str] | None = None) -> None:
         self.node_id = node_id
         self.host = socket.gethostname()
+        self._fixed = env is not None
         self._env = node_environment() if env is None else dict(env)
+        self._settings_seen = _stamp(self._env)
         self._clock = time.monotonic
         self._trees = NodeTrees(clock=self._clock)
         self._guard = Guard(env=self._env)
@@ -381,7 +396,7 @@ class NodeWatch:
         self._steps: deque[NodeStep] = deque(maxlen=STEPS_KEPT)
         self._monitor = PressureMonitor(
             target=self._trees,
-            read=self._guard.pressure_reading,
+            read=self._reading,
             cooldown=self._cooldown,
             settings=lambda: read_pressure_settings(self._env),
             pace=MonitorPace(clock=self._clock, arm=arm_container),
@@ -394,12 +409,21 @@ class NodeWatch:
         """Start reading (once); the word on Ray's threshold, None when all is well."""
         if not self._started:
             self._started = True
-            reading = self._guard.pressure_reading()
+            reading = self._reading()
             self._warning = None if reading is None else ray_acts_first(self._env, reading)
             if self._warning is not None:
                 log.warning("node %s: %s", self.host, self._warning)
             self._monitor.start()
         return self._warning
+
+    def _reading(self) -> Reading | None:
+        """The node's reading, under its settings as they are now: the node's settings file
+        is read again when it changed, as each job's guard reads it afresh."""
+        if not self._fixed and _stamp(self._env) != self._settings_seen:
+            self._env = node_environment()
+            self._settings_seen = _stamp(self._env)
+            self._guard = Guard(env=self._env)
+        return self._guard.pressure_reading()
 
     def holds(self) -> str | None:
         """Why the node holds launches now, in words; None when a job may start."""

@@ -114,6 +114,11 @@ class NodeWatches:
             watched.pending = watched.actor.report.remote()
         return steps
 
+    def starting(self) -> bool:
+        """Whether some node's watch was started and has not said it runs yet."""
+        with self._lock:
+            return any(not w.started for w in self._nodes.values())
+
     def held(self, node_ids: list[str]) -> dict[str, str]:
         """Of ``node_ids``, those placement passes over now, each with why in words."""
         held: dict[str, str] = {}
