@@ -389,6 +389,7 @@ class RayBackend:
             deadline_s=spec.deadline_s,
             restartable=spec.restartable,
             last_run=spec.last_run,
+            rerun_peak=spec.rerun_peak,
             watched=self._watches is not None,
         )
         options = self._task.options(

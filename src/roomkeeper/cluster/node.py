@@ -49,7 +49,7 @@ from roomkeeper.cluster.output import (
     sweep_uncollected,
 )
 from roomkeeper.errors import LaunchError
-from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.processes.launch import LaunchSpec, launch
 from roomkeeper.processes.lifeline import Lifeline
 from roomkeeper.processes.process import ManagedProcess
@@ -77,6 +77,9 @@ class NodeJob:
         stop_grace_s: SIGTERM to SIGKILL when it is cancelled.
         restartable: it may be stopped for memory pressure and run again.
         last_run: the last run it is allowed: its node's ladder stops it last.
+        rerun_peak: a re-run's peak in its run stopped for memory pressure (None: a first
+            run): its grown estimate is asked at most at the room it would have on the node
+            with none of our jobs running there, never below that peak.
         watched: its node must run a watch (:mod:`roomkeeper.cluster.watch`) before
             the job may start there; False when the gateway turned node monitors off.
     """
@@ -93,6 +96,7 @@ class NodeJob:
     stop_grace_s: float = STOP_GRACE_SECONDS
     restartable: bool = False
     last_run: bool = False
+    rerun_peak: int | None = None
     watched: bool = False
 
 
@@ -224,8 +228,16 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
     if held is not None:
         yield Begun(node_id, host, False, PRESSURE_CODE, held, None, None)
         return
+    # A re-run's estimate is a forecast grown from its stopped run: asked as is, it can
+    # exceed what any node holds beside Ray's own processes, and the job would wait for
+    # ever at the head of its line; the gateway's guard caps it the same way.
+    rerun = None if job.rerun_peak is None else Rerun(job.rerun_peak, _ours(watch))
     decision = Guard(env=node_environment()).admit(
-        job.job_id, memory_bytes=job.memory_bytes, disk_bytes=job.disk_bytes
+        job.job_id,
+        memory_bytes=job.memory_bytes,
+        disk_bytes=job.disk_bytes,
+        rerun=rerun,
+        worst_case=rerun is not None and job.last_run,
     )
     memory = decision.memory
     headroom = _headroom(decision.memory_line_bytes, None if memory is None else memory.used_bytes)
@@ -304,6 +316,15 @@ def _watch(node_id: str) -> Any:
 def watch_name(node_id: str) -> str:
     """The Ray actor name of a node's watch (:mod:`roomkeeper.cluster.watch`)."""
     return f"{WATCH_PREFIX}{node_id}"
+
+
+def _ours(watch: Any) -> int:
+    """What our trees on this node hold now, as its watch last read them (0 without one)."""
+    try:
+        held = _tell(watch, "ours")
+    except Exception:  # a forecast capped at less room: the job may wait longer, no more
+        return 0
+    return int(held or 0)
 
 
 def _held(watch: Any) -> str | None:

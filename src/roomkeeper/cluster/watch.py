@@ -210,6 +210,12 @@ class NodeTrees:
             tree = self._trees.pop(job_id, None)
         return None if tree is None else tree.stopped
 
+    def ours(self) -> int:
+        """What the trees followed here held when last read (stopped ones still count)."""
+        with self._lock:
+            trees = list(self._trees.values())
+        return sum(t.history[-1][1] for t in trees if t.history)
+
     def suspended(self) -> list[tuple[str, int]]:
         """The suspended trees and what each held when last read."""
         with self._lock:
@@ -447,6 +453,11 @@ class NodeWatch:
     def ended(self, job_id: str) -> PressureStop | None:
         """A runner's tree ended: how the watch stopped it, None when it did not."""
         return self._trees.forget(job_id)
+
+    def ours(self) -> int:
+        """What the trees run here hold together, as last read: the room a re-run would have
+        with none of them is the node's line less the rest of its use."""
+        return self._trees.ours()
 
     def report(self) -> NodeReport:
         """The steps since the last report, and whether the node holds now."""

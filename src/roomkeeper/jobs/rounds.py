@@ -588,6 +588,7 @@ class LaunchRounds:
             disk_bytes=job.spec.disk_bytes,
             restartable=job.spec.restartable,
             last_run=is_last_run(job.reruns, self._settings.retries()),
+            rerun_peak=(job.peak_bytes or 0) if job.reruns else None,
             deadline_s=None
             if job.deadline is None
             else max(0.0, job.deadline - self._clocks.clock()),

@@ -78,6 +78,8 @@ class LaunchSpec:
         restartable: it may be stopped for memory pressure and run again, for a launcher
             whose nodes run the relief ladder themselves; unused here.
         last_run: its last allowed run (the ladder there stops it last); unused here.
+        rerun_peak: a re-run's peak in the run stopped for pressure (None: a first run), for
+            a launcher whose nodes judge it; unused here.
     """
 
     argv: Sequence[str]
@@ -94,6 +96,7 @@ class LaunchSpec:
     deadline_s: float | None = None
     restartable: bool = False
     last_run: bool = False
+    rerun_peak: int | None = None
 
     def __post_init__(self) -> None:
         if not -20 <= self.nice <= 19:
