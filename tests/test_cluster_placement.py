@@ -1,0 +1,128 @@
+"""The Ray backend's placement beside its nodes' pressure monitors, and the warning on Ray's
+own memory monitor: fast checks with Ray's node table and the watches stood in for.
+
+The real thing (a 3-node cluster in memory groups, each node's ladder
+acting) is ``test_ray_pressure.py``; here only the decisions are checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+
+from roomkeeper.cluster import backend as backend_module
+from roomkeeper.cluster.backend import RayBackend
+from roomkeeper.cluster.watch import ray_acts_first
+from roomkeeper.guard.lines import Reading
+
+MB = 1_000_000
+GIB = 1 << 30
+BIG, SMALL = "b" * 56, "5" * 56  # Ray node ids are hex
+
+
+class TableOnlyRay:
+    """Ray as the backend's constructor and placement use it: a fixed node table."""
+
+    def __init__(self, table: list[dict[str, Any]]) -> None:
+        self.table = table
+
+    def init(self, **_: Any) -> None:
+        pass
+
+    def remote(self, function: Any) -> Any:
+        return function
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.table
+
+    def shutdown(self) -> None:
+        pass
+
+
+class HeldWatches:
+    """The nodes' watches as placement reads them: ``holding`` names the held nodes."""
+
+    holding: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, ray: Any, namespace: str) -> None:
+        pass
+
+    def tend(self, live: list[str]) -> list[Any]:
+        return []
+
+    def starting(self) -> bool:
+        return False
+
+    def held(self, node_ids: list[str]) -> dict[str, str]:
+        return {n: self.holding[n] for n in node_ids if n in self.holding}
+
+    def suspended(self, node_id: str) -> dict[str, int]:
+        return {}
+
+    def steps(self, node_id: str) -> tuple[tuple[str, int], ...]:
+        return ()
+
+
+def node(node_id: str, memory: int) -> dict[str, Any]:
+    return {"NodeID": node_id, "Alive": True, "Resources": {"CPU": 2.0, "memory": memory}}
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[RayBackend]:
+    """A backend over two nodes, ``BIG`` (2 GiB) and ``SMALL`` (300 MB), neither held yet."""
+    ray = TableOnlyRay([node(BIG, 2 * GIB), node(SMALL, 300 * MB)])
+    monkeypatch.setattr(backend_module, "load_ray", lambda: ray)
+    monkeypatch.setattr(backend_module, "_check_answers", lambda address: None)
+    monkeypatch.setattr(backend_module, "NodeWatches", HeldWatches)
+    monkeypatch.setattr(HeldWatches, "holding", {})
+    made = RayBackend("127.0.0.1:1")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_placement_passes_over_a_node_its_monitor_holds(backend: RayBackend) -> None:
+    """A job both nodes could hold is placed on the one not held: one of two has room."""
+    assert backend.place("j1", 100 * MB).summary.startswith("2 of 2 Ray nodes")
+    HeldWatches.holding[BIG] = "1 job(s) suspended for memory pressure on it"
+    decision = backend.place("j2", 100 * MB)
+    assert decision.admit, decision.summary
+    assert decision.summary.startswith("1 of 2 Ray nodes"), decision.summary
+
+
+def test_a_job_only_a_held_node_could_hold_waits_for_pressure(backend: RayBackend) -> None:
+    """Only ``BIG`` has room for 1 GB, and its monitor holds: the job waits, reason pressure,
+    with the node's words."""
+    HeldWatches.holding[BIG] = "memory pressure on it"
+    decision = backend.place("j1", 1000 * MB)
+    assert not decision.admit
+    assert decision.reason.value == "pressure"
+    assert "held by its pressure monitor (memory pressure on it)" in decision.summary
+
+
+def reading(limit: int = GIB) -> Reading:
+    return Reading(used=0, limit=limit, headroom_percent=10.0, reserve=0, full_avg10=None, at=0)
+
+
+def test_rays_default_threshold_is_said_to_kill_first() -> None:
+    """Ray's default (0.95) is below a 1 GiB node's stop line (0.975): the warning says so
+    and names the value to set."""
+    said = ray_acts_first({}, reading())
+    assert said is not None
+    assert "kills at 0.95" in said
+    assert "RAY_memory_usage_threshold=0.99" in said
+
+
+def test_a_threshold_above_the_stop_line_or_rays_monitor_off_is_no_warning() -> None:
+    """0.99 is above the stop line; a refresh of 0 turns Ray's monitor off: nothing to say."""
+    assert ray_acts_first({"RAY_memory_usage_threshold": "0.99"}, reading()) is None
+    assert ray_acts_first({"RAY_memory_monitor_refresh_ms": "0"}, reading()) is None
+
+
+def test_a_threshold_that_is_not_a_number_is_said() -> None:
+    """A threshold Ray could not read is said as it was written."""
+    said = ray_acts_first({"RAY_memory_usage_threshold": "high"}, reading())
+    assert said == "RAY_memory_usage_threshold='high' is not a number"
