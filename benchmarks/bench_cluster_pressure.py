@@ -1,9 +1,10 @@
 """A Ray cluster under memory pressure: roomkeeper's Ray backend against plain Ray tasks.
 
 Starts a local Ray cluster on loopback (``local_ray.py`` beside this file): a
-head with no CPUs and three worker nodes of 2 CPUs, each ``ray start`` inside
-its own memory cgroup of 1 GiB (v1 or v2, made where roomkeeper makes job
-groups, removed afterwards even on failure).  Every contender gets a fresh
+head with no CPUs and three worker nodes of 2 CPUs and a memory resource of
+600 MB (``--node-memory``), each ``ray start`` inside its own memory cgroup
+of 1 GiB (v1 or v2, made where roomkeeper makes job groups, removed
+afterwards even on failure).  Every contender gets a fresh
 cluster and fresh groups, so a kill in one run cannot leave a node short for
 the next.  The swarm: nine jobs stating 120 MB each and growing to 260-460 MB
 (2-4x: 20 equal steps over 3 s, then 3 s held, as ``grow.py`` does), half a
@@ -30,7 +31,8 @@ killed task retried without end) is cut off there and said to be.
 
 Needs root and a cgroup memory controller.  Usage (from the repository root):
     PYTHONPATH=src python benchmarks/bench_cluster_pressure.py \\
-        [--runs 1] [--contenders roomkeeper,ray-stated,ray-oracle] [--timeout 300]
+        [--runs 1] [--contenders roomkeeper,ray-stated,ray-oracle] [--timeout 300] \\
+        [--node-memory 600000000]
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ ESTIMATE = 120 * MB
 SIZES = [s * MB for s in (300, 380, 440, 260, 400, 460, 320, 420, 350)]
 GROW_S, HOLD_S, STEPS = 3.0, 3.0, 20
 JOB_CPUS = 0.5
+# The memory resource each node offers Ray: its 1 GiB less what Ray's own processes and
+# idle workers hold there (about 170 MB before any task, 0.4 GB with its workers busy), so
+# that the oracle's bookings at the true sizes really fit.  Offered the whole GiB, the
+# oracle packs two of the largest on a node and the kernel kills.
+NODE_MEMORY = 600 * MB
 GROW = Path(__file__).resolve().parent / "grow.py"
 CONTENDERS = ("roomkeeper", "ray-stated", "ray-oracle")
 FINAL = {"exited", "failed", "stopped", "uncertain", "cancelled", "timed_out", "expired"}
@@ -138,6 +145,12 @@ def remove_group(group: Path, deadline_s: float = 30.0) -> None:
                     print(f"could not remove {directory}", file=sys.stderr)
                     break
                 time.sleep(0.1)
+
+
+def held_mb(version: int, groups: dict[str, Path]) -> str:
+    """What each node group holds now, MB (Ray's own processes, before any job)."""
+    name = "memory.current" if version == 2 else "memory.usage_in_bytes"
+    return "/".join(str(int((g / name).read_text()) // MB) for g in groups.values())
 
 
 def kills_now(version: int, groups: dict[str, Path]) -> int:
@@ -263,15 +276,16 @@ def run_plain_ray(
 # ------------------------------------------------------------------ the runs
 
 
-def run_one(name: str, version: int, folder: Path, timeout_s: float) -> Outcome:
+def run_one(name: str, version: int, folder: Path, timeout_s: float, node_memory: int) -> Outcome:
     """One contender on a fresh cluster in fresh groups."""
     env = {"RAY_memory_usage_threshold": "0.99"} if name == "roomkeeper" else {}
     with (
         node_groups(version, folder) as groups,
-        local_cluster(dict.fromkeys(NODES, GIB), groups=groups, env=env) as cluster,
+        local_cluster(dict.fromkeys(NODES, node_memory), groups=groups, env=env) as cluster,
         tempfile.TemporaryDirectory(prefix="rk-bench-") as tmp,
     ):
         before, machine_before = kills_now(version, groups), machine_oom_kills()
+        print(f"  {name}: the node groups hold {held_mb(version, groups)} MB before", flush=True)
         if name == "roomkeeper":
             wall, ray_kills, lost, cut, note = run_roomkeeper(cluster.address, Path(tmp), timeout_s)
         else:
@@ -298,6 +312,12 @@ def parse_args() -> argparse.Namespace:
         help=f"comma-separated, of {', '.join(CONTENDERS)}",
     )
     parser.add_argument(
+        "--node-memory",
+        type=int,
+        default=NODE_MEMORY,
+        help="the memory resource (bytes) each node offers Ray's placement",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds before a contender is cut off"
     )
     args = parser.parse_args()
@@ -314,7 +334,8 @@ def main() -> None:
     print(
         f"3 nodes of 2 CPUs, each in its own cgroup v{version} group of 1 GiB; 9 jobs stating "
         f"{ESTIMATE // MB} MB, growing to {min(SIZES) // MB}-{max(SIZES) // MB} MB "
-        f"over {GROW_S:g} s, held {HOLD_S:g} s, {JOB_CPUS:g} CPU each; {args.runs} run(s)"
+        f"over {GROW_S:g} s, held {HOLD_S:g} s, {JOB_CPUS:g} CPU each; {args.runs} run(s); "
+        f"each node offers Ray {args.node_memory // MB} MB"
     )
     print(
         "roomkeeper: nodes at RAY_memory_usage_threshold=0.99, node monitors on; "
@@ -322,7 +343,9 @@ def main() -> None:
     )
     walls: dict[str, float] = {}
     for name in args.contenders:
-        outcomes = [run_one(name, version, folder, args.timeout) for _ in range(args.runs)]
+        outcomes = [
+            run_one(name, version, folder, args.timeout, args.node_memory) for _ in range(args.runs)
+        ]
         walls[name] = statistics.median(o.wall_s for o in outcomes)
         cut = sum(o.timed_out for o in outcomes)
         print(
