@@ -32,7 +32,7 @@ killed task retried without end) is cut off there and said to be.
 Needs root and a cgroup memory controller.  Usage (from the repository root):
     PYTHONPATH=src python benchmarks/bench_cluster_pressure.py \\
         [--runs 1] [--contenders roomkeeper,ray-stated,ray-oracle] [--timeout 300] \\
-        [--node-memory 600000000]
+        [--node-memory 600000000] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -276,7 +277,9 @@ def run_plain_ray(
 # ------------------------------------------------------------------ the runs
 
 
-def run_one(name: str, version: int, folder: Path, timeout_s: float, node_memory: int) -> Outcome:
+def run_one(
+    name: str, version: int, folder: Path, timeout_s: float, node_memory: int, keep: Path | None
+) -> Outcome:
     """One contender on a fresh cluster in fresh groups."""
     env = {"RAY_memory_usage_threshold": "0.99"} if name == "roomkeeper" else {}
     with (
@@ -292,6 +295,10 @@ def run_one(name: str, version: int, folder: Path, timeout_s: float, node_memory
             wall, ray_kills, lost, cut, note = run_plain_ray(
                 cluster.address, name == "ray-oracle", timeout_s
             )
+        if keep is not None:  # the gateway's log, to read why (the folder goes with the run)
+            keep.mkdir(parents=True, exist_ok=True)
+            for log in Path(tmp).glob("gateway-*.log"):
+                shutil.copy(log, keep / f"{name}-{log.name}")
         return Outcome(
             wall_s=wall,
             group_kills=kills_now(version, groups) - before,
@@ -320,6 +327,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds before a contender is cut off"
     )
+    parser.add_argument("--keep", type=Path, help="copy each run's gateway log here")
     args = parser.parse_args()
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = [c for c in args.contenders if c not in CONTENDERS]
@@ -344,7 +352,8 @@ def main() -> None:
     walls: dict[str, float] = {}
     for name in args.contenders:
         outcomes = [
-            run_one(name, version, folder, args.timeout, args.node_memory) for _ in range(args.runs)
+            run_one(name, version, folder, args.timeout, args.node_memory, args.keep)
+            for _ in range(args.runs)
         ]
         walls[name] = statistics.median(o.wall_s for o in outcomes)
         cut = sum(o.timed_out for o in outcomes)
