@@ -292,9 +292,11 @@ def run_one(
         if name == "roomkeeper":
             wall, ray_kills, lost, cut, note = run_roomkeeper(cluster.address, Path(tmp), timeout_s)
         else:
-            wall, ray_kills, lost, cut, note = run_plain_ray(
-                cluster.address, name == "ray-oracle", timeout_s
-            )
+            # Ray's driver prints its workers' deaths on stdout: to stderr, beside the figures.
+            with contextlib.redirect_stdout(sys.stderr):
+                wall, ray_kills, lost, cut, note = run_plain_ray(
+                    cluster.address, name == "ray-oracle", timeout_s
+                )
         if keep is not None:  # the gateway's log, to read why (the folder goes with the run)
             keep.mkdir(parents=True, exist_ok=True)
             for log in Path(tmp).glob("gateway-*.log"):
