@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -185,6 +186,8 @@ def run_roomkeeper(address: str, tmp: Path, timeout_s: float) -> tuple[float, in
             time.sleep(0.1)
         wall = time.monotonic() - start
         history = gw.client.get("/v1/history").json()
+        (tmp / "jobs.json").write_text(json.dumps([ends.get(i) for i in ids], indent=1))
+        (tmp / "history.json").write_text(json.dumps(history, indent=1))
     log_text = "".join(p.read_text(errors="replace") for p in tmp.glob("gateway-*.log"))
     ray_kills = log_text.count("OutOfMemoryError")
     lost = len(ids) - sum(1 for v in ends.values() if (v["state"], v["exit_code"]) == ("exited", 0))
@@ -299,7 +302,7 @@ def run_one(
                 )
         if keep is not None:  # the gateway's log, to read why (the folder goes with the run)
             keep.mkdir(parents=True, exist_ok=True)
-            for log in Path(tmp).glob("gateway-*.log"):
+            for log in [*Path(tmp).glob("gateway-*.log"), *Path(tmp).glob("*.json")]:
                 shutil.copy(log, keep / f"{name}-{log.name}")
         return Outcome(
             wall_s=wall,
