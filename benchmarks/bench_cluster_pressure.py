@@ -12,8 +12,9 @@ CPU each, so Ray, which books only what is stated, packs several on a node
 and any two of them outgrow it.  The contenders:
 
 - ``roomkeeper``: a gateway with ROOMKEEPER_BACKEND=ray, node monitors on,
-  every job ``python grow.py SIZE 3 3`` stating 120 MB, restartable; nodes
-  started with RAY_memory_usage_threshold=0.99, as the README says.
+  no per-owner share below the swarm (plain Ray has none), every job
+  ``python grow.py SIZE 3 3`` stating 120 MB, restartable; nodes started with
+  RAY_memory_usage_threshold=0.99, as the README says.
 - ``ray-stated``: plain Ray tasks that grow in the task itself, ``memory=``
   the stated 120 MB, ``num_cpus=0.5``; Ray's defaults (its memory monitor at
   0.95, its retries).
@@ -171,6 +172,10 @@ def run_roomkeeper(address: str, tmp: Path, timeout_s: float) -> tuple[float, in
         ROOMKEEPER_RAY_ADDRESS=address,
         ROOMKEEPER_RAY_JOB_CPUS=str(JOB_CPUS),
         ROOMKEEPER_MAX_RUNNING="16",
+        # One owner submits all nine, and plain Ray has no per-owner share: without these
+        # the gateway's default fair share (2 running per owner) would run two at a time.
+        ROOMKEEPER_MAX_RUNNING_PER_OWNER="16",
+        ROOMKEEPER_MAX_WAITING_PER_OWNER="16",
         ROOMKEEPER_RAY_NODE_MONITORS="on",
     ) as gw:
         wait_for(lambda: monitors_ready(gw), "every node's monitor to start", 120)
