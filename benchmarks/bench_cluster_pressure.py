@@ -191,7 +191,8 @@ def run_roomkeeper(address: str, tmp: Path, timeout_s: float) -> tuple[float, in
             time.sleep(0.1)
         wall = time.monotonic() - start
         history = gw.client.get("/v1/history").json()
-        (tmp / "jobs.json").write_text(json.dumps([ends.get(i) for i in ids], indent=1))
+        views = [ends.get(i) or gw.client.get(f"/v1/jobs/{i}").json() for i in ids]
+        (tmp / "jobs.json").write_text(json.dumps(views, indent=1))
         (tmp / "history.json").write_text(json.dumps(history, indent=1))
     log_text = "".join(p.read_text(errors="replace") for p in tmp.glob("gateway-*.log"))
     ray_kills = log_text.count("OutOfMemoryError")
