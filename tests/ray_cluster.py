@@ -39,15 +39,30 @@ FAST_HEALTH = {
 }
 
 
+# Ports this process has handed out.  A port is free again the moment its
+# probing socket closes, so two calls could hand out the same one (the head's
+# GCS port came back as one of its worker ports, and Ray refused to start).
+_HANDED_OUT: set[int] = set()
+
+# What ``ray start`` says when a port it was given is taken after all: a setup
+# failure of the test's port choice, so the node is started once more on others.
+PORT_CLASHES = ("used by other components", "Address already in use", "Failed to bind")
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on loopback now."""
+    """``count`` distinct ports free on loopback now, none handed out before by this process."""
     sockets = []
+    ports: list[int] = []
     try:
-        for _ in range(count):
+        while len(ports) < count:
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             sockets.append(s)
-        return [int(s.getsockname()[1]) for s in sockets]
+            port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                ports.append(port)
+        _HANDED_OUT.update(ports)
+        return ports
     finally:
         for s in sockets:
             s.close()
@@ -182,13 +197,28 @@ class LocalCluster:
         can give up on the head's GCS ("Deadline Exceeded") before it joins:
         a setup failure of Ray's, not of what is tested, so it is started once more.
         """
-        for attempt in (1, 2):
+        for attempt in (1, 2, 3):
             node = self._start(name, memory_bytes, cpus, head=False, group=group)
             try:
                 self.wait_started(node)
                 return node
             except AssertionError as err:
-                if attempt == 2 or "Deadline Exceeded" not in str(err):
+                retryable = ("Deadline Exceeded", *PORT_CLASHES)
+                if attempt == 3 or not any(word in str(err) for word in retryable):
+                    raise
+                node.kill()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def start_head(self, memory_bytes: int) -> Node:
+        """Start the head on a fresh GCS port, once more on others if a port was taken meanwhile."""
+        for attempt in (1, 2, 3):
+            self.address = f"127.0.0.1:{free_ports(1)[0]}"
+            node = self._start("head", memory_bytes, 0, head=True)
+            try:
+                self.wait_started(node)
+                return node
+            except AssertionError as err:
+                if attempt == 3 or not any(word in str(err) for word in PORT_CLASHES):
                     raise
                 node.kill()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -233,15 +263,14 @@ def local_cluster(
     started in its memory group of ``groups`` where one is named, with ``env`` added."""
     # Short: Ray's unix socket paths live under it and must stay under 108 bytes.
     root = Path(tempfile.mkdtemp(prefix="rk-ray-", dir="/tmp"))
-    port = free_ports(1)[0]
     extra = env
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROOMKEEPER_", "RAY_"))}
     env.update(FAST_HEALTH)
     env.update(ROOMKEEPER_JOB_DISK_MB="0", ROOMKEEPER_DISK_HEADROOM_PERCENT="0")
     env.update(extra or {})
-    cluster = LocalCluster(root=root, address=f"127.0.0.1:{port}", env=env)
+    cluster = LocalCluster(root=root, address="", env=env)
     try:
-        cluster.wait_started(cluster._start("head", head_memory, 0, head=True))
+        cluster.start_head(head_memory)
         for name, memory in nodes.items():
             cluster.add_node(name, memory, group=(groups or {}).get(name))
         yield cluster

@@ -475,3 +475,11 @@ def test_a_frozen_head_leaves_the_gateway_answering_and_jobs_waiting(
         "needs-you to stop saying the cluster is unreachable",
         60,
     )
+
+
+def test_the_port_finder_never_hands_out_a_port_twice() -> None:
+    """A port handed to one Ray component and then to another stops ``ray start``."""
+    from tests.ray_cluster import free_ports
+
+    ports = [port for _ in range(50) for port in free_ports(14)]
+    assert len(set(ports)) == len(ports)
