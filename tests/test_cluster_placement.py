@@ -16,6 +16,7 @@ from roomkeeper.cluster import backend as backend_module
 from roomkeeper.cluster.backend import RayBackend
 from roomkeeper.cluster.watch import ray_acts_first
 from roomkeeper.guard.lines import Reading
+from roomkeeper.jobs.reruns import rerun_estimate
 
 MB = 1_000_000
 GIB = 1 << 30
@@ -126,3 +127,19 @@ def test_a_threshold_that_is_not_a_number_is_said() -> None:
     """A threshold Ray could not read is said as it was written."""
     said = ray_acts_first({"RAY_memory_usage_threshold": "high"}, reading())
     assert said == "RAY_memory_usage_threshold='high' is not a number"
+
+
+def test_a_placed_job_carries_the_largest_memory_a_node_offers_as_its_line(
+    backend: RayBackend,
+) -> None:
+    """A re-run's grown estimate stays under the line its admission carried: on a cluster it
+    is the most ``memory`` any live node offers Ray, so the re-run is never left waiting for
+    a larger node (the grown estimates were seen waiting for ever above a 600 MB offer)."""
+    decision = backend.place("j1", 100 * MB)
+    assert decision.admit
+    assert decision.memory_line_bytes == 2 * GIB
+    grown = rerun_estimate(
+        failed=100 * MB, peak=1900 * MB, rate=200 * MB, ran_s=5, line=decision.memory_line_bytes
+    )
+    assert grown == 2 * GIB
+    assert backend.place("j1-again", grown).admit

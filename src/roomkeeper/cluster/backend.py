@@ -361,7 +361,16 @@ class RayBackend:
                 job_id, False, SchedulerReason.CPU, summary, estimate_bytes=memory_bytes
             )
         summary = f"{len(fits)} of {len(nodes)} Ray nodes have room for {ask}"
-        return Decision(job_id, True, Reason.OK, summary, estimate_bytes=memory_bytes)
+        # The line a re-run's grown estimate stays under: no node offers Ray more, so an
+        # estimate above it would wait for a larger node that may never join.
+        return Decision(
+            job_id,
+            True,
+            Reason.OK,
+            summary,
+            estimate_bytes=memory_bytes,
+            memory_line_bytes=max(sizes),
+        )
 
     def _held_nodes(self, node_ids: list[str]) -> dict[str, str]:
         """The nodes placement passes over now, and why: their monitor holds launches (a
