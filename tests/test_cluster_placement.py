@@ -7,7 +7,10 @@ acting) is ``test_ray_pressure.py``; here only the decisions are checked.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -20,20 +23,46 @@ from roomkeeper.jobs.reruns import rerun_estimate
 
 MB = 1_000_000
 GIB = 1 << 30
-BIG, SMALL = "b" * 56, "5" * 56  # Ray node ids are hex
+BIG, SMALL, LATE = "b" * 56, "5" * 56, "7" * 56  # Ray node ids are hex
+
+
+@dataclass(frozen=True)
+class Affinity:
+    node_id: str
+    soft: bool
+
+
+@dataclass
+class RecordedTask:
+    """A remote function whose sends are recorded, never run."""
+
+    ray: TableOnlyRay
+    name: str
+    chosen: dict[str, Any] = field(default_factory=dict)
+
+    def options(self, **chosen: Any) -> RecordedTask:
+        return RecordedTask(self.ray, self.name, chosen)
+
+    def remote(self, *args: Any) -> None:
+        self.ray.sent.append((self.name, self.chosen))
 
 
 class TableOnlyRay:
-    """Ray as the backend's constructor and placement use it: a fixed node table."""
-
-    def __init__(self, table: list[dict[str, Any]]) -> None:
-        self.table = table
+    """Ray as the backend's constructor and placement use it: a fixed node table, and tasks
+    sent recorded, never run."""
 
     def init(self, **_: Any) -> None:
         pass
 
+    def __init__(self, table: list[dict[str, Any]]) -> None:
+        self.table = table
+        self.sent: list[tuple[str, dict[str, Any]]] = []  # (function name, options) per task
+        self.util = SimpleNamespace(
+            scheduling_strategies=SimpleNamespace(NodeAffinitySchedulingStrategy=Affinity)
+        )
+
     def remote(self, function: Any) -> Any:
-        return function
+        return RecordedTask(self, function.__name__)
 
     def nodes(self) -> list[dict[str, Any]]:
         return self.table
@@ -143,3 +172,30 @@ def test_a_placed_job_carries_the_largest_memory_a_node_offers_as_its_line(
     )
     assert grown == 2 * GIB
     assert backend.place("j1-again", grown).admit
+
+
+def test_each_node_that_joins_has_its_workers_started_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One warm-up per CPU of each node as it joins, pinned there, holding no CPU of Ray's;
+    none again for a node already warmed, and one for a node that joins later."""
+    ray = TableOnlyRay([node(BIG, 2 * GIB), node(SMALL, 300 * MB)])
+    monkeypatch.setattr(backend_module, "load_ray", lambda: ray)
+    monkeypatch.setattr(backend_module, "_check_answers", lambda address: None)
+    monkeypatch.setattr(backend_module, "NodeWatches", HeldWatches)
+    made = RayBackend("127.0.0.1:1")
+    try:
+        deadline = time.monotonic() + 10
+        while len(ray.sent) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ray.table.append(node(LATE, GIB))
+        while len(ray.sent) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(2 * backend_module.NODES_FRESH_S)  # more reads of the table: no more sent
+        warmups = [chosen for name, chosen in ray.sent if name == "warm_worker"]
+        pinned = [chosen["scheduling_strategy"] for chosen in warmups]
+        assert sorted(a.node_id for a in pinned) == sorted([BIG, BIG, SMALL, SMALL, LATE, LATE])
+        assert all(not a.soft for a in pinned)
+        assert all(chosen["num_cpus"] == 0 for chosen in warmups)
+    finally:
+        made.close()

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roomkeeper.cluster.handle import RayHandle
-from roomkeeper.cluster.node import Begun, NodeJob, run_job
+from roomkeeper.cluster.node import Begun, NodeJob, run_job, warm_worker
 from roomkeeper.cluster.output import IN_FLIGHT_CHUNKS, collect_output
 from roomkeeper.cluster.ray_import import load_ray
 from roomkeeper.cluster.watch import NodeStep
@@ -189,6 +189,8 @@ class RayBackend:
             ) from err
         self._task = self._ray.remote(run_job)
         self._collect_task = self._ray.remote(collect_output)
+        self._warm_task = self._ray.remote(warm_worker)
+        self._warmed: set[str] = set()  # nodes whose workers were started as they joined
         with contextlib.suppress(Exception):  # a first table now; the thread keeps it fresh
             within(CONNECT_TIMEOUT_S, "reading the Ray node table", self._read_nodes)
         self._reader = threading.Thread(target=self._keep_reading, name="ray-nodes", daemon=True)
@@ -232,6 +234,7 @@ class RayBackend:
                 if time.monotonic() - read_at >= NODES_FRESH_S:
                     read_at = time.monotonic()
                     self._read_nodes()
+                self._warm_new_nodes()
                 self._tend_watches()
             except Exception as err:
                 if not failing:
@@ -269,6 +272,28 @@ class RayBackend:
             for job_id, p in self._placed.items()
             if p.node_id == node_id
         )
+
+    def _warm_new_nodes(self) -> None:
+        """Start the workers of each node that joined, one per CPU (what Ray keeps idle).
+
+        A job sent to a node with no idle worker waits for one to start: on a
+        busy 2-core machine its process began 4 to 5 s after it was sent, against
+        0.1 s with workers ready.  The warm-ups are sent once per node, hold
+        none of its CPUs, and are not waited for.
+        """
+        strategy = self._ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+        for n in self._live_nodes():
+            cpus = int(n["Resources"].get("CPU", 0))
+            if n["NodeID"] in self._warmed or cpus < self._job_cpus:
+                continue
+            self._warmed.add(n["NodeID"])
+            options = self._warm_task.options(
+                num_cpus=0,
+                max_retries=0,
+                scheduling_strategy=strategy(n["NodeID"], soft=False),
+            )
+            for _ in range(max(1, cpus)):
+                options.remote()
 
     def _tend_watches(self) -> None:
         """Start a watch on each new node, take each one's report, pass its steps on."""

@@ -299,6 +299,22 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+WARM_HOLD_S = 1.0  # long enough that a node's warm-ups run side by side, each on its own worker
+
+
+def warm_worker() -> str:
+    """A task that only starts a worker on its node and keeps it busy a moment.
+
+    Ray starts a worker process for a node's first tasks (seconds on a busy
+    machine: the interpreter, Ray, this module) and keeps about one idle worker
+    per CPU afterwards.  Run as a node joins, these start the workers the
+    first jobs there find ready; they hold no CPU of Ray's, so no job waits
+    behind them.
+    """
+    time.sleep(WARM_HOLD_S)
+    return _where()[0]
+
+
 PRESSURE_CODE = "pressure"  # the word of a node that holds launches (PressureReason.PRESSURE)
 WATCH_CALL_S = 10.0  # a node's watch answers a runner within this, or the runner goes on
 
