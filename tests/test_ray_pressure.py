@@ -1,8 +1,8 @@
 """The ladder on every node: a real 3-node Ray cluster, each node in its own 1 GiB memory group.
 
 Nine restartable jobs state estimates a quarter to a half of what they
-really grow to, so Ray (which books only the estimates) packs two of them on
-each node's two CPUs, and two of them together outgrow a node.  With
+really grow to, so Ray (which books only the estimates, half a CPU each) packs
+three of them on each node, and any two together outgrow a node.  With
 every node running its own pressure monitor, each node suspends its newest
 tree, resumes it once the older one ended, and stops restartable work the
 gateway runs again with a grown estimate: all nine finish, and no node's
@@ -34,11 +34,15 @@ NODES = ("n1", "n2", "n3")
 SWARM = [(120 * MB, s * MB) for s in (300, 380, 440, 260, 400, 460, 320, 420, 350)]
 GROW = (
     "import sys, time\n"
-    "size, held = int(sys.argv[1]), []\n"
+    "size, hold, held = int(sys.argv[1]), float(sys.argv[2]), []\n"
     "for _ in range(20):\n"
     "    held.append(b'x' * (size // 20)); time.sleep(0.15)\n"
-    "time.sleep(3.0)\n"
+    "time.sleep(hold)\n"
 )
+HOLD_S = 3.0  # each job holds its size this long once grown
+# With the monitors off, each job holds longer: on a busy machine a node's jobs can
+# start seconds apart, and jobs that never overlapped would leave nothing to kill.
+HOLD_UNWATCHED_S = 6.0
 JOB_CPUS = "0.5"  # four jobs to a node's two CPUs: several grow at once on one node
 FINAL = {"exited", "failed", "stopped", "uncertain", "cancelled", "timed_out", "expired"}
 
@@ -80,10 +84,15 @@ def run_swarm(
         ROOMKEEPER_RAY_ADDRESS=cluster.address,
         ROOMKEEPER_RAY_JOB_CPUS=JOB_CPUS,
         ROOMKEEPER_MAX_RUNNING="16",
+        # One owner submits all nine: without these the gateway's fair share (2 running
+        # per owner) would run two at a time across the cluster, seldom two on one node.
+        ROOMKEEPER_MAX_RUNNING_PER_OWNER="16",
+        ROOMKEEPER_MAX_WAITING_PER_OWNER="16",
         ROOMKEEPER_RAY_NODE_MONITORS="on" if monitors else "off",
     ) as gw:
         wait_until(lambda: ready_nodes(gw, monitors), "every node's monitor to start", 90)
-        ids = [submit(gw, estimate, size) for estimate, size in SWARM]
+        hold = HOLD_S if monitors else HOLD_UNWATCHED_S
+        ids = [submit(gw, estimate, size, hold) for estimate, size in SWARM]
         try:
             wait_until(lambda: all(job(gw, i)["state"] in FINAL for i in ids), "the swarm", 150)
         except AssertionError as err:
@@ -113,9 +122,9 @@ def ready_nodes(gw: RunningGateway, monitors: bool) -> bool:
     return len(workers) == 3 and (not monitors or not any(n["held"] for n in workers))
 
 
-def submit(gw: RunningGateway, estimate: int, size: int) -> str:
+def submit(gw: RunningGateway, estimate: int, size: int, hold: float) -> str:
     body = {
-        "argv": [sys.executable, "-c", GROW, str(size)],
+        "argv": [sys.executable, "-c", GROW, str(size), str(hold)],
         "memory_bytes": estimate,
         "restartable": True,
     }
