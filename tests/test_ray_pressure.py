@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from roomkeeper.kernel.oom_kills import group_oom_kills
-from tests.cgroups import child_memory_cgroup
+from tests.cgroups import child_memory_cgroup, kills_on_purpose
 from tests.gateways import RunningGateway, running_gateway, wait_until
 from tests.ray_cluster import LocalCluster, local_cluster
 
@@ -161,6 +161,7 @@ def test_without_node_monitors_the_kernel_kills(
 
     It runs last: the kernel may kill Ray's own processes in a node's group too.
     """
-    ends, kills, _, _ = run_swarm(cluster, groups, tmp_path, monitors=False)
+    with kills_on_purpose():
+        ends, kills, _, _ = run_swarm(cluster, groups, tmp_path, monitors=False)
     lost = [j for j in ends if (j["state"], j["exit_code"]) != ("exited", 0)]
     assert sum(kills.values()) > 0 or lost, (kills, ends)
