@@ -23,7 +23,7 @@ from roomkeeper.jobs.reruns import rerun_estimate
 
 MB = 1_000_000
 GIB = 1 << 30
-BIG, SMALL, LATE = "b" * 56, "5" * 56, "7" * 56  # Ray node ids are hex
+BIG, SMALL, LATE, OTHER = "b" * 56, "5" * 56, "7" * 56, "0" * 56  # Ray node ids are hex
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class RecordedTask:
         return RecordedTask(self.ray, self.name, chosen)
 
     def remote(self, *args: Any) -> None:
+        strategy = self.chosen.get("scheduling_strategy")
+        if strategy is not None and strategy.node_id in self.ray.refusing:
+            raise RuntimeError("the raylet refused the task")
         self.ray.sent.append((self.name, self.chosen))
 
 
@@ -57,6 +60,7 @@ class TableOnlyRay:
     def __init__(self, table: list[dict[str, Any]]) -> None:
         self.table = table
         self.sent: list[tuple[str, dict[str, Any]]] = []  # (function name, options) per task
+        self.refusing: set[str] = set()  # nodes whose tasks are refused
         self.util = SimpleNamespace(
             scheduling_strategies=SimpleNamespace(NodeAffinitySchedulingStrategy=Affinity)
         )
@@ -174,28 +178,60 @@ def test_a_placed_job_carries_the_largest_memory_a_node_offers_as_its_line(
     assert backend.place("j1-again", grown).admit
 
 
-def test_each_node_that_joins_has_its_workers_started_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """One warm-up per CPU of each node as it joins, pinned there, holding no CPU of Ray's;
-    none again for a node already warmed, and one for a node that joins later."""
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TableOnlyRay, RayBackend]]:
+    """A backend over ``BIG`` and ``SMALL`` whose tasks are recorded, never run; it reads
+    Ray's node table every 0.1 s."""
     ray = TableOnlyRay([node(BIG, 2 * GIB), node(SMALL, 300 * MB)])
+    monkeypatch.setattr(backend_module, "NODES_FRESH_S", 0.1)
     monkeypatch.setattr(backend_module, "load_ray", lambda: ray)
     monkeypatch.setattr(backend_module, "_check_answers", lambda address: None)
     monkeypatch.setattr(backend_module, "NodeWatches", HeldWatches)
     made = RayBackend("127.0.0.1:1")
     try:
-        deadline = time.monotonic() + 10
-        while len(ray.sent) < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        ray.table.append(node(LATE, GIB))
-        while len(ray.sent) < 6 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(2 * backend_module.NODES_FRESH_S)  # more reads of the table: no more sent
-        warmups = [chosen for name, chosen in ray.sent if name == "warm_worker"]
-        pinned = [chosen["scheduling_strategy"] for chosen in warmups]
-        assert sorted(a.node_id for a in pinned) == sorted([BIG, BIG, SMALL, SMALL, LATE, LATE])
-        assert all(not a.soft for a in pinned)
-        assert all(chosen["num_cpus"] == 0 for chosen in warmups)
+        yield ray, made
     finally:
         made.close()
+
+
+def warmed(ray: TableOnlyRay, count: int) -> list[str]:
+    """The nodes warm-ups were sent to, once ``count`` were (10 s at most), then two more
+    reads of the node table, which must send no more."""
+    deadline = time.monotonic() + 10
+    while len(ray.sent) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(2 * backend_module.NODES_FRESH_S)
+    warmups = [chosen for name, chosen in ray.sent if name == "warm_worker"]
+    assert all(chosen["num_cpus"] == 0 for chosen in warmups)  # no job queues behind one
+    assert all(not chosen["scheduling_strategy"].soft for chosen in warmups)
+    return sorted(chosen["scheduling_strategy"].node_id for chosen in warmups)
+
+
+def test_each_node_that_joins_has_its_workers_started_once(
+    recorded: tuple[TableOnlyRay, RayBackend],
+) -> None:
+    """One warm-up per CPU of each node as it joins, pinned there, holding no CPU of Ray's;
+    none again for a node already warmed; a node that joins later with 1.5 CPUs gets two."""
+    ray, _ = recorded
+    assert warmed(ray, 4) == sorted([BIG, BIG, SMALL, SMALL])
+    ray.table.append({**node(LATE, GIB), "Resources": {"CPU": 1.5, "memory": GIB}})
+    assert warmed(ray, 6) == sorted([BIG, BIG, SMALL, SMALL, LATE, LATE])
+
+
+def test_a_node_whose_warm_ups_are_refused_is_said_once_and_tried_again(
+    recorded: tuple[TableOnlyRay, RayBackend], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ray refuses ``LATE``'s warm-ups: one warning naming the node, the table still read
+    (a node joining after it is warmed), and ``LATE`` warmed once Ray takes them."""
+    ray, _ = recorded
+    assert warmed(ray, 4) == sorted([BIG, BIG, SMALL, SMALL])
+    ray.refusing.add(LATE)
+    ray.table.append(node(LATE, GIB))
+    time.sleep(3 * backend_module.NODES_FRESH_S)
+    ray.table.append(node(OTHER, GIB))
+    assert warmed(ray, 6) == sorted([BIG, BIG, SMALL, SMALL, OTHER, OTHER])
+    refusals = [r for r in caplog.records if "could not be started" in r.getMessage()]
+    assert len(refusals) == 1 and LATE in refusals[0].getMessage()
+    assert "node table could not be read" not in caplog.text
+    ray.refusing.clear()
+    assert warmed(ray, 8) == sorted([BIG, BIG, SMALL, SMALL, OTHER, OTHER, LATE, LATE])
