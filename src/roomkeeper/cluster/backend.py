@@ -236,8 +236,8 @@ class RayBackend:
                 if time.monotonic() - read_at >= NODES_FRESH_S:
                     read_at = time.monotonic()
                     self._read_nodes()
-                self._tend_watches()  # first: a node's monitor must not queue behind warm-ups
                 self._warm_new_nodes()
+                self._tend_watches()
             except Exception as err:
                 if not failing:
                     log.warning("the Ray cluster's node table could not be read: %s", err)

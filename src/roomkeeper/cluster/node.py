@@ -299,7 +299,7 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-WARM_HOLD_S = 0.5  # long enough that a node's warm-ups run side by side, each on its own worker
+WARM_HOLD_S = 1.0  # long enough that a node's warm-ups run side by side, each on its own worker
 
 
 def warm_worker() -> str:
