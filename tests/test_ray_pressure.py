@@ -47,7 +47,7 @@ HOLD_UNWATCHED_S = 6.0
 # two at a time across the cluster: the watched run keeps it, and its nodes suspend
 # and stop work whenever two meet on one node.  Lifted, three start on each node at
 # once, growing together faster than a node's ladder could always relieve in a 1 GiB
-# group (the kernel killed one job in 5 of 16 runs here): the unwatched run lifts it,
+# group (the kernel killed one job in 4 of 14 runs here): the unwatched run lifts it,
 # so that it is killed for certain.
 ALL_AT_ONCE = {"ROOMKEEPER_MAX_RUNNING_PER_OWNER": "16", "ROOMKEEPER_MAX_WAITING_PER_OWNER": "16"}
 JOB_CPUS = "0.5"  # four jobs to a node's two CPUs: several grow at once on one node
