@@ -104,18 +104,28 @@ def node(node_id: str, memory: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[RayBackend]:
-    """A backend over two nodes, ``BIG`` (2 GiB) and ``SMALL`` (300 MB), neither held yet."""
+def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TableOnlyRay, RayBackend]]:
+    """A backend over ``BIG`` and ``SMALL`` whose tasks are recorded, never run; it reads
+    Ray's node table every 0.1 s."""
     ray = TableOnlyRay([node(BIG, 2 * GIB), node(SMALL, 300 * MB)])
+    monkeypatch.setattr(backend_module, "NODES_FRESH_S", 0.1)
     monkeypatch.setattr(backend_module, "load_ray", lambda: ray)
     monkeypatch.setattr(backend_module, "_check_answers", lambda address: None)
     monkeypatch.setattr(backend_module, "NodeWatches", HeldWatches)
-    monkeypatch.setattr(HeldWatches, "holding", {})
     made = RayBackend("127.0.0.1:1")
     try:
-        yield made
+        yield ray, made
     finally:
         made.close()
+
+
+@pytest.fixture
+def backend(
+    recorded: tuple[TableOnlyRay, RayBackend], monkeypatch: pytest.MonkeyPatch
+) -> RayBackend:
+    """A backend over two nodes, ``BIG`` (2 GiB) and ``SMALL`` (300 MB), neither held yet."""
+    monkeypatch.setattr(HeldWatches, "holding", {})
+    return recorded[1]
 
 
 def test_placement_passes_over_a_node_its_monitor_holds(backend: RayBackend) -> None:
@@ -176,22 +186,6 @@ def test_a_placed_job_carries_the_largest_memory_a_node_offers_as_its_line(
     )
     assert grown == 2 * GIB
     assert backend.place("j1-again", grown).admit
-
-
-@pytest.fixture
-def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TableOnlyRay, RayBackend]]:
-    """A backend over ``BIG`` and ``SMALL`` whose tasks are recorded, never run; it reads
-    Ray's node table every 0.1 s."""
-    ray = TableOnlyRay([node(BIG, 2 * GIB), node(SMALL, 300 * MB)])
-    monkeypatch.setattr(backend_module, "NODES_FRESH_S", 0.1)
-    monkeypatch.setattr(backend_module, "load_ray", lambda: ray)
-    monkeypatch.setattr(backend_module, "_check_answers", lambda address: None)
-    monkeypatch.setattr(backend_module, "NodeWatches", HeldWatches)
-    made = RayBackend("127.0.0.1:1")
-    try:
-        yield ray, made
-    finally:
-        made.close()
 
 
 def warmed(ray: TableOnlyRay, count: int) -> list[str]:
