@@ -194,8 +194,10 @@ class LocalCluster:
         """Start a worker node and wait until it has joined the cluster.
 
         On a busy machine (two other test files beside this one) ``ray start``
-        can give up on the head's GCS ("Deadline Exceeded") before it joins:
-        a setup failure of Ray's, not of what is tested, so it is started once more.
+        can give up on the head's GCS ("Deadline Exceeded") before it joins, or
+        on its own raylet registering ("timed out during startup", a wait Ray
+        fixes at 30 s): a setup failure of Ray's, not of what is tested, so it
+        is started again.
         """
         for attempt in (1, 2, 3):
             node = self._start(name, memory_bytes, cpus, head=False, group=group)
@@ -203,7 +205,7 @@ class LocalCluster:
                 self.wait_started(node)
                 return node
             except AssertionError as err:
-                retryable = ("Deadline Exceeded", *PORT_CLASHES)
+                retryable = ("Deadline Exceeded", "timed out during startup", *PORT_CLASHES)
                 if attempt == 3 or not any(word in str(err) for word in retryable):
                     raise
                 node.kill()
