@@ -45,7 +45,7 @@ HOLD_S = 3.0  # each job holds its size this long once grown
 HOLD_UNWATCHED_S = 6.0
 # One owner submits all nine; the gateway's fair share (2 running per owner) would run
 # two at a time across the cluster (in 1 of 11 runs here no node stopped work).
-# The watched run lets four run at once, two on some node at any time.  With all nine
+# The watched run lets four run at once, so two often share a node.  With all nine
 # at once, three start on each node, growing together faster than a node's ladder
 # could always relieve in a 1 GiB group (the kernel killed one job in 4 of 14 runs
 # here): the unwatched run lets all nine start, so that it is killed for certain.
