@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -54,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from groups import remove_group
 from live_gateway import RunningGateway, running_gateway
 from local_ray import local_cluster
 
@@ -123,31 +123,8 @@ def node_groups(version: int, folder: Path) -> Iterator[dict[str, Path]]:
         yield made
     finally:
         for group in made.values():
-            remove_group(group)
-
-
-def remove_group(group: Path, deadline_s: float = 30.0) -> None:
-    """SIGKILL what is left in ``group`` and its children (our nodes' processes), then rmdir."""
-    deadline = time.monotonic() + deadline_s
-    inner = sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-    for directory in [*inner, group]:
-        while True:
-            with contextlib.suppress(OSError):
-                (directory / "cgroup.kill").write_text("1")  # v2 only
-            with contextlib.suppress(OSError):
-                for pid in (directory / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
-            try:
-                directory.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    print(f"could not remove {directory}", file=sys.stderr)
-                    break
-                time.sleep(0.1)
+            for directory in remove_group(group):
+                print(f"could not remove {directory}", file=sys.stderr)
 
 
 def held_mb(version: int, groups: dict[str, Path]) -> str:
