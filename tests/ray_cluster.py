@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,28 +199,30 @@ class LocalCluster:
         fixes at 30 s): a setup failure of Ray's, not of what is tested, so it
         is started again.
         """
-        for attempt in (1, 2, 3):
-            node = self._start(name, memory_bytes, cpus, head=False, group=group)
-            try:
-                self.wait_started(node)
-                return node
-            except AssertionError as err:
-                retryable = ("Deadline Exceeded", "timed out during startup", *PORT_CLASHES)
-                if attempt == 3 or not any(word in str(err) for word in retryable):
-                    raise
-                node.kill()
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self._started(
+            lambda: self._start(name, memory_bytes, cpus, head=False, group=group),
+            ("Deadline Exceeded", "timed out during startup", *PORT_CLASHES),
+        )
 
     def start_head(self, memory_bytes: int) -> Node:
         """Start the head on a fresh GCS port, once more on others if a port was taken meanwhile."""
-        for attempt in (1, 2, 3):
+
+        def start() -> Node:
             self.address = f"127.0.0.1:{free_ports(1)[0]}"
-            node = self._start("head", memory_bytes, 0, head=True)
+            return self._start("head", memory_bytes, 0, head=True)
+
+        return self._started(start, PORT_CLASHES)
+
+    def _started(self, start: Callable[[], Node], retryable: tuple[str, ...]) -> Node:
+        """A node ``start`` made that has started, started up to three times while it
+        fails with one of the ``retryable`` words (a setup failure, not what is tested)."""
+        for attempt in (1, 2, 3):
+            node = start()
             try:
                 self.wait_started(node)
                 return node
             except AssertionError as err:
-                if attempt == 3 or not any(word in str(err) for word in PORT_CLASHES):
+                if attempt == 3 or not any(word in str(err) for word in retryable):
                     raise
                 node.kill()
         raise AssertionError("unreachable")  # pragma: no cover
