@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -23,33 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from groups import remove_group
+
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 from roomkeeper.kernel.oom_kills import group_oom_kills as oom_kills
 from roomkeeper.kernel.oom_kills import machine_oom_kills
 
 HERE = Path(__file__).resolve().parent
 LIMIT = 2_000_000_000
-
-
-def remove(group: Path) -> None:
-    """Kill what the scenario left in the group (ours) and remove it, children first."""
-    deadline = time.monotonic() + 30
-    children = sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-    for directory in [*children, group]:
-        while True:
-            with contextlib.suppress(OSError):
-                for pid in (directory / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
-            try:
-                directory.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
 
 
 def one_run(parent: Path, version: int, args: argparse.Namespace) -> tuple[int, dict[str, object]]:
@@ -77,7 +57,9 @@ def one_run(parent: Path, version: int, args: argparse.Namespace) -> tuple[int, 
         kills = max(oom_kills(group, version), machine_oom_kills() - before)
         return kills, json.loads(done.stdout.strip().splitlines()[-1])
     finally:
-        remove(group)
+        stuck = remove_group(group)
+        if stuck:
+            raise OSError(f"could not remove {', '.join(map(str, stuck))}")
 
 
 def main() -> None:

@@ -59,14 +59,19 @@ class LocalCluster:
     env: dict[str, str]
     nodes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def start(self, name: str, memory_bytes: int, cpus: int, head: bool = False) -> None:
+    def start(
+        self, name: str, memory_bytes: int, cpus: int, head: bool = False, group: Path | None = None
+    ) -> None:
         """Start one node and wait until it has joined (a busy machine's join is tried twice).
+
+        With ``group`` (a memory cgroup's folder), the node and all it starts are
+        charged to that group.
 
         Under load ``ray start`` can give up on the head's GCS ("Deadline
         Exceeded") before it joins: Ray's setup failing, not what is measured.
         """
         for attempt in (1, 2):
-            self.nodes[name] = self._launch(name, memory_bytes, cpus, head)
+            self.nodes[name] = self._launch(name, memory_bytes, cpus, head, group)
             try:
                 self._wait_started(name)
                 return
@@ -76,7 +81,7 @@ class LocalCluster:
                 self._kill(name)
 
     def _launch(
-        self, name: str, memory_bytes: int, cpus: int, head: bool
+        self, name: str, memory_bytes: int, cpus: int, head: bool, group: Path | None
     ) -> subprocess.Popen[bytes]:
         ports = free_ports(6 + 8)
         args = [
@@ -112,7 +117,8 @@ class LocalCluster:
         with (self.root / f"{name}.log").open("wb") as log:
             # As a node started in the background of a script: a shell ignores SIGINT for
             # its background jobs, and Ray's workers inherit that.
-            ignoring_sigint = ["sh", "-c", "trap '' INT; exec \"$@\"", "ray-node"]
+            enter = "" if group is None else f"echo $$ > {group / 'cgroup.procs'} && "
+            ignoring_sigint = ["sh", "-c", enter + "trap '' INT; exec \"$@\"", "ray-node"]
             return subprocess.Popen(
                 [*ignoring_sigint, *args],
                 env=env,
@@ -149,19 +155,27 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: dict[str, int], head_memory: int = 50_000_000) -> Iterator[LocalCluster]:
-    """A head and one worker node of 2 CPUs per entry (name -> its memory resource in bytes)."""
+def local_cluster(
+    nodes: dict[str, int],
+    head_memory: int = 50_000_000,
+    groups: dict[str, Path] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[LocalCluster]:
+    """A head and one worker node of 2 CPUs per entry (name -> its memory resource in bytes),
+    each started in its memory group of ``groups`` where one is named, with ``env`` added."""
+    extra = env
     # Short: Ray's unix socket paths live under it and must stay under 108 bytes.
     root = Path(tempfile.mkdtemp(prefix="rk-ray-", dir="/tmp"))
     port = free_ports(1)[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROOMKEEPER_", "RAY_"))}
     env.update(FAST_HEALTH)
     env.update(ROOMKEEPER_JOB_DISK_MB="0", ROOMKEEPER_DISK_HEADROOM_PERCENT="0")
+    env.update(extra or {})
     cluster = LocalCluster(root=root, address=f"127.0.0.1:{port}", env=env)
     try:
         cluster.start("head", head_memory, 0, head=True)
         for name, memory in nodes.items():
-            cluster.start(name, memory, 2)
+            cluster.start(name, memory, 2, group=(groups or {}).get(name))
         yield cluster
     finally:
         cluster.close()

@@ -9,13 +9,15 @@ roomkeeper takes there instead of a child group.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +26,7 @@ import pytest
 from roomkeeper.kernel.cgroup_hierarchy import controllers, locate_v2, v1_memory_group
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
-from roomkeeper.kernel.oom_kills import group_oom_kills
+from roomkeeper.kernel.oom_kills import group_oom_kills, machine_oom_kills
 from roomkeeper.kernel.resources import read_pressure_inputs
 
 
@@ -299,3 +301,36 @@ def batch_env(tmp: Path, **extra: str) -> dict[str, str]:
         **extra,
     )
     return env
+
+
+# Tests that count the machine's OOM kills (none may escape their group) and the test
+# that makes the kernel kill on purpose (the Ray cluster with its node monitors off)
+# run in different pytest-xdist workers at once: a kill of one would be counted by the
+# other.  The counting ones hold this lock shared, the killing one alone.
+KILLS_LOCK = Path(tempfile.gettempdir()) / "roomkeeper-tests-oom-kills.lock"
+
+
+@contextlib.contextmanager
+def _kills_lock(mode: int) -> Iterator[None]:
+    with KILLS_LOCK.open("a") as lock:
+        fcntl.flock(lock, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def machine_kills_counted() -> Iterator[Callable[[], int]]:
+    """The machine's OOM kills since entry (a function to call), while no test of this suite
+    makes the kernel kill on purpose."""
+    with _kills_lock(fcntl.LOCK_SH):
+        before = machine_oom_kills()
+        yield lambda: machine_oom_kills() - before
+
+
+@contextlib.contextmanager
+def kills_on_purpose() -> Iterator[None]:
+    """Make the kernel kill inside: no test counting the machine's kills runs meanwhile."""
+    with _kills_lock(fcntl.LOCK_EX):
+        yield

@@ -1,4 +1,5 @@
-"""A real gateway process for tests: started on a free loopback port, always stopped."""
+"""A real gateway for tests: a process on a free loopback port, or one wired in this process
+and never served; always stopped."""
 
 from __future__ import annotations
 
@@ -18,7 +19,31 @@ from typing import Any
 import httpx
 import psutil
 
+from roomkeeper.gateway.service import Gateway
+from roomkeeper.journal.database import Journal
 from tests.cgroups import MemoryBox
+
+
+@contextlib.contextmanager
+def in_process_gateway(tmp_path: Path, **env: str) -> Iterator[Gateway]:
+    """A gateway wired in this process over a real journal in ``tmp_path``, never served;
+    ``env`` adds to (or replaces) its variables.  Closed after: its scheduler, the
+    journal writes still on their way, its hooks and its journal."""
+    variables = {
+        "ROOMKEEPER_HOME": str(tmp_path / "home"),
+        "ROOMKEEPER_CPU_PRESSURE_PERCENT": "100",
+        **env,
+    }
+    journal = Journal(tmp_path / "home" / "journal.db")
+    built = Gateway(home=tmp_path / "home", env=variables, token="t" * 32, journal=journal)
+    try:
+        yield built
+    finally:
+        built.scheduler.close(grace=0)
+        for write in built.durable_jobs.pending_writes():
+            write.result(timeout=30)
+        built.hooks.close()
+        journal.close()
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,15 +39,30 @@ FAST_HEALTH = {
 }
 
 
+# Ports this process has handed out.  A port is free again the moment its
+# probing socket closes, so two calls could hand out the same one (the head's
+# GCS port came back as one of its worker ports, and Ray refused to start).
+_HANDED_OUT: set[int] = set()
+
+# What ``ray start`` says when a port it was given is taken after all: a setup
+# failure of the test's port choice, so the node is started once more on others.
+PORT_CLASHES = ("used by other components", "Address already in use", "Failed to bind")
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on loopback now."""
+    """``count`` distinct ports free on loopback now, none handed out before by this process."""
     sockets = []
+    ports: list[int] = []
     try:
-        for _ in range(count):
+        while len(ports) < count:
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             sockets.append(s)
-        return [int(s.getsockname()[1]) for s in sockets]
+            port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                ports.append(port)
+        _HANDED_OUT.update(ports)
+        return ports
     finally:
         for s in sockets:
             s.close()
@@ -120,7 +135,9 @@ class LocalCluster:
             "ROOMKEEPER_WORKSPACE": str(self.root),
         }
 
-    def _start(self, name: str, memory_bytes: int, cpus: int, head: bool) -> Node:
+    def _start(
+        self, name: str, memory_bytes: int, cpus: int, head: bool, group: Path | None = None
+    ) -> Node:
         ports = free_ports(6 + 8)
         args = [
             RAY,
@@ -156,6 +173,9 @@ class LocalCluster:
         # background jobs, and Ray's workers inherit that (so do the nodes pytest-xdist's
         # workers start).  A cancel must reach a job's task all the same.
         ignoring_sigint = ["sh", "-c", "trap '' INT; exec \"$@\"", "ray-node"]
+        if group is not None:  # the node and all it starts are charged to its own group
+            enter = f"echo $$ > {group / 'cgroup.procs'} && "
+            ignoring_sigint = ["sh", "-c", enter + "trap '' INT; exec \"$@\"", "ray-node"]
         proc = subprocess.Popen(
             [*ignoring_sigint, *args],
             env=self.node_env(name),
@@ -168,20 +188,41 @@ class LocalCluster:
         self.nodes[name] = node
         return node
 
-    def add_node(self, name: str, memory_bytes: int, cpus: int = 2) -> Node:
+    def add_node(
+        self, name: str, memory_bytes: int, cpus: int = 2, group: Path | None = None
+    ) -> Node:
         """Start a worker node and wait until it has joined the cluster.
 
         On a busy machine (two other test files beside this one) ``ray start``
-        can give up on the head's GCS ("Deadline Exceeded") before it joins:
-        a setup failure of Ray's, not of what is tested, so it is started once more.
+        can give up on the head's GCS ("Deadline Exceeded") before it joins, or
+        on its own raylet registering ("timed out during startup", a wait Ray
+        fixes at 30 s): a setup failure of Ray's, not of what is tested, so it
+        is started again.
         """
-        for attempt in (1, 2):
-            node = self._start(name, memory_bytes, cpus, head=False)
+        return self._started(
+            lambda: self._start(name, memory_bytes, cpus, head=False, group=group),
+            ("Deadline Exceeded", "timed out during startup", *PORT_CLASHES),
+        )
+
+    def start_head(self, memory_bytes: int) -> Node:
+        """Start the head on a fresh GCS port, once more on others if a port was taken meanwhile."""
+
+        def start() -> Node:
+            self.address = f"127.0.0.1:{free_ports(1)[0]}"
+            return self._start("head", memory_bytes, 0, head=True)
+
+        return self._started(start, PORT_CLASHES)
+
+    def _started(self, start: Callable[[], Node], retryable: tuple[str, ...]) -> Node:
+        """A node ``start`` made that has started, started up to three times while it
+        fails with one of the ``retryable`` words (a setup failure, not what is tested)."""
+        for attempt in (1, 2, 3):
+            node = start()
             try:
                 self.wait_started(node)
                 return node
             except AssertionError as err:
-                if attempt == 2 or "Deadline Exceeded" not in str(err):
+                if attempt == 3 or not any(word in str(err) for word in retryable):
                     raise
                 node.kill()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -216,19 +257,26 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: dict[str, int], head_memory: int = 50_000_000) -> Iterator[LocalCluster]:
-    """A head and one worker node per entry (name -> its memory resource in bytes)."""
+def local_cluster(
+    nodes: dict[str, int],
+    head_memory: int = 50_000_000,
+    groups: dict[str, Path] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[LocalCluster]:
+    """A head and one worker node per entry (name -> its memory resource in bytes), each
+    started in its memory group of ``groups`` where one is named, with ``env`` added."""
     # Short: Ray's unix socket paths live under it and must stay under 108 bytes.
     root = Path(tempfile.mkdtemp(prefix="rk-ray-", dir="/tmp"))
-    port = free_ports(1)[0]
+    extra = env
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROOMKEEPER_", "RAY_"))}
     env.update(FAST_HEALTH)
     env.update(ROOMKEEPER_JOB_DISK_MB="0", ROOMKEEPER_DISK_HEADROOM_PERCENT="0")
-    cluster = LocalCluster(root=root, address=f"127.0.0.1:{port}", env=env)
+    env.update(extra or {})
+    cluster = LocalCluster(root=root, address="", env=env)
     try:
-        cluster.wait_started(cluster._start("head", head_memory, 0, head=True))
+        cluster.start_head(head_memory)
         for name, memory in nodes.items():
-            cluster.add_node(name, memory)
+            cluster.add_node(name, memory, group=(groups or {}).get(name))
         yield cluster
     finally:
         cluster.close()

@@ -130,7 +130,7 @@ def test_every_operation_keeps_the_contract(served: RunningGateway) -> None:
     seen: set[str] = set()
 
     @settings(
-        max_examples=400, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=250, deadline=None, database=None, suppress_health_check=list(HealthCheck)
     )
     @given(case=strategy)
     def check(case: schemathesis.Case) -> None:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import batch_env, memory_box
+from tests.cgroups import batch_env, machine_kills_counted, memory_box
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
@@ -24,9 +23,8 @@ def test_batch_prints_each_suspension_and_stop_and_counts_them(tmp_path: Path) -
         f"{sys.executable} {GROW} 750000000 16 2\n" * 3
     )  # slow: a busy CI still sees the suspend line
     env = batch_env(tmp_path, ROOMKEEPER_PRESSURE_COOLDOWN="2")
-    with memory_box(2_000_000_000) as box:
+    with memory_box(2_000_000_000) as box, machine_kills_counted() as machine_kills:
         argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--max-running", "3"]
-        before = machine_oom_kills()
         done = subprocess.run(
             box.argv([*argv, "--job-memory", "100M", "--quiet"]),
             capture_output=True,
@@ -35,7 +33,7 @@ def test_batch_prints_each_suspension_and_stop_and_counts_them(tmp_path: Path) -
             timeout=600,
             check=False,
         )
-        kills = (box.oom_kills(), machine_oom_kills() - before)
+        kills = (box.oom_kills(), machine_kills())
     err = done.stderr
     assert (done.returncode, *kills) == (0, 0, 0), err[-3000:]
     assert re.search(r"^roomkeeper batch: line 3 suspended for memory pressure", err, re.M), err

@@ -110,6 +110,13 @@ def test_a_failed_save_undoes_what_it_promised_and_is_saved_once_space_is_back(
             ),
             "one job running, one ended",
         )
+
+        def end_saved() -> bool:  # before the disk fills: an end kept unsaved stops the delete
+            with contextlib.closing(journal_db(home)) as conn:
+                row = conn.execute("SELECT state FROM jobs WHERE id = ?", (talker,)).fetchone()
+            return row is not None and row[0] == "exited"
+
+        wait_until(end_saved, "the ended job's end saved")
         sleeper = [
             c
             for c in psutil.Process(gw.proc.pid).children(recursive=True)

@@ -10,9 +10,9 @@ import pytest
 from roomkeeper.api.views import feed_json
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.jobs.spec import JobSpec
-from roomkeeper.journal.database import Journal
 from roomkeeper.relief.baseline import BaselineRecord
 from roomkeeper.relief.cooldown import CooldownCause
+from tests.gateways import in_process_gateway
 
 GB = 10**9
 
@@ -20,19 +20,12 @@ GB = 10**9
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Gateway]:
     """A gateway wired in this process, never started: its answers are read directly."""
-    env = {
-        "ROOMKEEPER_HOME": str(tmp_path / "home"),
-        "ROOMKEEPER_WORKSPACE": str(tmp_path / "no" / "such" / "workspace"),
-        "ROOMKEEPER_MEMORY_LIMIT_MB": "100000",
-        "ROOMKEEPER_CPU_PRESSURE_PERCENT": "100",
-    }
-    journal = Journal(tmp_path / "home" / "journal.db")
-    built = Gateway(home=tmp_path / "home", env=env, token="t" * 32, journal=journal)
-    try:
+    with in_process_gateway(
+        tmp_path,
+        ROOMKEEPER_WORKSPACE=str(tmp_path / "no" / "such" / "workspace"),
+        ROOMKEEPER_MEMORY_LIMIT_MB="100000",
+    ) as built:
         yield built
-    finally:
-        built.scheduler.close()
-        journal.close()
 
 
 def test_a_cooldown_is_the_headline_with_how_long_it_holds(gateway: Gateway) -> None:

@@ -10,8 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import memory_box
+from tests.cgroups import machine_kills_counted, memory_box
 from tests.gateways import gateway_in_box, wait_until
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
@@ -52,8 +51,7 @@ def pair(client: httpx.Client, **newer: Any) -> tuple[str, str]:
 
 def test_strict_job_is_stopped_and_kept_a_restartable_one_runs_again(tmp_path: Path) -> None:
     """Outgrowing its estimate: strict work stops for good (output kept); restartable runs again."""
-    before = machine_oom_kills()
-    with memory_box(LIMIT) as box:
+    with memory_box(LIMIT) as box, machine_kills_counted() as machine_kills:
         with gateway_in_box(box, tmp_path) as (client, log_path):
             older, strict = pair(client)
             stopped = final(client, strict)
@@ -67,7 +65,7 @@ def test_strict_job_is_stopped_and_kept_a_restartable_one_runs_again(tmp_path: P
             history = client.get("/v1/history").json()
             pressure = client.get("/v1/status").json()["pressure"]
             metrics = client.get("/metrics").text
-        kills = (box.oom_kills(), machine_oom_kills() - before)
+        kills = (box.oom_kills(), machine_kills())
         log = log_path.read_text()
     assert kills == (0, 0), log[-3000:]
     assert (stopped["state"], stopped["reason"]) == ("stopped", "memory_pressure"), log[-3000:]

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import MemoryBox, memory_box
+from tests.cgroups import MemoryBox, machine_kills_counted, memory_box
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
@@ -50,9 +49,9 @@ def test_newest_is_suspended_then_stopped_the_others_finish_and_no_oom_kill(
         if box.made and box.version == 1:  # no swap here; keep it that way where swap exists
             with contextlib.suppress(OSError):
                 (box.group / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
-        before = machine_oom_kills()
-        result = run_scenario(box, tmp_path / "logs")
-        kills = (box.oom_kills(), machine_oom_kills() - before)
+        with machine_kills_counted() as machine_kills:
+            result = run_scenario(box, tmp_path / "logs")
+            kills = (box.oom_kills(), machine_kills())
     assert kills == (0, 0), result["log"][-3000:]
     jobs = result["jobs"]
     steps = result["steps"]

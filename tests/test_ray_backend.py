@@ -303,16 +303,19 @@ def test_a_remote_jobs_logs_are_private(gateway: RunningGateway) -> None:
 def test_a_node_guard_refusal_is_waited_out(
     cluster: LocalCluster, gateway: RunningGateway, tmp_path: Path
 ) -> None:
-    """``big``'s own guard refuses (a 1 MiB stated limit); lifted, the same job runs."""
+    """``big`` refuses (a 1 MiB stated limit: its guard refuses the job, and its pressure
+    monitor, which reads the node's settings afresh too, holds launches); lifted, the same
+    job runs."""
     cluster.set_node_settings("big", "ROOMKEEPER_MEMORY_LIMIT_MB=1\n")
     try:
         waiting = submit(gateway, ["sh", "-c", "echo ran"], memory=500 * MB)  # big only
         wait_until(
             lambda: any(
-                r["summary"].startswith("node ") and r["reason"] == "memory"
+                (r["summary"].startswith("node ") and r["reason"] == "memory")
+                or (r["reason"] == "pressure" and "pressure monitor" in r["summary"])
                 for r in gateway.anonymous.get("/v1/feed").json()["refusals"]
             ),
-            "a refusal from big's guard",
+            "a refusal from big's guard or a hold of its pressure monitor",
             60,
         )
         now = job(gateway, waiting)
@@ -472,3 +475,11 @@ def test_a_frozen_head_leaves_the_gateway_answering_and_jobs_waiting(
         "needs-you to stop saying the cluster is unreachable",
         60,
     )
+
+
+def test_the_port_finder_never_hands_out_a_port_twice() -> None:
+    """A port handed to one Ray component and then to another stops ``ray start``."""
+    from tests.ray_cluster import free_ports
+
+    ports = [port for _ in range(50) for port in free_ports(14)]
+    assert len(set(ports)) == len(ports)

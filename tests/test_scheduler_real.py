@@ -60,9 +60,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+KILLED_WITHIN_S = 10.0
+
+
 @pytest.mark.cgroups
 def test_sigkill_of_the_scheduler_process_leaves_no_managed_tree(tmp_path: Path) -> None:
-    """Every managed tree is gone within 2 s of a real SIGKILL of the scheduler's process."""
+    """Every managed tree is gone after a real SIGKILL of the scheduler's process.
+
+    The lifeline kills within 2 s on a quiet machine; 10 s are allowed, as a busy
+    one (a CPU hog, two more test files and a Ray cluster beside it) once took
+    longer than 2 s.
+    """
     pids = tmp_path / "pids"
     pids.mkdir()
     started: list[int] = []
@@ -86,7 +94,9 @@ def test_sigkill_of_the_scheduler_process_leaves_no_managed_tree(tmp_path: Path)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             killed_at = time.monotonic()
-            while any(_alive(p) for p in started) and time.monotonic() - killed_at < 2.0:
+            while (
+                any(_alive(p) for p in started) and time.monotonic() - killed_at < KILLED_WITHIN_S
+            ):
                 time.sleep(0.02)
             survivors = [p for p in started if _alive(p)]
             assert survivors == [], f"alive {time.monotonic() - killed_at:.2f} s after SIGKILL"

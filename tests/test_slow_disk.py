@@ -20,7 +20,7 @@ import pytest
 
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
-from roomkeeper.journal.database import Journal
+from tests.gateways import in_process_gateway
 
 MB = 10**6
 SLOW_S = 2.0  # how long the slowed save or fsync takes
@@ -31,23 +31,13 @@ ON_TIME_S = 0.5  # what the monitor and the relief bookkeeping must keep to mean
 def gateway(tmp_path: Path) -> Iterator[Gateway]:
     """A gateway wired in this process over a real journal, never served."""
     (tmp_path / "ws").mkdir()
-    env = {
-        "ROOMKEEPER_HOME": str(tmp_path / "home"),
-        "ROOMKEEPER_WORKSPACE": str(tmp_path / "ws"),
-        "ROOMKEEPER_JOB_DISK_MB": "0",
-        "ROOMKEEPER_DISK_HEADROOM_PERCENT": "0",
-        "ROOMKEEPER_CPU_PRESSURE_PERCENT": "100",
-    }
-    journal = Journal(tmp_path / "home" / "journal.db")
-    built = Gateway(home=tmp_path / "home", env=env, token="t" * 32, journal=journal)
-    try:
+    with in_process_gateway(
+        tmp_path,
+        ROOMKEEPER_WORKSPACE=str(tmp_path / "ws"),
+        ROOMKEEPER_JOB_DISK_MB="0",
+        ROOMKEEPER_DISK_HEADROOM_PERCENT="0",
+    ) as built:
         yield built
-    finally:
-        built.scheduler.close(grace=0)
-        for write in built.durable_jobs.pending_writes():
-            write.result(timeout=30)
-        built.hooks.close()
-        journal.close()
 
 
 def _until(predicate: Callable[[], bool], what: str, timeout: float = 20) -> None:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from roomkeeper.kernel.oom_kills import machine_oom_kills
-from tests.cgroups import batch_env, memory_box
+from tests.cgroups import batch_env, machine_kills_counted, memory_box
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 
@@ -26,10 +25,9 @@ def test_lines_that_do_not_fit_start_on_trial_are_paused_and_all_finish(tmp_path
     commands = tmp_path / "commands.txt"
     commands.write_text(f"{sys.executable} {GROW} 400000000 4 1\n" * 4)
     env = batch_env(tmp_path)
-    with memory_box(2_000_000_000) as box:
+    with memory_box(2_000_000_000) as box, machine_kills_counted() as machine_kills:
         argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--quiet"]
         argv += ["--job-memory", "1600M"]  # stated: a default would be a quarter of the line
-        before = machine_oom_kills()
         done = subprocess.run(
             box.argv(argv),
             capture_output=True,
@@ -38,7 +36,7 @@ def test_lines_that_do_not_fit_start_on_trial_are_paused_and_all_finish(tmp_path
             timeout=300,
             check=False,
         )
-        kills = (box.oom_kills(), machine_oom_kills() - before)
+        kills = (box.oom_kills(), machine_kills())
     err = done.stderr
     assert (done.returncode, *kills) == (0, 0, 0), err[-3000:]
     assert "4 commands, 0 failed" in err, err

@@ -514,11 +514,14 @@ class BackendSettings:
         backend: ``local`` or ``ray``.
         ray_address: ROOMKEEPER_RAY_ADDRESS, the head's ``HOST:PORT`` (GCS port).
         ray_job_cpus: ROOMKEEPER_RAY_JOB_CPUS, the ``num_cpus`` each job asks of Ray (1).
+        ray_node_monitors: ROOMKEEPER_RAY_NODE_MONITORS, whether every node runs the
+            pressure monitor and its ladder for the jobs it runs (on).
     """
 
     backend: str = "local"
     ray_address: str | None = None
     ray_job_cpus: float = 1.0
+    ray_node_monitors: bool = True
 
 
 def _ray_address(text: str) -> str:
@@ -564,4 +567,7 @@ def read_backend_settings(env: Mapping[str, str] | None = None) -> BackendSettin
     cpus = _variable(
         env, "ROOMKEEPER_RAY_JOB_CPUS", 1.0, _number(0, 1024), "a number of CPUs from 0 to 1024"
     )
-    return BackendSettings(backend="ray", ray_address=address, ray_job_cpus=cpus)
+    monitors = _variable(env, "ROOMKEEPER_RAY_NODE_MONITORS", True, _switch, "on or off")
+    return BackendSettings(
+        backend="ray", ray_address=address, ray_job_cpus=cpus, ray_node_monitors=monitors
+    )

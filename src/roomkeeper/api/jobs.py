@@ -294,6 +294,6 @@ def _history_route(router: APIRouter, gateway: Gateway, auth: Sequence[params.De
     def history() -> list[dict[str, Any]]:
         """Recovery events, newest first: timestamps, reason codes and numbers only."""
         return [
-            {"at": e.at, "code": e.code.value, "numbers": dict(e.numbers)}
+            {"at": e.at, "code": e.code.value, "numbers": dict(e.numbers), "node": e.node}
             for e in gateway.journal.history()
         ]

@@ -111,7 +111,7 @@ def _baseline_metrics(g: Gateway) -> Iterator[GaugeMetricFamily]:
     )
 
 
-def _node_metrics(g: Gateway) -> Iterator[GaugeMetricFamily]:
+def _node_metrics(g: Gateway) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     """Per Ray node (the ray backend only; a cluster's nodes are few): jobs and memory."""
     nodes = g.nodes()
     if not nodes:
@@ -128,15 +128,28 @@ def _node_metrics(g: Gateway) -> Iterator[GaugeMetricFamily]:
         "A node's memory line less its use, as its guard last read it.",
         labels=["node"],
     )
+    held = GaugeMetricFamily(
+        "roomkeeper_node_held",
+        "1 while a node's own pressure monitor holds launches there.",
+        labels=["node"],
+    )
+    steps = CounterMetricFamily(
+        "roomkeeper_node_pressure_steps",
+        "Steps of the relief ladder a node's own pressure monitor took.",
+        labels=["node", "step"],
+    )
     for n in nodes:
+        for step, count in n.steps:
+            steps.add_metric([n.node_id, step], count)
         if not n.alive:
             continue
+        held.add_metric([n.node_id], int(n.held))
         jobs.add_metric([n.node_id], n.jobs)
         memory.add_metric([n.node_id], n.memory_bytes)
         reserved.add_metric([n.node_id], n.reserved_bytes)
         if n.headroom_bytes is not None:
             headroom.add_metric([n.node_id], n.headroom_bytes)
-    yield from (jobs, memory, reserved, headroom)
+    yield from (jobs, memory, reserved, headroom, held, steps)
 
 
 def _pressure_metrics(

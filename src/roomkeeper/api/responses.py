@@ -169,12 +169,14 @@ class CallOut(BaseModel):
 
 
 class HistoryEventOut(BaseModel):
-    """One recovery event: a timestamp, a reason code and numbers only."""
+    """One recovery event: a timestamp, a reason code and numbers only (and, for a step of
+    a Ray node's ladder, that node's id)."""
 
     model_config = OUT
     at: Number
     code: RecoveryCode
     numbers: dict[str, Number]
+    node: str | None = None
 
 
 # ------------------------------------------------------------------ leases
@@ -329,6 +331,9 @@ class NodeOut(BaseModel):
     running: int
     headroom_bytes: int | None
     headroom_at: Number | None
+    held: bool = False  # its own pressure monitor holds launches there now
+    suspended: int = 0  # our trees its monitor suspended, still holding their memory
+    pressure_steps: dict[str, int] = {}  # the steps its monitor took, by step
 
 
 class PressureOut(BaseModel):
@@ -454,11 +459,12 @@ class FeedRefusal(BaseModel):
 
 
 class FeedRecovery(BaseModel):
-    """A recent recovery event."""
+    """A recent recovery event (``node``: the Ray node whose ladder took it)."""
 
     model_config = OUT
     at: Number
     reason: RecoveryCode
+    node: str | None = None
 
 
 class FeedOut(BaseModel):

@@ -144,7 +144,7 @@ def feed_json(gateway: Gateway) -> dict[str, Any]:
             for r in reversed(gateway.refusals)
         ],
         "recoveries": [
-            {"at": e.at, "reason": e.code.value}
+            {"at": e.at, "reason": e.code.value, "node": e.node}
             for e in gateway.journal.history(limit=FEED_RECOVERIES)
         ],
         "leases": gateway.leases.counts(),
@@ -168,6 +168,9 @@ def nodes_json(gateway: Gateway) -> list[dict[str, Any]]:
             "running": n.jobs,
             "headroom_bytes": n.headroom_bytes,
             "headroom_at": n.headroom_at,
+            "held": n.held,
+            "suspended": n.suspended_jobs,
+            "pressure_steps": dict(n.steps),
         }
         for n in gateway.nodes()
     ]

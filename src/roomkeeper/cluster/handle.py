@@ -39,9 +39,10 @@ from typing import Any
 from roomkeeper.cluster.node import Begun, Finished, NodeJob
 from roomkeeper.cluster.output import LogAppender, Output
 from roomkeeper.errors import SuspendError, say_failure_once
-from roomkeeper.guard.rule import Reason
+from roomkeeper.guard.rule import Reason, Word
 from roomkeeper.jobs.handle import RemoteEnd, Settlement
 from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
+from roomkeeper.relief.ladder import PressureReason
 
 log = logging.getLogger("roomkeeper")
 
@@ -225,6 +226,14 @@ class RayHandle:
     def _finished(self, finished: Finished) -> None:
         if finished.peak_bytes is not None and finished.peak_method is not None:
             self._peak = MemoryPeak(finished.peak_bytes, PeakMethod(finished.peak_method))
+        if finished.pressure is not None:
+            # Its node's ladder stopped it: the gateway queues it again with a grown
+            # estimate, as it does a local tree it stopped itself.
+            where = "its node" if self.begun is None else f"node {self.begun.host}"
+            summary = f"stopped for memory pressure on {where}: {finished.pressure}"
+            end = RemoteEnd.PRESSURE
+            self._settle(Settlement(end, None, summary, finished.rate, finished.never_fits))
+            return
         if finished.timed_out:
             # The node's timer can fire before the gateway's round stops it at the same
             # deadline: either way it timed out, never "exited" with the signal's status.
@@ -345,7 +354,10 @@ class RayHandle:
         self._on_closed(self._job.job_id)
 
 
-def _reason(value: str) -> Reason:
+def _reason(value: str) -> Word:
+    """The node's reason word: the guard's, or the ladder's ``pressure`` (the node holds)."""
+    with contextlib.suppress(ValueError):
+        return PressureReason.from_code(value)
     try:
         return Reason.from_code(value)
     except ValueError:

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from roomkeeper.cluster.output import (
     CHUNK_BYTES,
@@ -48,11 +49,13 @@ from roomkeeper.cluster.output import (
     sweep_uncollected,
 )
 from roomkeeper.errors import LaunchError
-from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.processes.launch import LaunchSpec, launch
 from roomkeeper.processes.lifeline import Lifeline
 from roomkeeper.processes.process import ManagedProcess
 
+WATCH_PREFIX = "roomkeeper-watch-"  # a node's watch is the Ray actor named this and its id
+WATCH_NAMESPACE = "roomkeeper"  # the gateway's namespace on the cluster, where it is named
 STOP_GRACE_SECONDS = 5.0  # SIGTERM to SIGKILL when the deadline passes on the node
 WAIT_STEP_S = 0.1  # a cancel interrupts Python code only between steps, not inside a poll
 
@@ -72,6 +75,13 @@ class NodeJob:
         disk_bytes: its disk estimate; the node's ROOMKEEPER_JOB_DISK_MB when None.
         deadline_s: seconds it has left when sent; no deadline when None.
         stop_grace_s: SIGTERM to SIGKILL when it is cancelled.
+        restartable: it may be stopped for memory pressure and run again.
+        last_run: the last run it is allowed: its node's ladder stops it last.
+        rerun_peak: a re-run's peak in its run stopped for memory pressure (None: a first
+            run): its grown estimate is asked at most at the room it would have on the node
+            with none of our jobs running there, never below that peak.
+        watched: its node must run a watch (:mod:`roomkeeper.cluster.watch`) before
+            the job may start there; False when the gateway turned node monitors off.
     """
 
     job_id: str
@@ -84,6 +94,10 @@ class NodeJob:
     disk_bytes: int | None
     deadline_s: float | None
     stop_grace_s: float = STOP_GRACE_SECONDS
+    restartable: bool = False
+    last_run: bool = False
+    rerun_peak: int | None = None
+    watched: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +130,20 @@ class Begun:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """How the tree ended on the node: its status and its peak (its output came before)."""
+    """How the tree ended on the node: its status and its peak (its output came before).
+
+    ``pressure`` is set when the node's watch stopped it for memory pressure: its words,
+    with ``rate`` (bytes per second it grew by then) and ``never_fits`` (it alone
+    outgrew the node).
+    """
 
     exit_code: int
     peak_bytes: int | None
     peak_method: str | None
     timed_out: bool
+    pressure: str | None = None
+    rate: float = 0.0
+    never_fits: bool = False
 
 
 def node_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -187,6 +209,11 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
     """The Ray task on the node: yields :class:`Begun`, then (if it started) the job's
     :class:`~roomkeeper.cluster.output.Output` as it is written, then :class:`Finished`.
 
+    A watched job starts only where the node's watch runs and does not hold
+    launches (else the node refuses it, reason ``pressure``, and it waits in
+    the gateway's queue); its tree is told to the watch, which may suspend or
+    stop it, and a stop for memory pressure comes back in :class:`Finished`.
+
     A cancel from the gateway (``ray.cancel``) arrives as KeyboardInterrupt
     while the tree runs (or as GeneratorExit, where it arrives in Ray's code
     between two answers); the whole tree is then stopped (SIGTERM, the grace,
@@ -196,8 +223,21 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
     """
     _let_cancels_in()
     node_id, host = _where()
+    watch = _watch(node_id) if job.watched else None
+    held = _held(watch) if job.watched else None
+    if held is not None:
+        yield Begun(node_id, host, False, PRESSURE_CODE, held, None, None)
+        return
+    # A re-run's estimate is a forecast grown from its stopped run: asked as is, it can
+    # exceed what any node holds beside Ray's own processes, and the job would wait for
+    # ever at the head of its line; the gateway's guard caps it the same way.
+    rerun = None if job.rerun_peak is None else Rerun(job.rerun_peak, _ours(watch))
     decision = Guard(env=node_environment()).admit(
-        job.job_id, memory_bytes=job.memory_bytes, disk_bytes=job.disk_bytes
+        job.job_id,
+        memory_bytes=job.memory_bytes,
+        disk_bytes=job.disk_bytes,
+        rerun=rerun,
+        worst_case=rerun is not None and job.last_run,
     )
     memory = decision.memory
     headroom = _headroom(decision.memory_line_bytes, None if memory is None else memory.used_bytes)
@@ -217,6 +257,15 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
             yield Begun(node_id, host, False, "ok", str(err), None, headroom, error=True)
             return
         try:
+            _tell(
+                watch,
+                "track",
+                job.job_id,
+                process.pid,
+                job.memory_bytes,
+                job.restartable,
+                job.last_run,
+            )
             yield Begun(
                 node_id,
                 host,
@@ -229,11 +278,16 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
             )
             timed_out = yield from _follow(process, job.deadline_s, tail)
             process.close()  # what is left of the tree, before the last of its output
+            stopped = _tell(watch, "ended", job.job_id)
             yield from tail.rest()
-            yield _finished(process, timed_out)
+            yield _finished(process, timed_out, stopped)
         except BaseException:  # a cancel (KeyboardInterrupt), or the stream closed early
+            with contextlib.suppress(OSError):  # a tree its watch suspended dies of SIGTERM
+                os.killpg(process.pid, signal.SIGCONT)
             process.stop(job.stop_grace_s)
             kept = True
+            with contextlib.suppress(Exception):
+                _tell(watch, "ended", job.job_id, wait=False)
             raise
         finally:
             process.close()
@@ -243,6 +297,71 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
             let_go(lock, left=directory if kept else None)
         if not kept:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+WARM_HOLD_S = 1.0  # long enough that a node's warm-ups run side by side, each on its own worker
+
+
+def warm_worker() -> str:
+    """A task that only starts a worker on its node and keeps it busy a moment.
+
+    Ray starts a worker process for a node's first tasks (seconds on a busy
+    machine: the interpreter, Ray, this module) and keeps about one idle worker
+    per CPU afterwards.  Run as a node joins, these start the workers the
+    first jobs there find ready; they hold no CPU of Ray's, so no job waits
+    behind them.
+    """
+    time.sleep(WARM_HOLD_S)
+    return _where()[0]
+
+
+PRESSURE_CODE = "pressure"  # the word of a node that holds launches (PressureReason.PRESSURE)
+WATCH_CALL_S = 10.0  # a node's watch answers a runner within this, or the runner goes on
+
+
+def _watch(node_id: str) -> Any:
+    """This node's watch (a Ray actor handle), None when none runs here."""
+    from roomkeeper.cluster.ray_import import load_ray
+
+    try:
+        return load_ray().get_actor(watch_name(node_id), namespace=WATCH_NAMESPACE)
+    except ValueError:  # not started yet, or gone with the gateway that started it
+        return None
+
+
+def watch_name(node_id: str) -> str:
+    """The Ray actor name of a node's watch (:mod:`roomkeeper.cluster.watch`)."""
+    return f"{WATCH_PREFIX}{node_id}"
+
+
+def _ours(watch: Any) -> int:
+    """What our trees on this node hold now, as its watch last read them (0 without one)."""
+    try:
+        held = _tell(watch, "ours")
+    except Exception:  # a forecast capped at less room: the job may wait longer, no more
+        return 0
+    return int(held or 0)
+
+
+def _held(watch: Any) -> str | None:
+    """Why the node refuses to start a job now: no watch runs there, or it holds launches."""
+    if watch is None:
+        return "its node's pressure monitor is not running yet; the job waits for it"
+    try:
+        why: str | None = _tell(watch, "holds")
+    except Exception as err:
+        return f"its node's pressure monitor did not answer ({type(err).__name__})"
+    return None if why is None else f"memory pressure on the node: {why}"
+
+
+def _tell(watch: Any, method: str, *args: Any, wait: bool = True) -> Any:
+    """Call the node's watch (None: none watches, so nothing to tell); its answer."""
+    if watch is None:
+        return None
+    from roomkeeper.cluster.ray_import import load_ray
+
+    ref = getattr(watch, method).remote(*args)
+    return load_ray().get(ref, timeout=WATCH_CALL_S) if wait else None
 
 
 def _let_cancels_in() -> None:
@@ -284,8 +403,9 @@ def _follow(
             return True
 
 
-def _finished(process: ManagedProcess, timed_out: bool) -> Finished:
-    """The closed tree's status and peak."""
+def _finished(process: ManagedProcess, timed_out: bool, stopped: Any) -> Finished:
+    """The closed tree's status and peak, and how its node's watch stopped it, if it did
+    (a :class:`~roomkeeper.cluster.watch.PressureStop`, else None)."""
     peak = None
     with contextlib.suppress(Exception):
         peak = process.peak()
@@ -295,4 +415,7 @@ def _finished(process: ManagedProcess, timed_out: bool) -> Finished:
         peak_bytes=None if peak is None else peak.bytes,
         peak_method=None if peak is None else peak.method.value,
         timed_out=timed_out,
+        pressure=None if stopped is None else stopped.why,
+        rate=0.0 if stopped is None else stopped.rate,
+        never_fits=False if stopped is None else stopped.never_fits,
     )

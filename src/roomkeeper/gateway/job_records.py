@@ -159,8 +159,9 @@ class JobRecords:
                 continue
             write.add_done_callback(functools.partial(_settle, saved))
 
-    def relief_step(self, event: ReliefEvent) -> None:
-        """A step of the relief ladder in the recovery history, numbers only (monitor thread)."""
+    def relief_step(self, event: ReliefEvent, node: str | None = None) -> None:
+        """A step of the relief ladder in the recovery history, numbers only (monitor thread);
+        ``node``: the Ray node whose own ladder took it (its id), None for this machine's."""
         code = _RELIEF_CODES[event.step]
         if event.step is Step.STOP and event.never_fits:
             code = RecoveryCode.PRESSURE_NEVER_FITS
@@ -172,7 +173,8 @@ class JobRecords:
             numbers["footprint_bytes"] = event.footprint_bytes
         if event.reaction_s is not None:
             numbers["reaction_ms"] = round(event.reaction_s * 1000, 1)
-        self._watch(self._journal.record_history(HistoryEvent(time.time(), code, numbers)))
+        event_out = HistoryEvent(time.time(), code, numbers, node)
+        self._watch(self._journal.record_history(event_out))
 
     def withdraw(self, job_id: str) -> None:
         """Save none of the job's changes from now on: it was answered 507, so it never was."""

@@ -30,6 +30,7 @@ ROOMKEEPER_SHUTDOWN_S.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -74,9 +75,13 @@ from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
 from roomkeeper.loopback.hooks import HookRunner
 from roomkeeper.processes.job_user import JobUser, read_job_user
+from roomkeeper.relief.ladder import Step
+from roomkeeper.relief.monitor import ReliefEvent
 
 if TYPE_CHECKING:
     from roomkeeper.cluster.backend import NodeView, RayBackend
+    from roomkeeper.cluster.watch import NodeStep
+    from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.journal.database import Journal
 from roomkeeper.paths import home_dir, load_token, validate_home, workspace_dir
 
@@ -147,7 +152,7 @@ class Gateway:
             hooks=self.hooks,
             refusals=self.refusals,
         )
-        self.scheduler = self.durable_jobs.scheduler
+        self.scheduler = hear_nodes(self.cluster, self.durable_jobs)
         self.doubt = WorkInDoubt(self.context, scheduler=self.scheduler)
         self.durable_leases = self._durable_leases()
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start: leases end there
@@ -385,6 +390,44 @@ class Gateway:
             await asyncio.to_thread(self.cluster.close)
 
 
+def hear_nodes(cluster: RayBackend | None, jobs: DurableJobs) -> Scheduler:
+    """Have each step a Ray node's own ladder takes recorded here (:func:`record_node_step`);
+    the jobs' scheduler."""
+    if cluster is not None:
+        cluster.on_step = functools.partial(record_node_step, jobs, jobs.scheduler)
+    return jobs.scheduler
+
+
+def record_node_step(jobs: DurableJobs, scheduler: Scheduler, step: NodeStep) -> None:
+    """A step a Ray node's own ladder took: in the recovery history with the node's id, in
+    the job's state (suspended, running again), and in the log with the node's host."""
+    log.warning(
+        "node %s (%s): memory pressure: %s%s: %s",
+        step.host,
+        step.node_id[:12],
+        step.step,
+        "" if step.job_id is None else f" job {step.job_id}",
+        step.why,
+    )
+    jobs.records.relief_step(node_relief_event(step), node=step.node_id)
+    if step.job_id is not None:
+        scheduler.relief.note_remote_step(step.job_id, Step(step.step))
+
+
+def node_relief_event(step: NodeStep) -> ReliefEvent:
+    """A Ray node's step as the gateway's own monitor would have told it."""
+    return ReliefEvent(
+        Step(step.step),
+        step.job_id,
+        step.used_bytes,
+        step.limit_bytes,
+        step.footprint_bytes,
+        step.reaction_s,
+        step.why,
+        step.never_fits,
+    )
+
+
 def open_cluster(env: Mapping[str, str]) -> RayBackend | None:
     """The Ray backend when ROOMKEEPER_BACKEND=ray (Ray imported only then), else None.
 
@@ -397,4 +440,8 @@ def open_cluster(env: Mapping[str, str]) -> RayBackend | None:
         return None
     from roomkeeper.cluster.backend import RayBackend
 
-    return RayBackend(settings.ray_address, job_cpus=settings.ray_job_cpus)
+    return RayBackend(
+        settings.ray_address,
+        job_cpus=settings.ray_job_cpus,
+        watch_nodes=settings.ray_node_monitors,
+    )

@@ -22,6 +22,7 @@ class RemoteEnd(enum.Enum):
     LOST = "lost"  # the node or its runner was lost mid-job: uncertain, never re-run
     FAILED = "failed"  # the node could not start it (the node's runner says why)
     DEADLINE = "deadline"  # its node stopped it at the deadline the gateway holds too
+    PRESSURE = "pressure"  # its node's ladder stopped it for memory pressure: run again if it may
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +33,15 @@ class Settlement:
         end: what happened.
         reason: the node guard's reason (REFUSED), else None.
         summary: the node's words, for the job's error or the refusal log.
+        rate: bytes per second it grew by when its node stopped it (PRESSURE).
+        never_fits: it alone outgrew its node (PRESSURE): never run again.
     """
 
     end: RemoteEnd
     reason: Word | None
     summary: str
+    rate: float = 0.0
+    never_fits: bool = False
 
 
 class Handle(Protocol):

@@ -215,6 +215,9 @@ class LaunchRounds:
         cancel or a deadline already ended it.  Lost mid-job: it may have done
         part of its work, so it is ``uncertain`` and never run again blindly.
         """
+        if settled.end is RemoteEnd.PRESSURE:
+            self._stopped_on_node(job, settled)
+            return
         if settled.end is RemoteEnd.DEADLINE:  # its node's timer came first: same deadline
             self._book.finish(job, job.stop_cause or JobState.TIMED_OUT, job.stop_reason)
             return
@@ -240,6 +243,22 @@ class LaunchRounds:
             self._book.finish(job, job.stop_cause, job.stop_reason)
         else:
             self._book.finish(job, JobState.UNCERTAIN, None)
+
+    def _stopped_on_node(self, job: JobRecord, settled: Settlement) -> None:
+        """Its node's ladder stopped it (lock held): as a local tree stopped for memory
+        pressure, it is queued again with a grown estimate when it may run again, else it
+        ends ``stopped`` with reason ``memory_pressure``."""
+        with contextlib.suppress(Exception):
+            assert job.handle is not None
+            peak = job.handle.peak()
+            job.peak_bytes, job.peak_method = peak.bytes, peak.method
+        if job.stop_cause is None:  # not cancelled or timed out meanwhile
+            job.stop_cause, job.stop_reason = JobState.STOPPED, PressureReason.MEMORY_PRESSURE
+            job.stop_rate = settled.rate
+        if settled.never_fits:
+            job.error = settled.summary
+        if not self._rerun(job):
+            self._book.finish(job, job.stop_cause, job.stop_reason)
 
     def _rerun(self, job: JobRecord) -> bool:
         """Queue restartable work stopped for pressure again, at the head of its owner's line,
@@ -567,6 +586,9 @@ class LaunchRounds:
             user=self._parts.job_user,
             memory_bytes=job.estimate.bytes,
             disk_bytes=job.spec.disk_bytes,
+            restartable=job.spec.restartable,
+            last_run=is_last_run(job.reruns, self._settings.retries()),
+            rerun_peak=(job.peak_bytes or 0) if job.reruns else None,
             deadline_s=None
             if job.deadline is None
             else max(0.0, job.deadline - self._clocks.clock()),

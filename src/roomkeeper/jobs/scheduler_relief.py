@@ -26,7 +26,7 @@ from roomkeeper.jobs.reruns import is_last_run
 from roomkeeper.jobs.rounds import LaunchRounds
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.kernel.freezer import FreezeMethod
-from roomkeeper.relief.ladder import Live, PressureReason
+from roomkeeper.relief.ladder import Live, PressureReason, Step
 
 log = logging.getLogger("roomkeeper")
 
@@ -215,6 +215,23 @@ class SchedulerRelief:
         with self._lock:
             if job.state is JobState.SUSPENDED and job.handle is handle:
                 self._book.record(job, JobState.RUNNING, None)
+        self._flush()
+        return True
+
+    def note_remote_step(self, job_id: str, step: Step) -> bool:
+        """A Ray node's own ladder suspended or resumed one of our jobs there: its state
+        says so (``suspended`` with reason ``memory_pressure``, or ``running`` again).
+        Whether the job's record changed; a stop comes back through the job's handle."""
+        with self._lock:
+            job = self._rounds.running.get(job_id)
+            if job is None or job.handle is None or job.handle.local or job.stop_cause:
+                return False
+            if step is Step.SUSPEND and job.state is JobState.RUNNING:
+                self._book.record(job, JobState.SUSPENDED, PressureReason.MEMORY_PRESSURE)
+            elif step is Step.RESUME and job.state is JobState.SUSPENDED:
+                self._book.record(job, JobState.RUNNING, None)
+            else:
+                return False
         self._flush()
         return True
 

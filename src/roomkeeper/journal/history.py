@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 import sqlite3
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -26,6 +27,9 @@ from roomkeeper.journal.store import Store
 
 MAX_EVENTS = 500
 MAX_BYTES = 256 * 1024
+# A Ray node's id (hex) names the node a step of the ladder was taken on: an identifier,
+# never a command, an argument or a name a person chose.
+NODE_ID = re.compile(r"[0-9a-f]{8,64}")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS history (
@@ -91,15 +95,25 @@ ALLOWED_FIELDS = frozenset(
 class HistoryEvent:
     """One recovery event.
 
+    Attributes:
+        at: when (wall-clock seconds).
+        code: why it was recorded.
+        numbers: the allowlisted numeric evidence.
+        node: the Ray node it happened on (its hex id), None for this machine.
+
     Raises:
-        UsageError: a field outside the allowlist, or a value that is not a finite number.
+        UsageError: a field outside the allowlist, a value that is not a finite number,
+            or a node that is not a Ray node id.
     """
 
     at: float
     code: RecoveryCode
     numbers: Mapping[str, int | float]
+    node: str | None = None
 
     def __post_init__(self) -> None:
+        if self.node is not None and not NODE_ID.fullmatch(self.node):
+            raise UsageError("history node must be a Ray node id (hex)", name="node")
         if not isinstance(self.code, RecoveryCode):
             raise UsageError(f"history codes come from RecoveryCode (got {self.code!r})")
         for name, value in self.numbers.items():
@@ -112,13 +126,26 @@ class HistoryEvent:
 
     def to_json(self) -> str:
         """The stored form: timestamp, code, numbers."""
-        return json.dumps({"at": self.at, "code": self.code.value, "numbers": dict(self.numbers)})
+        stored: dict[str, object] = {
+            "at": self.at,
+            "code": self.code.value,
+            "numbers": dict(self.numbers),
+        }
+        if self.node is not None:
+            stored["node"] = self.node
+        return json.dumps(stored)
 
     @classmethod
     def from_json(cls, text: str) -> HistoryEvent:
         """Read a stored event back (it is checked again)."""
         data = json.loads(text)
-        return cls(float(data["at"]), RecoveryCode(data["code"]), dict(data["numbers"]))
+        node = data.get("node")
+        return cls(
+            float(data["at"]),
+            RecoveryCode(data["code"]),
+            dict(data["numbers"]),
+            None if node is None else str(node),
+        )
 
 
 class HistoryTable(Store):

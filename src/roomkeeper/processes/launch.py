@@ -75,6 +75,11 @@ class LaunchSpec:
         disk_bytes: the job's own disk estimate (None: the default); unused here.
         deadline_s: seconds the job has left when launched (None: no deadline),
             for a launcher whose nodes enforce it too; unused here.
+        restartable: it may be stopped for memory pressure and run again, for a launcher
+            whose nodes run the relief ladder themselves; unused here.
+        last_run: its last allowed run (the ladder there stops it last); unused here.
+        rerun_peak: a re-run's peak in the run stopped for pressure (None: a first run), for
+            a launcher whose nodes judge it; unused here.
     """
 
     argv: Sequence[str]
@@ -89,6 +94,9 @@ class LaunchSpec:
     memory_bytes: int = 0
     disk_bytes: int | None = None
     deadline_s: float | None = None
+    restartable: bool = False
+    last_run: bool = False
+    rerun_peak: int | None = None
 
     def __post_init__(self) -> None:
         if not -20 <= self.nice <= 19:
