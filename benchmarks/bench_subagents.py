@@ -1,21 +1,28 @@
 """Subagent sessions admitted through ``roomkeeper hook claude-code``, against count caps.
 
-Each session is a real process that grows steadily, as an agent-server turn does,
-to 0.25..0.35 GB over 2..4 s and holds it 3..6 s (drawn once with a fixed seed),
-in a memory group of ``--limit``.  Contenders, each in a fresh group of its own:
+Each session is a real process that grows steadily, as an agent-server turn does, over
+2..4 s and holds its memory 3..6 s (drawn once with a fixed seed): a ``general-purpose``
+subagent to 0.25..0.35 GB, or, for a share ``--light`` of them, an ``Explore`` one (a
+read-only search) to 0.05..0.10 GB.  Each contender runs in a fresh memory group of
+``--limit`` of its own:
 
-- ``hook``: a ``roomkeeper gateway`` inside the group; each session first sends its
-  ``PreToolUse`` (Claude Code's ``Agent`` tool) to ``roomkeeper hook claude-code``
-  on stdin, as Claude Code does, all at once; it starts once the hook exits 0 with
-  no decision, and sends its ``PostToolUse`` when it ends (``--memory`` is the
-  stated estimate, nothing learned);
+- ``hook``: a ``roomkeeper gateway`` inside the group, up before the clock starts (it is
+  a service); each session first sends its ``PreToolUse`` (Claude Code's ``Agent`` tool,
+  its ``subagent_type``) to ``roomkeeper hook claude-code`` on stdin, as Claude Code
+  does, all at once; it starts once the hook exits 0 with no decision, and sends its
+  ``PostToolUse`` when it ends.  ``--memory`` is the estimate of a type nothing was
+  learned for.  ``--swarms`` swarms go through the one gateway, one after another:
+  what the sessions of one gave back as they ended, the next one asks.
+- ``hook-http``: the same, with each event posted to the gateway's route, as Claude
+  Code's ``http`` hook type does (no process per event).
 - ``K`` (a number): at most K sessions at once, a count cap as the tools have it
   (20 is Claude Code's default; an expert picks limit / largest session).
 
-Reported per contender: sessions done and lost, the group's OOM kills, and the
-time to finish all.  Needs root and a cgroup memory controller.  Usage:
-    python benchmarks/bench_subagents.py [--sessions 16] [--limit 1.5G]
-        [--contenders hook,20,4] [--memory 400M] [--seed 1]
+Reported per contender (per swarm for the hooks): sessions done and lost, the time to
+finish all, and the group's OOM kills.  Needs root and a cgroup memory controller.
+Usage:
+    python benchmarks/bench_subagents.py [--sessions 16] [--limit 1.5G] [--light 0]
+        [--contenders hook,hook-http,20,4] [--memory 400M] [--swarms 2] [--seed 1]
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 from live_gateway import free_port, stop_process, wait_answering
 
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
@@ -50,13 +58,21 @@ GROW = (
 )
 
 
-def sessions(seed: int, count: int) -> list[tuple[int, float, float]]:
-    """(size, growth seconds, hold seconds) per session."""
+Session = tuple[int, float, float, str]
+"""(size, growth seconds, hold seconds, subagent type)."""
+
+
+def sessions(seed: int, count: int, light: float) -> list[Session]:
+    """The sessions: a share ``light`` of them ``Explore`` subagents of 0.05..0.10 GB (a
+    read-only search), the rest ``general-purpose`` ones of 0.25..0.35 GB."""
     rng = random.Random(seed)
-    return [
-        (int(rng.uniform(0.25e9, 0.35e9)), rng.uniform(2, 4), rng.uniform(3, 6))
-        for _ in range(count)
-    ]
+    drawn: list[Session] = []
+    for _ in range(count):
+        heavy = rng.random() >= light
+        low, high = (0.25e9, 0.35e9) if heavy else (0.05e9, 0.10e9)
+        kind = "general-purpose" if heavy else "Explore"
+        drawn.append((int(rng.uniform(low, high)), rng.uniform(2, 4), rng.uniform(3, 6), kind))
+    return drawn
 
 
 def in_group(group: Path, argv: list[str]) -> list[str]:
@@ -86,14 +102,22 @@ def memory_group(parent: Path, version: int, limit: int):  # type: ignore[no-unt
                 time.sleep(0.1)
 
 
-def run_session(group: Path, session: tuple[int, float, float]) -> int:
-    size, grow, hold = session
+def run_session(group: Path, session: Session) -> int:
+    size, grow, hold, _ = session
     argv = in_group(group, [sys.executable, "-c", GROW, str(size), str(grow), str(hold)])
     return subprocess.run(argv, check=False).returncode
 
 
-def hook_contender(group: Path, work: list[tuple[int, float, float]], memory: str) -> list[int]:
-    """Every session at once through the hook; each session's exit status."""
+def hook_contender(
+    group: Path, work: list[Session], memory: str, swarms: int, kind: str
+) -> list[tuple[list[int], float]]:
+    """``swarms`` swarms one after another through one gateway, every session of a swarm at
+    once through the hook; per swarm, each session's exit status and the seconds from its
+    first event to its last session's end (the gateway is a service, started before: its
+    start is not counted; what a swarm teaches, the next one asks).  ``kind`` is the hook
+    type: ``command`` runs ``roomkeeper hook claude-code`` per event, ``http`` posts the
+    event to the gateway's route as Claude Code's http hook does."""
+    mib = parse_size(memory) >> 20
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
@@ -113,18 +137,28 @@ def hook_contender(group: Path, work: list[tuple[int, float, float]], memory: st
             token = (Path(tmp) / "home" / "token").read_text().strip()
             hook_env = {**env, "ROOMKEEPER_URL": f"http://127.0.0.1:{port}"}
             hook_env["ROOMKEEPER_TOKEN"] = token
-            codes = [0] * len(work)
 
-            def one(i: int) -> None:
+            def one(i: int, swarm: int, codes: list[int]) -> None:
                 pre = {
-                    "session_id": f"bench-{i}",
+                    "session_id": f"bench-{swarm}-{i}",
                     "hook_event_name": "PreToolUse",
                     "tool_name": "Agent",
-                    "tool_input": {"subagent_type": "general-purpose", "prompt": "p"},
-                    "tool_use_id": f"toolu_bench{i}",
+                    "tool_input": {"subagent_type": work[i][3], "prompt": "p"},
+                    "tool_use_id": f"toolu_bench{swarm}x{i}",
                 }
+                post = {**pre, "hook_event_name": "PostToolUse"}
+                if kind == "http":  # Claude Code posts the event itself: no process
+                    route = f"http://127.0.0.1:{port}/v1/agent-hooks/claude-code"
+                    with httpx.Client(headers={"Authorization": f"Bearer {token}"}) as web:
+                        said = web.post(route, params={"memory_mb": mib}, json=pre, timeout=600)
+                        if said.status_code != 200 or said.json() != {}:
+                            codes[i] = -1000  # refused: lost
+                            return
+                        codes[i] = run_session(group, work[i])
+                        web.post(route, json=post, timeout=60)
+                    return
                 hook = [sys.executable, "-m", "roomkeeper", "hook", "claude-code", "--memory"]
-                said = subprocess.run(
+                ran = subprocess.run(
                     [*hook, memory],
                     input=json.dumps(pre),
                     env=hook_env,
@@ -132,26 +166,38 @@ def hook_contender(group: Path, work: list[tuple[int, float, float]], memory: st
                     text=True,
                     check=False,
                 )
-                if said.returncode != 0 or said.stdout.strip():
+                if ran.returncode != 0 or ran.stdout.strip():
                     codes[i] = -1000  # refused: lost
                     return
                 codes[i] = run_session(group, work[i])
-                post = json.dumps({**pre, "hook_event_name": "PostToolUse"})
                 subprocess.run(
-                    hook[:-1], input=post, env=hook_env, capture_output=True, text=True, check=False
+                    hook[:-1],
+                    input=json.dumps(post),
+                    env=hook_env,
+                    capture_output=True,
+                    text=True,
+                    check=False,
                 )
 
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            return codes
+            results: list[tuple[list[int], float]] = []
+            for swarm in range(swarms):
+                time.sleep(2.0)  # a quiet moment, as a service long up has seen
+                codes = [0] * len(work)
+                started = time.monotonic()
+                threads = [
+                    threading.Thread(target=one, args=(i, swarm, codes)) for i in range(len(work))
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                results.append((codes, time.monotonic() - started))
+            return results
         finally:
             stop_process(gateway)
 
 
-def cap_contender(group: Path, work: list[tuple[int, float, float]], cap: int) -> list[int]:
+def cap_contender(group: Path, work: list[Session], cap: int) -> list[int]:
     """At most ``cap`` sessions at once; each session's exit status."""
     slots = threading.Semaphore(cap)
     codes = [0] * len(work)
@@ -172,41 +218,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--limit", default="1.5G")
-    parser.add_argument("--contenders", default="hook,20,4")
+    parser.add_argument("--contenders", default="hook,hook-http,20,4")
     parser.add_argument("--memory", default="400M", help="the hook's stated estimate")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--light", type=float, default=0.0, help="share of light Explore sessions (0..1)"
+    )
+    parser.add_argument(
+        "--swarms", type=int, default=2, help="swarms through one gateway (the first teaches)"
+    )
     args = parser.parse_args()
     own = job_cgroup_parent()
     if own is None or os.geteuid() != 0:
         sys.exit("needs root and a cgroup memory controller")
     parent, version = Path(own.directory), own.version
     limit = parse_size(args.limit)
-    work = sessions(args.seed, args.sessions)
+    work = sessions(args.seed, args.sessions, args.light)
     print(
         f"cgroup v{version}, limit {limit / 1e9:.2f} GB, {len(work)} sessions of "
         f"{min(w[0] for w in work) / 1e9:.2f}..{max(w[0] for w in work) / 1e9:.2f} GB "
-        f"(seed {args.seed})",
+        f"({sum(w[3] == 'Explore' for w in work)} of them Explore; seed {args.seed})",
         flush=True,
     )
     for name in (c.strip() for c in args.contenders.split(",") if c.strip()):
         with memory_group(parent, version, limit) as group:
             started = time.monotonic()
-            if name == "hook":
-                codes = hook_contender(group, work, args.memory)
-                label = f"hook (--memory {args.memory})"
+            if name.startswith("hook"):
+                kind = "http" if name == "hook-http" else "command"
+                if name not in ("hook", "hook-http"):
+                    sys.exit(f"unknown contender {name!r}: give hook, hook-http or a number")
+                runs = hook_contender(group, work, args.memory, args.swarms, kind)
+                labels = [f"{name}, swarm {n + 1}" for n in range(len(runs))]
             elif name.isdigit():
                 codes = cap_contender(group, work, int(name))
-                label = f"count cap {name}"
+                runs = [(codes, time.monotonic() - started)]
+                labels = [f"count cap {name}"]
             else:
-                sys.exit(f"unknown contender {name!r}: give hook or a number")
-            wall = time.monotonic() - started
+                sys.exit(f"unknown contender {name!r}: give hook, hook-http or a number")
             kills = group_oom_kills(group, version)
-        done = sum(1 for c in codes if c == 0)
-        print(
-            f"{label:24s} done {done:2d}/{len(work)}  lost {len(work) - done:2d}  "
-            f"OOM kills {kills:2d}  all finished in {wall:6.1f} s",
-            flush=True,
-        )
+        for label, (codes, wall) in zip(labels, runs, strict=True):
+            done = sum(1 for c in codes if c == 0)
+            print(
+                f"{label:24s} done {done:2d}/{len(work)}  lost {len(work) - done:2d}  "
+                f"all finished in {wall:6.1f} s",
+                flush=True,
+            )
+        print(f"{'':24s} OOM kills in its group: {kills}", flush=True)
 
 
 if __name__ == "__main__":

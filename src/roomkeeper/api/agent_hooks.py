@@ -24,6 +24,7 @@ Any failure to judge a ``PreToolUse`` is answered ``deny``, never a silent pass:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import Mapping, Sequence
@@ -191,22 +192,28 @@ class HookJudge:
 
     async def _admit(self, event: Mapping[str, Any], request: Request) -> dict[str, Any]:
         kind = self._kind(event)
-        learned = self._gateway.journal.learned_size(f"kind:{kind}")
-        estimate = learned or self._settings.memory_bytes
         session = event.get("session_id")
-        terms = LeaseTerms(
+        asked = LeaseTerms(
             owner=self._tool,
-            memory_bytes=estimate,
             ttl_s=self._settings.ttl_s,
             session=name_of(session) if isinstance(session, str) and session else None,
+            kind=kind,
         )
         wait = self._settings.wait_s if self._settings.mode == "wait" else 0.0
-        lease, decision, _ = await self._gateway.durable_leases.grant(
-            self._lease_id(event), terms, wait_s=wait, pause=pause_of(request.scope)
+        leases = self._gateway.durable_leases
+        lease, decision, _ = await leases.grant(
+            self._lease_id(event),
+            asked,
+            wait_s=wait,
+            pause=pause_of(request.scope),
+            default_memory=self._settings.memory_bytes,
         )
         if lease is not None:
             return _NO_DECISION
         assert decision is not None
+        terms = await asyncio.to_thread(leases.learned, asked)
+        learned = terms.memory_bytes is not None
+        estimate = terms.memory_bytes or self._settings.memory_bytes
         source = "learned for" if learned else "the stated default for"
         why = _no_room(decision, estimate, f"{source} {kind}", wait)
         return self._refusal("defer" if self._settings.mode == "defer" else "deny", why)

@@ -27,10 +27,12 @@ as on any route).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.responses import JSONResponse
+
+from roomkeeper.gateway.leases import Pause, sleep_or_woken
 
 API_AT_ONCE = 4  # API requests worked on at once; more wait in line (16: p99 of /health +15 ms)
 FIRST = frozenset({"/health", "/", "/v1/shutdown", "/v1/restart"})  # never wait
@@ -63,18 +65,19 @@ class Turn:
             self.held = False
             self._turns.release()
 
-    async def pause(self, seconds: float) -> None:
-        """Wait ``seconds`` without a place in line, then take one again."""
+    async def pause(self, seconds: float, wake: asyncio.Event | None = None) -> None:
+        """Wait ``seconds`` (less once ``wake`` is set) without a place in line, then take
+        one again."""
         self.give_back()
-        await asyncio.sleep(seconds)
+        await sleep_or_woken(seconds, wake)
         await self.take()
 
 
-def pause_of(scope: Mapping[str, Any]) -> Callable[[float], Awaitable[None]]:
+def pause_of(scope: Mapping[str, Any]) -> Pause:
     """How the request of ``scope`` waits without holding a place in line (a plain sleep where
     it has none)."""
     turn = (scope.get("extensions") or {}).get(TURN)
-    return turn.pause if isinstance(turn, Turn) else asyncio.sleep
+    return turn.pause if isinstance(turn, Turn) else sleep_or_woken
 
 
 def goes_first(path: str) -> bool:

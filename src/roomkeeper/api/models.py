@@ -345,6 +345,8 @@ class LeaseIn(BaseModel):
     relieve: RelieveIn | None = None
     # The agent session it belongs to (Claude Code's or Codex's session_id), shown per session.
     session: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
+    # What sort of work it is: the memory its work gives back when it ends teaches the kind.
+    kind: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
 
     def terms(self) -> LeaseTerms:
         """The terms asked for: each field of :class:`LeaseTerms` by name, hooks checked."""

@@ -213,6 +213,9 @@ class LeaseOut(BaseModel):
         "its memory is awaited; then ``relieved: ...`` or ``not relieved: ...``."
     )
     session: str | None = Field(description="The agent session it belongs to; null when not told.")
+    kind: str | None = Field(
+        description="What sort of work it is (its measured size teaches the kind); null if untold."
+    )
 
 
 class LeaseCounts(BaseModel):

@@ -45,6 +45,8 @@ class LeaseAsk:
         relieve: a loopback URL called (POST) to ask the holder to end its turn now.
         session: the agent session it belongs to.
         disk: bytes, or a size, of disk it is expected to take.
+        kind: what sort of work it is: the memory it gives back when it ends teaches the
+            kind's size, and a lease of the kind asking no ``memory`` is reserved at it.
     """
 
     memory: int | str | None = None
@@ -54,6 +56,7 @@ class LeaseAsk:
     relieve: str | None = None
     session: str | None = None
     disk: int | str | None = None
+    kind: str | None = None
 
     def body(self, lease_id: str, wait_s: float) -> dict[str, Any]:
         """The grant's JSON body, checked by the API's own model before it is sent.
@@ -71,6 +74,7 @@ class LeaseAsk:
             "release": None if self.release is None else {"url": self.release},
             "relieve": None if self.relieve is None else {"url": self.relieve},
             "session": self.session,
+            "kind": self.kind,
         }
         return checked(LeaseIn, raw)
 

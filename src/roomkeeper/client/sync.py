@@ -149,7 +149,7 @@ class Client:
             ttl: seconds it lives without a heartbeat; beats go every third of it.
             wait: the longest wait for room in seconds; None waits until room comes.
             lease_id: the lease's id (a turn's own name, say); a fresh one when None.
-            terms: ``owner``, ``release``, ``relieve``, ``session``, ``disk``
+            terms: ``owner``, ``release``, ``relieve``, ``session``, ``disk``, ``kind``
                 (:class:`~roomkeeper.client.bodies.LeaseAsk`).
 
         Raises:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from roomkeeper.config import read_baseline_settings
-from roomkeeper.gateway.lease_growth import LeaseGrowth
+from roomkeeper.gateway.lease_growth import SAMPLE_EVERY_S, LeaseGrowth
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.leases import Leases
 from roomkeeper.guard.rule import gb
@@ -76,7 +76,13 @@ class BaselineKeeper:
         self.watch = BaselineWatch(lambda: read_baseline_settings(env))
         self.growth = ProcessGrowth(self._container)
         # The growth our jobs do not explain, given to the granted leases as measured memory.
-        self.lease_growth = LeaseGrowth(guard=guard, scheduler=scheduler, leases=leases)
+        self.lease_growth = LeaseGrowth(
+            guard=guard,
+            scheduler=scheduler,
+            leases=leases,
+            learn=lambda key, peak: watch(journal.record_peak(key, peak)),
+            clock=clock,
+        )
         self._endings_seen = 0
         self._quiet_at = float("-inf")
 
@@ -156,6 +162,17 @@ class BaselineKeeper:
             except Exception:  # attribution must outlive one bad reading
                 log.exception("attributing memory to leases failed; trying again shortly")
             await asyncio.sleep(CHECK_EVERY_S)
+
+    async def sample_loop(self) -> None:
+        """Read the container often while a lease of a kind is granted, to learn what the
+        kind takes (a timer; runs until cancelled)."""
+        while True:
+            try:
+                # In memory alone unless a lease of a kind is granted.
+                await asyncio.to_thread(self.lease_growth.sample)
+            except Exception:  # learning must outlive one bad reading
+                log.exception("learning a lease's size failed; trying again shortly")
+            await asyncio.sleep(SAMPLE_EVERY_S)
 
     def grown(self, most: int = 10) -> list[Grown]:
         """The container's processes that are not our jobs, by growth since the start."""

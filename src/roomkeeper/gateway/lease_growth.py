@@ -8,17 +8,47 @@ since to the granted leases oldest first
 (:mod:`roomkeeper.guard.attribution` states the rule and why it is sound), and
 tells the guard each lease's share as its measured memory.  A young lease then
 reserves only the part of its estimate its work has not yet allocated.
+
+It also learns what a lease of a ``kind`` takes.  Nothing measures one lease's work
+alone, but its memory leaves the container when it ends: :meth:`LeaseGrowth.sample`
+reads the container every :data:`SAMPLE_EVERY_S` while a lease of a kind is granted,
+and a lease that ended alone (no other lease ended in the :data:`LEARN_WINDOW_S`
+before) is measured as what the readings in that window fell by, reading to reading,
+up to the first reading after it ended, and the
+fall is kept as a peak of ``kind:<kind>``, as a job's peak is (the learned size is the
+most of the last few), once no other lease ended in the window after it either (a
+holder's work may give its memory back before its end is told).  Other work growing in
+the window makes the fall smaller; the most of the last few follows the largest.  Leases
+that end together are not told apart, and a fall under :data:`LEARN_MIN_BYTES` is memory
+not given back at the end (work that keeps its memory, or ran elsewhere): neither is
+kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.attribution import Holder, attribute, raised_base
 from roomkeeper.guard.leases import Leases, LeaseState, guard_key
 from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.sizes import KIND_PREFIX
+
+log = logging.getLogger(__name__)
+
+LEARN_WINDOW_S = 1.5
+"""How far back an ended lease's memory is looked for: a holder may tell its end a second
+after its work gave its memory back (a hook's process starts first)."""
+SAMPLE_EVERY_S = 0.1
+"""How often the container is read while a lease of a kind is granted: the less time
+between two readings, the less of other work's growth hides in the fall between them."""
+LEARN_MIN_BYTES = 16 << 20
+"""The least fall kept as a lease's size: less is noise, or memory not given back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +59,13 @@ class LeaseGrowthStatistics:
         base_bytes: the base now; None until a quiet moment was seen (nothing attributed).
         grown_bytes: the growth attributed from at the last step.
         measured: each granted lease's id to its attributed bytes at the last step.
+        learned: each kind to the last size its ended leases taught (this run).
     """
 
     base_bytes: int | None
     grown_bytes: int
     measured: Mapping[str, int]
+    learned: Mapping[str, int]
 
 
 class LeaseGrowth:
@@ -43,6 +75,8 @@ class LeaseGrowth:
         guard: whose reading gives ``used``, and whose reservations are reported to.
         scheduler: our running jobs' footprints, and whether any runs.
         leases: the granted leases.
+        learn: keeps one ended lease's size under its kind's key (``kind:<kind>``).
+        clock: seconds, for the window an ended lease's memory is looked for in.
     """
 
     def __init__(
@@ -51,21 +85,30 @@ class LeaseGrowth:
         guard: Guard,
         scheduler: Scheduler,
         leases: Leases,
+        learn: Callable[[str, int], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._guard = guard
         self._scheduler = scheduler
         self._leases = leases
+        self._learn = learn
+        self._clock = clock
         self._base: int | None = None
         self._grown = 0
         self._measured: dict[str, int] = {}
+        self._readings: deque[tuple[float, int]] = deque()  # (at, unexplained), the window's
+        self._granted: dict[str, str | None] = {}  # granted at the last step: id to kind
+        self._ends_seen = 0  # leases ended by the last step, however they ended
+        self._last_end = float("-inf")
+        self._pending: tuple[float, str, int] | None = None  # (ended at, kind, fell), unkept
+        self._learned: dict[str, int] = {}
 
     def step(self) -> None:
         """One reading: record the base when quiet, else attribute and report the growth."""
         reading = self._guard.memory_reading()
         if reading is None:
             return
-        footprints = self._scheduler.local_footprints()
-        unexplained = reading.used - footprints
+        unexplained = reading.used - self._scheduler.local_footprints()
         granted = [v for v in self._leases.views() if v.state is LeaseState.GRANTED]
         if not granted and not self._scheduler.local_sessions():
             self._base = unexplained  # quiet: all that is here is nobody's work of ours
@@ -84,6 +127,68 @@ class LeaseGrowth:
         for lease_id, measured in self._measured.items():
             self._guard.report_measured(guard_key(lease_id), measured)
 
+    def sample(self) -> None:
+        """One quick look for learning: which leases ended, and, while a lease of a kind is
+        granted or an end waits to be kept, a reading of the container."""
+        granted = {
+            v.id: v.terms.kind for v in self._leases.views() if v.state is LeaseState.GRANTED
+        }
+        watching = self._pending is not None or any(
+            kind is not None for kind in (*granted.values(), *self._granted.values())
+        )
+        reading = self._guard.memory_reading() if watching else None
+        if reading is None:
+            self._readings.clear()  # a gap: no fall is measured across it
+            self._granted = granted
+            self._ends_seen = self._ends()
+            return
+        self._learn_from_ended(reading.used - self._scheduler.local_footprints(), granted)
+
+    def _ends(self) -> int:
+        return sum(n for state, n in self._leases.counts().items() if state != "granted")
+
+    def _learn_from_ended(self, unexplained: int, granted: dict[str, str | None]) -> None:
+        """Keep the fall a lease that ended alone left, under its kind (see the module).
+
+        A fall is kept one window after its end, once no other end came within the window
+        after it either: a holder's work can give its memory back before its end is told,
+        so the next end told may own part of this fall.
+        """
+        now = self._clock()
+        ended = [kind for lease_id, kind in self._granted.items() if lease_id not in granted]
+        ends = self._ends()
+        # Counted, not only seen: a lease granted and ended between two steps gave back too.
+        new_ends, self._ends_seen, self._granted = ends - self._ends_seen, ends, granted
+        while self._readings and now - self._readings[0][0] > LEARN_WINDOW_S:
+            self._readings.popleft()
+        if self._pending is not None:
+            at, kind, fell = self._pending
+            if new_ends > 0:
+                self._pending = None  # another end came close after: whose fall is unknown
+            elif now - at > LEARN_WINDOW_S:
+                self._pending = None
+                self._learned[kind] = fell
+                self._learn(KIND_PREFIX + kind, fell)
+                log.debug("a lease of kind %s gave back %d MiB as it ended", kind, fell >> 20)
+        if new_ends > 0:
+            alone = len(ended) == new_ends == 1 and now - self._last_end > LEARN_WINDOW_S
+            ended_kind = ended[0] if ended else None
+            if alone and ended_kind is not None and self._readings:
+                fell = _falls([u for _, u in self._readings] + [unexplained])
+                if fell >= LEARN_MIN_BYTES:
+                    self._pending = (now, ended_kind, fell)
+            self._last_end = now
+        self._readings.append((now, unexplained))
+
     def statistics(self) -> LeaseGrowthStatistics:
-        """The base, the growth and each lease's share at the last step."""
-        return LeaseGrowthStatistics(self._base, self._grown, dict(self._measured))
+        """The base, the growth, each lease's share at the last step, and what was learned."""
+        return LeaseGrowthStatistics(
+            self._base, self._grown, dict(self._measured), dict(self._learned)
+        )
+
+
+def _falls(readings: list[int]) -> int:
+    """What the readings fell by, step by step, leaving out the steps they rose: another
+    holder's work growing in the window hides only the part of a fall it grew in the same
+    step."""
+    return sum(max(0, before - after) for before, after in itertools.pairwise(readings))

@@ -45,6 +45,7 @@ from roomkeeper.guard.leases import (
     guard_key,
 )
 from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.jobs.sizes import KIND_PREFIX, lease_size
 from roomkeeper.journal.database import Journal
 from roomkeeper.loopback.hooks import HOOK_DUE, HookRunner, ReleaseHook
 
@@ -53,7 +54,21 @@ UNJUDGED_RELIEF = (
     f"{NOT_RELIEVED}: the gateway restarted before its memory was judged (its hook is never "
     "called again)"
 )
-LEASE_RETRY_S = 0.25
+LEASE_RETRY_S = 0.25  # a waiting grant is judged again this often, and as a lease ends
+
+Pause = Callable[[float, asyncio.Event | None], Awaitable[None]]
+"""How a waiting grant waits: at most so many seconds, less once the event is set."""
+
+
+async def sleep_or_woken(seconds: float, wake: asyncio.Event | None = None) -> None:
+    """Sleep ``seconds``, or until ``wake`` is set if that comes first."""
+    if wake is None:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(wake.wait(), seconds)
+
+
 NOT_GRANTED = f"the lease is not granted and holds nothing: ask again once it saves; {FREE_SPACE}"
 SAVED_LATER = f"it holds in this run and is saved as soon as the journal takes it; {FREE_SPACE}"
 
@@ -100,6 +115,7 @@ class DurableLeases:
         self._due: list[tuple[str, ReleaseHook]] = []  # hooks owed since before this start
         self._owed_ids: set[str] = set()  # every lease whose owed hook this run makes, once
         self._more_due = asyncio.Event()
+        self._ended = asyncio.Event()  # set as a lease ends (its memory back), then renewed
 
     def restore(self) -> None:
         """Leases granted before a restart and not yet past their ttl keep their reservation;
@@ -132,7 +148,8 @@ class DurableLeases:
         terms: LeaseTerms,
         *,
         wait_s: float,
-        pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        pause: Pause = sleep_or_woken,
+        default_memory: int | None = None,
     ) -> tuple[LeaseView | None, Decision | None, bool]:
         """Grant a lease on ``terms`` (an id is made when None), waiting up to ``wait_s`` for
         room; (lease, decision, created).
@@ -142,7 +159,11 @@ class DurableLeases:
             terms: what the holder asks for.
             wait_s: how long to wait for room before a refusal stands.
             pause: how the request waits between tries (the API's gives its place in line
-                back while it waits).
+                back while it waits); a lease's end wakes it at once.
+            default_memory: the memory asked when ``terms`` asks none and its kind has
+                learned nothing (the guard's estimate when None).  Each try takes what the
+                kind learned meanwhile: a call that waits starts at the size its kind was
+                last seen to take.
 
         Raises:
             UsageError: the gateway is shutting down (``shutdown``).
@@ -159,9 +180,11 @@ class DurableLeases:
                 "under this id (answered as not granted); ask again in a moment"
             )
         await self._refuse_an_id_seen_before(lease_id)
+        asked = terms
         deadline = time.monotonic() + wait_s
         pruned = False
         while True:
+            terms = await asyncio.to_thread(self.learned, asked, default_memory)
             lease, decision = self.leases.grant(lease_id, terms)
             if lease is not None:
                 if decision is None:  # a retried request: answered as the lease's saves stand
@@ -181,7 +204,20 @@ class DurableLeases:
                 raise UsageError(
                     "the gateway is shutting down: the lease was not granted", name="shutdown"
                 )
-            await pause(LEASE_RETRY_S)
+            await pause(LEASE_RETRY_S, self._ended)
+
+    def learned(self, terms: LeaseTerms, default_memory: int | None = None) -> LeaseTerms:
+        """``terms`` at its kind's learned size (:func:`~roomkeeper.jobs.sizes.lease_size`)
+        when it asks no memory, at most the guard's line (a past run held that much and
+        ran), else at ``default_memory``; as asked when it asks memory."""
+        if terms.memory_bytes is not None:
+            return terms
+        peaks = [] if terms.kind is None else self._journal.recent_peaks(KIND_PREFIX + terms.kind)
+        learned = lease_size(peaks)
+        if learned is None:
+            return replace(terms, memory_bytes=default_memory)
+        line = self._guard.check(memory_bytes=0).memory_line_bytes
+        return replace(terms, memory_bytes=min(learned, line) if line else learned)
 
     async def _save_grant(self, lease: LeaseView) -> None:
         """Save a new grant before it is answered.  Not saved, it never was: it holds
@@ -278,9 +314,15 @@ class DurableLeases:
         finally:  # whatever happened to the hook, the lease's memory is given back
             lease = self.leases.complete(lease_id, outcome)
             write = self.records.save(lease)
+            self._wake_waiting()
         # A journal that did not answer before the hook will not answer now: say so at once.
         await awaited(write, f"lease {lease_id!r}'s end", then=then, timeout_s=0 if late else None)
         return lease
+
+    def _wake_waiting(self) -> None:
+        """Wake every grant that waits for room: a lease's memory was just given back."""
+        self._ended.set()
+        self._ended = asyncio.Event()
 
     async def _run_hook(self, hook: ReleaseHook, lease_id: str) -> str:
         """The hook on its own pool, keyed by the lease; this request waits for it, nothing

@@ -35,6 +35,9 @@ class LeaseTerms:
             turn now (sustained memory pressure).
         session: the agent session the turn belongs to (a Claude Code or Codex
             ``session_id``), so a person sees which session holds what; None when not told.
+        kind: what sort of work the turn is (``agent-Explore``, ``build``): the memory its
+            work gave back when it ended teaches the kind's learned size, as a job of that
+            ``kind`` does, and a lease of the kind that asks no memory is reserved at it.
     """
 
     owner: str = "default"
@@ -44,3 +47,4 @@ class LeaseTerms:
     release: ReleaseHook | None = None
     relieve: ReleaseHook | None = None
     session: str | None = None
+    kind: str | None = None

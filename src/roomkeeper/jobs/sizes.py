@@ -56,6 +56,26 @@ def with_learned_size(spec: JobSpec, learned: int | None, line: int | None) -> J
     return replace(spec, learned_bytes=learned)
 
 
+LEASE_RUNS_TRUSTED = 3
+"""Runs of a kind kept before its leases are sized from them, not from the stated default."""
+
+
+def lease_size(peaks: list[int]) -> int | None:
+    """The size a lease of a kind is reserved at, from the kind's last runs; None while
+    fewer than :data:`LEASE_RUNS_TRUSTED` are kept.
+
+    Nothing can pause a lease's work (it runs in processes roomkeeper did not start), so
+    its size must cover the kind's largest run, not the largest seen: the most of the
+    runs plus the mean gap between them, ``max + (max - min) / (n - 1)`` (for runs spread
+    evenly over a range, the unbiased guess of the range's top).  A job's size needs no such
+    margin: the ladder can pause one that outgrows it.
+    """
+    if len(peaks) < LEASE_RUNS_TRUSTED:
+        return None
+    most, least = max(peaks), min(peaks)
+    return most + (most - least) // (len(peaks) - 1)
+
+
 class SizeBook(Protocol):
     """What keeps learned sizes (the journal's ``learned_size`` and ``record_peak``)."""
 

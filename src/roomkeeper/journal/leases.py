@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS leases (
     hook_outcome TEXT,
     relieve TEXT,
     relieve_outcome TEXT,
-    session TEXT
+    session TEXT,
+    kind TEXT
 );
 CREATE TABLE IF NOT EXISTS lease_events (
     lease_id TEXT NOT NULL,
@@ -58,6 +59,7 @@ ADDED_COLUMNS = (
     ("leases", "relieve", "TEXT"),
     ("leases", "relieve_outcome", "TEXT"),
     ("leases", "session", "TEXT"),
+    ("leases", "kind", "TEXT"),
 )
 
 # Every field is written when the row is first made; a later change of the lease rewrites

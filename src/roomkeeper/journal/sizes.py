@@ -64,3 +64,13 @@ class SizesTable(Store):
             return None if value is None else int(value)
 
         return self._read(read)
+
+    def recent_peaks(self, key: str) -> list[int]:
+        """The last LAST_RUNS peaks under ``key``, newest first; empty when none is kept."""
+        sql = f"SELECT peak_bytes FROM learned_sizes WHERE rowid IN ({_LAST}) ORDER BY rowid DESC"
+
+        def read(conn: sqlite3.Connection) -> list[int]:
+            rows = conn.execute(sql, {"key": key, "keep": LAST_RUNS}).fetchall()
+            return [int(row[0]) for row in rows]
+
+        return self._read(read)
