@@ -334,3 +334,28 @@ def test_a_waiting_grant_is_judged_again_as_soon_as_a_lease_ends(
         waited, granted_after = asyncio.run(scenario())
     assert waited  # it did wait for room while the first held it
     assert granted_after < 10, granted_after
+
+
+def test_a_waiting_grant_takes_what_its_kind_learned_while_it_waited(tmp_path: Path) -> None:
+    """A lease of a kind asked at a default that cannot fit waits; once three runs of the
+    kind are kept (100 MB each), its next try asks that much instead, and is granted."""
+    with in_process_gateway(tmp_path) as gateway:
+
+        async def scenario() -> int | None:
+            leases = gateway.durable_leases
+            reading = gateway.guard.memory_reading()
+            assert reading is not None
+            too_much = reading.limit + 1 * GB  # the stated default: never fits
+            waiting = asyncio.create_task(
+                leases.grant("w", LeaseTerms(kind="k"), wait_s=20, default_memory=too_much)
+            )
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            for _ in range(3):
+                await asyncio.wrap_future(gateway.journal.record_peak("kind:k", 100 * MB))
+            lease, _, _ = await asyncio.wait_for(waiting, 30)
+            assert lease is not None
+            await leases.end("w")
+            return lease.terms.memory_bytes
+
+        assert asyncio.run(scenario()) == 100 * MB
