@@ -59,6 +59,7 @@ def every_term() -> LeaseTerms:
         release=ReleaseHook("DELETE", "http://127.0.0.1:9/release"),
         relieve=HOOK,
         session="session-7",
+        kind="agent-Explore",
     )
     left = [f.name for f in dataclasses.fields(LeaseTerms) if getattr(terms, f.name) == f.default]
     assert left == [], f"give these terms a value other than their default here: {left}"

@@ -149,7 +149,12 @@ class BaselineKeeper:
         self._watch(self._journal.record_history(event))
 
     async def loop(self) -> None:
-        """Look for endings and quiet moments (a timer; runs until cancelled)."""
+        """Look for endings and quiet moments, and learn leases' sizes (timers; run until
+        cancelled)."""
+        await asyncio.gather(self._check_loop(), self._sample_loop())
+
+    async def _check_loop(self) -> None:
+        """Look for endings and quiet moments every :data:`CHECK_EVERY_S`."""
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.growth.start)
         while True:
@@ -163,7 +168,7 @@ class BaselineKeeper:
                 log.exception("attributing memory to leases failed; trying again shortly")
             await asyncio.sleep(CHECK_EVERY_S)
 
-    async def sample_loop(self) -> None:
+    async def _sample_loop(self) -> None:
         """Read the container often while a lease of a kind is granted, to learn what the
         kind takes (a timer; runs until cancelled)."""
         while True:

@@ -69,6 +69,22 @@ async def sleep_or_woken(seconds: float, wake: asyncio.Event | None = None) -> N
         await asyncio.wait_for(wake.wait(), seconds)
 
 
+def learned_terms(
+    terms: LeaseTerms, journal: Journal, guard: Guard, default_memory: int | None
+) -> LeaseTerms:
+    """``terms`` at its kind's learned size (:func:`~roomkeeper.jobs.sizes.lease_size`)
+    when it asks no memory, at most the guard's line (a past run held that much and ran),
+    else at ``default_memory``; as asked when it asks memory."""
+    if terms.memory_bytes is not None:
+        return terms
+    peaks = [] if terms.kind is None else journal.recent_peaks(KIND_PREFIX + terms.kind)
+    learned = lease_size(peaks)
+    if learned is None:
+        return replace(terms, memory_bytes=default_memory)
+    line = guard.check(memory_bytes=0).memory_line_bytes
+    return replace(terms, memory_bytes=min(learned, line) if line else learned)
+
+
 NOT_GRANTED = f"the lease is not granted and holds nothing: ask again once it saves; {FREE_SPACE}"
 SAVED_LATER = f"it holds in this run and is saved as soon as the journal takes it; {FREE_SPACE}"
 
@@ -207,17 +223,8 @@ class DurableLeases:
             await pause(LEASE_RETRY_S, self._ended)
 
     def learned(self, terms: LeaseTerms, default_memory: int | None = None) -> LeaseTerms:
-        """``terms`` at its kind's learned size (:func:`~roomkeeper.jobs.sizes.lease_size`)
-        when it asks no memory, at most the guard's line (a past run held that much and
-        ran), else at ``default_memory``; as asked when it asks memory."""
-        if terms.memory_bytes is not None:
-            return terms
-        peaks = [] if terms.kind is None else self._journal.recent_peaks(KIND_PREFIX + terms.kind)
-        learned = lease_size(peaks)
-        if learned is None:
-            return replace(terms, memory_bytes=default_memory)
-        line = self._guard.check(memory_bytes=0).memory_line_bytes
-        return replace(terms, memory_bytes=min(learned, line) if line else learned)
+        """``terms`` sized as :func:`learned_terms` says, from this gateway's runs."""
+        return learned_terms(terms, self._journal, self._guard, default_memory)
 
     async def _save_grant(self, lease: LeaseView) -> None:
         """Save a new grant before it is answered.  Not saved, it never was: it holds
@@ -314,15 +321,11 @@ class DurableLeases:
         finally:  # whatever happened to the hook, the lease's memory is given back
             lease = self.leases.complete(lease_id, outcome)
             write = self.records.save(lease)
-            self._wake_waiting()
+            self._ended.set()  # wake every grant waiting for room, then a fresh event
+            self._ended = asyncio.Event()
         # A journal that did not answer before the hook will not answer now: say so at once.
         await awaited(write, f"lease {lease_id!r}'s end", then=then, timeout_s=0 if late else None)
         return lease
-
-    def _wake_waiting(self) -> None:
-        """Wake every grant that waits for room: a lease's memory was just given back."""
-        self._ended.set()
-        self._ended = asyncio.Event()
 
     async def _run_hook(self, hook: ReleaseHook, lease_id: str) -> str:
         """The hook on its own pool, keyed by the lease; this request waits for it, nothing

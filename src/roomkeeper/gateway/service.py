@@ -328,9 +328,7 @@ class Gateway:
         """Start the scheduler and the timers; say where we listen in ROOMKEEPER_HOME."""
         self._loop = asyncio.get_running_loop()
         self.scheduler.start()
-        self.background.start(
-            self.sampler.loop(), self.baseline.loop(), self.baseline.sample_loop()
-        )
+        self.background.start(self.sampler.loop(), self.baseline.loop())
         self.background.adopt(self.link.start(port=port, socket=socket))
         self.startup.write_run_record(port=port, socket=socket)
 
