@@ -213,7 +213,7 @@ class HookJudge:
         assert decision is not None
         terms = await asyncio.to_thread(leases.learned, asked)
         learned = terms.memory_bytes is not None
-        estimate = terms.memory_bytes or self._settings.memory_bytes
+        estimate = decision.estimate_bytes  # what the last try asked
         source = "learned for" if learned else "the stated default for"
         why = _no_room(decision, estimate, f"{source} {kind}", wait)
         return self._refusal("defer" if self._settings.mode == "defer" else "deny", why)

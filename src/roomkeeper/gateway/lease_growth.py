@@ -11,17 +11,18 @@ reserves only the part of its estimate its work has not yet allocated.
 
 It also learns what a lease of a ``kind`` takes.  Nothing measures one lease's work
 alone, but its memory leaves the container when it ends: :meth:`LeaseGrowth.sample`
-reads the container every :data:`SAMPLE_EVERY_S` while a lease of a kind is granted,
-and a lease that ended alone (no other lease ended in the :data:`LEARN_WINDOW_S`
-before) is measured as what the readings in that window fell by, reading to reading,
-up to the first reading after it ended, and the
-fall is kept as a peak of ``kind:<kind>``, as a job's peak is (the learned size is the
-most of the last few), once no other lease ended in the window after it either (a
-holder's work may give its memory back before its end is told).  Other work growing in
-the window makes the fall smaller; the most of the last few follows the largest.  Leases
-that end together are not told apart, and a fall under :data:`LEARN_MIN_BYTES` is memory
-not given back at the end (work that keeps its memory, or ran elsewhere): neither is
-kept.
+reads the container every :data:`SAMPLE_EVERY_S` while a lease of a kind is granted.
+A lease released (not expired: an expiry comes long after, or before, its work gave
+anything back) with no other lease ending within :data:`LEARN_WINDOW_S` before or after
+it is measured once that window after it has passed: the largest fall of the readings,
+reading after falling reading without a rise between, from the window before its end
+to the window after (its holder may tell its end before or after its work gives its
+memory back).  That fall is kept as a run of ``kind:<kind>``, as a job's peak is.
+Other work growing in the same tenth of a second makes it smaller, and other work's
+falls are separate runs, never added to it.  Leases that end close together are not told
+apart, and a fall under :data:`LEARN_MIN_BYTES` is memory not given back at the end
+(work that keeps its memory, or ran elsewhere): neither is kept.  How the kept runs
+size a lease: :func:`~roomkeeper.jobs.sizes.lease_size`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.attribution import Holder, attribute, raised_base
 from roomkeeper.guard.leases import Leases, LeaseState, guard_key
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.sizes import KIND_PREFIX
+from roomkeeper.jobs.sizes import KIND_PREFIX, LEAST_RUN_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ after its work gave its memory back (a hook's process starts first)."""
 SAMPLE_EVERY_S = 0.1
 """How often the container is read while a lease of a kind is granted: the less time
 between two readings, the less of other work's growth hides in the fall between them."""
-LEARN_MIN_BYTES = 16 << 20
+LEARN_MIN_BYTES = LEAST_RUN_BYTES
 """The least fall kept as a lease's size: less is noise, or memory not given back."""
 
 
@@ -100,7 +101,7 @@ class LeaseGrowth:
         self._granted: dict[str, str | None] = {}  # granted at the last step: id to kind
         self._ends_seen = 0  # leases ended by the last step, however they ended
         self._last_end = float("-inf")
-        self._pending: tuple[float, str, int] | None = None  # (ended at, kind, fell), unkept
+        self._pending: tuple[float, str] | None = None  # (ended at, kind): measured later
         self._learned: dict[str, int] = {}
 
     def step(self) -> None:
@@ -130,55 +131,41 @@ class LeaseGrowth:
     def sample(self) -> None:
         """One quick look for learning: which leases ended, and, while a lease of a kind is
         granted or an end waits to be kept, a reading of the container."""
-        granted = {
-            v.id: v.terms.kind for v in self._leases.views() if v.state is LeaseState.GRANTED
-        }
+        now = self._clock()
+        views = self._leases.views()
+        granted = {v.id: v.terms.kind for v in views if v.state is LeaseState.GRANTED}
+        released = {v.id for v in views if v.state is LeaseState.RELEASED}
+        ended = [k for i, k in self._granted.items() if i not in granted and i in released]
+        ends = self._ends()
+        # Counted, not only seen: a lease granted and ended between two samples ended too.
+        new_ends, self._ends_seen = ends - self._ends_seen, ends
         watching = self._pending is not None or any(
             kind is not None for kind in (*granted.values(), *self._granted.values())
         )
+        self._granted = granted
         reading = self._guard.memory_reading() if watching else None
-        if reading is None:
+        if reading is not None:
+            self._readings.append((now, reading.used - self._scheduler.local_footprints()))
+        else:
             self._readings.clear()  # a gap: no fall is measured across it
-            self._granted = granted
-            self._ends_seen = self._ends()
-            return
-        self._learn_from_ended(reading.used - self._scheduler.local_footprints(), granted)
-
-    def _ends(self) -> int:
-        return sum(n for state, n in self._leases.counts().items() if state != "granted")
-
-    def _learn_from_ended(self, unexplained: int, granted: dict[str, str | None]) -> None:
-        """Keep the fall a lease that ended alone left, under its kind (see the module).
-
-        A fall is kept one window after its end, once no other end came within the window
-        after it either: a holder's work can give its memory back before its end is told,
-        so the next end told may own part of this fall.
-        """
-        now = self._clock()
-        ended = [kind for lease_id, kind in self._granted.items() if lease_id not in granted]
-        ends = self._ends()
-        # Counted, not only seen: a lease granted and ended between two steps gave back too.
-        new_ends, self._ends_seen, self._granted = ends - self._ends_seen, ends, granted
-        while self._readings and now - self._readings[0][0] > LEARN_WINDOW_S:
+        while self._readings and now - self._readings[0][0] > 2 * LEARN_WINDOW_S:
             self._readings.popleft()
-        if self._pending is not None:
-            at, kind, fell = self._pending
-            if new_ends > 0:
-                self._pending = None  # another end came close after: whose fall is unknown
-            elif now - at > LEARN_WINDOW_S:
-                self._pending = None
+        if new_ends > 0:
+            alone = len(ended) == new_ends == 1 and now - self._last_end > LEARN_WINDOW_S
+            # Another end close after a pending one: whose fall is whose is not known.
+            self._pending = (now, ended[0]) if alone and ended[0] is not None else None
+            self._last_end = now
+        elif self._pending is not None and now - self._pending[0] > LEARN_WINDOW_S:
+            at, kind = self._pending
+            self._pending = None
+            fell = _largest_fall([u for t, u in self._readings if t >= at - LEARN_WINDOW_S])
+            if fell >= LEARN_MIN_BYTES:
                 self._learned[kind] = fell
                 self._learn(KIND_PREFIX + kind, fell)
                 log.debug("a lease of kind %s gave back %d MiB as it ended", kind, fell >> 20)
-        if new_ends > 0:
-            alone = len(ended) == new_ends == 1 and now - self._last_end > LEARN_WINDOW_S
-            ended_kind = ended[0] if ended else None
-            if alone and ended_kind is not None and self._readings:
-                fell = _falls([u for _, u in self._readings] + [unexplained])
-                if fell >= LEARN_MIN_BYTES:
-                    self._pending = (now, ended_kind, fell)
-            self._last_end = now
-        self._readings.append((now, unexplained))
+
+    def _ends(self) -> int:
+        return sum(n for state, n in self._leases.counts().items() if state != "granted")
 
     def statistics(self) -> LeaseGrowthStatistics:
         """The base, the growth, each lease's share at the last step, and what was learned."""
@@ -187,8 +174,13 @@ class LeaseGrowth:
         )
 
 
-def _falls(readings: list[int]) -> int:
-    """What the readings fell by, step by step, leaving out the steps they rose: another
-    holder's work growing in the window hides only the part of a fall it grew in the same
-    step."""
-    return sum(max(0, before - after) for before, after in itertools.pairwise(readings))
+def _largest_fall(readings: list[int]) -> int:
+    """The most the readings fell in one run of falls (each reading at or under the one
+    before); 0 when they never fell.  A rise ends a run: another holder's growth and
+    shrinking between are not added to it."""
+    largest, top = 0, readings[0] if readings else 0
+    for before, after in itertools.pairwise(readings):
+        if after > before:
+            top = after
+        largest = max(largest, top - after)
+    return largest

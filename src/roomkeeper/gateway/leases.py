@@ -72,17 +72,15 @@ async def sleep_or_woken(seconds: float, wake: asyncio.Event | None = None) -> N
 def learned_terms(
     terms: LeaseTerms, journal: Journal, guard: Guard, default_memory: int | None
 ) -> LeaseTerms:
-    """``terms`` at its kind's learned size (:func:`~roomkeeper.jobs.sizes.lease_size`)
-    when it asks no memory, at most the guard's line (a past run held that much and ran),
-    else at ``default_memory``; as asked when it asks memory."""
+    """``terms`` at its kind's learned size (:func:`~roomkeeper.jobs.sizes.lease_size`,
+    under the guard's line) when it asks no memory, else at ``default_memory``; as asked
+    when it asks memory."""
     if terms.memory_bytes is not None:
         return terms
     peaks = [] if terms.kind is None else journal.recent_peaks(KIND_PREFIX + terms.kind)
-    learned = lease_size(peaks)
-    if learned is None:
-        return replace(terms, memory_bytes=default_memory)
-    line = guard.check(memory_bytes=0).memory_line_bytes
-    return replace(terms, memory_bytes=min(learned, line) if line else learned)
+    line = guard.check(memory_bytes=0).memory_line_bytes if peaks else None
+    learned = lease_size(peaks, line)
+    return replace(terms, memory_bytes=default_memory if learned is None else learned)
 
 
 NOT_GRANTED = f"the lease is not granted and holds nothing: ask again once it saves; {FREE_SPACE}"
@@ -131,7 +129,8 @@ class DurableLeases:
         self._due: list[tuple[str, ReleaseHook]] = []  # hooks owed since before this start
         self._owed_ids: set[str] = set()  # every lease whose owed hook this run makes, once
         self._more_due = asyncio.Event()
-        self._ended = asyncio.Event()  # set as a lease ends (its memory back), then renewed
+        # Set as a lease ends (its memory back), then dropped; one per loop that waits on it.
+        self._ended: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     def restore(self) -> None:
         """Leases granted before a restart and not yet past their ttl keep their reservation;
@@ -220,7 +219,7 @@ class DurableLeases:
                 raise UsageError(
                     "the gateway is shutting down: the lease was not granted", name="shutdown"
                 )
-            await pause(LEASE_RETRY_S, self._ended)
+            await pause(LEASE_RETRY_S, self._lease_ends())
 
     def learned(self, terms: LeaseTerms, default_memory: int | None = None) -> LeaseTerms:
         """``terms`` sized as :func:`learned_terms` says, from this gateway's runs."""
@@ -321,11 +320,19 @@ class DurableLeases:
         finally:  # whatever happened to the hook, the lease's memory is given back
             lease = self.leases.complete(lease_id, outcome)
             write = self.records.save(lease)
-            self._ended.set()  # wake every grant waiting for room, then a fresh event
-            self._ended = asyncio.Event()
+            if self._ended is not None:  # wake every grant waiting for room
+                self._ended[1].set()
+                self._ended = None
         # A journal that did not answer before the hook will not answer now: say so at once.
         await awaited(write, f"lease {lease_id!r}'s end", then=then, timeout_s=0 if late else None)
         return lease
+
+    def _lease_ends(self) -> asyncio.Event:
+        """The event the next lease's end sets, on the running loop."""
+        loop = asyncio.get_running_loop()
+        if self._ended is None or self._ended[0] is not loop:
+            self._ended = (loop, asyncio.Event())
+        return self._ended[1]
 
     async def _run_hook(self, hook: ReleaseHook, lease_id: str) -> str:
         """The hook on its own pool, keyed by the lease; this request waits for it, nothing

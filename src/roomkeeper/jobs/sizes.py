@@ -58,22 +58,32 @@ def with_learned_size(spec: JobSpec, learned: int | None, line: int | None) -> J
 
 LEASE_RUNS_TRUSTED = 3
 """Runs of a kind kept before its leases are sized from them, not from the stated default."""
+LEAST_RUN_BYTES = 16 << 20
+"""A run smaller than this sizes no lease: noise, or memory its work never gave back."""
 
 
-def lease_size(peaks: list[int]) -> int | None:
+def lease_size(peaks: list[int], line: int | None = None) -> int | None:
     """The size a lease of a kind is reserved at, from the kind's last runs; None while
-    fewer than :data:`LEASE_RUNS_TRUSTED` are kept.
+    fewer than :data:`LEASE_RUNS_TRUSTED` of at least :data:`LEAST_RUN_BYTES` are kept.
 
     Nothing can pause a lease's work (it runs in processes roomkeeper did not start), so
     its size must cover the kind's largest run, not the largest seen: the most of the
     runs plus the mean gap between them, ``max + (max - min) / (n - 1)`` (for runs spread
     evenly over a range, the unbiased guess of the range's top).  A job's size needs no such
     margin: the ladder can pause one that outgrows it.
+
+    Above the guard's ``line`` (when known) it is the most of the runs, at most the line:
+    a run held that much and ran, and a margin that alone made it never fit would hold
+    every lease of the kind back for good.
     """
-    if len(peaks) < LEASE_RUNS_TRUSTED:
+    runs = [peak for peak in peaks if peak >= LEAST_RUN_BYTES]
+    if len(runs) < LEASE_RUNS_TRUSTED:
         return None
-    most, least = max(peaks), min(peaks)
-    return most + (most - least) // (len(peaks) - 1)
+    most, least = max(runs), min(runs)
+    size = most + (most - least) // (len(runs) - 1)
+    if line is not None and line > 0 and size > line:
+        return min(most, line)
+    return size
 
 
 class SizeBook(Protocol):
