@@ -69,6 +69,27 @@ async def sleep_or_woken(seconds: float, wake: asyncio.Event | None = None) -> N
         await asyncio.wait_for(wake.wait(), seconds)
 
 
+class LeaseEnds:
+    """What a grant waiting for room waits on besides its retry: the next lease's end."""
+
+    def __init__(self) -> None:
+        # One event at a time, on the loop that waits on it (an event belongs to one loop).
+        self._next: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    def next(self) -> asyncio.Event:
+        """The event the next lease's end sets, on the running loop."""
+        loop = asyncio.get_running_loop()
+        if self._next is None or self._next[0] is not loop:
+            self._next = (loop, asyncio.Event())
+        return self._next[1]
+
+    def fire(self) -> None:
+        """A lease ended: wake everything waiting on the next end."""
+        if self._next is not None:
+            self._next[1].set()
+            self._next = None
+
+
 def learned_terms(
     terms: LeaseTerms, journal: Journal, guard: Guard, default_memory: int | None
 ) -> LeaseTerms:
@@ -129,8 +150,7 @@ class DurableLeases:
         self._due: list[tuple[str, ReleaseHook]] = []  # hooks owed since before this start
         self._owed_ids: set[str] = set()  # every lease whose owed hook this run makes, once
         self._more_due = asyncio.Event()
-        # Set as a lease ends (its memory back), then dropped; one per loop that waits on it.
-        self._ended: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self._ends = LeaseEnds()
 
     def restore(self) -> None:
         """Leases granted before a restart and not yet past their ttl keep their reservation;
@@ -219,7 +239,7 @@ class DurableLeases:
                 raise UsageError(
                     "the gateway is shutting down: the lease was not granted", name="shutdown"
                 )
-            await pause(LEASE_RETRY_S, self._lease_ends())
+            await pause(LEASE_RETRY_S, self._ends.next())
 
     def learned(self, terms: LeaseTerms, default_memory: int | None = None) -> LeaseTerms:
         """``terms`` sized as :func:`learned_terms` says, from this gateway's runs."""
@@ -320,19 +340,10 @@ class DurableLeases:
         finally:  # whatever happened to the hook, the lease's memory is given back
             lease = self.leases.complete(lease_id, outcome)
             write = self.records.save(lease)
-            if self._ended is not None:  # wake every grant waiting for room
-                self._ended[1].set()
-                self._ended = None
+            self._ends.fire()  # wake every grant waiting for room
         # A journal that did not answer before the hook will not answer now: say so at once.
         await awaited(write, f"lease {lease_id!r}'s end", then=then, timeout_s=0 if late else None)
         return lease
-
-    def _lease_ends(self) -> asyncio.Event:
-        """The event the next lease's end sets, on the running loop."""
-        loop = asyncio.get_running_loop()
-        if self._ended is None or self._ended[0] is not loop:
-            self._ended = (loop, asyncio.Event())
-        return self._ended[1]
 
     async def _run_hook(self, hook: ReleaseHook, lease_id: str) -> str:
         """The hook on its own pool, keyed by the lease; this request waits for it, nothing
