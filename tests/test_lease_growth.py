@@ -182,7 +182,7 @@ def test_a_lease_that_ends_alone_teaches_its_kind_the_memory_it_gave_back(
     finish("a")
     step(-300 * MB)  # a's work gave its memory back as it ended
     assert kept == []  # not yet: the next end told might own part of the fall
-    for _ in range(4):
+    for _ in range(6):
         step()  # past the window of a's end
     assert kept == [("kind:agent-Explore", 300 * MB)]
     assert growth.statistics().learned == {"agent-Explore": 300 * MB}
@@ -193,13 +193,13 @@ def test_a_lease_that_ends_alone_teaches_its_kind_the_memory_it_gave_back(
     finish("c")
     finish("d")
     step(-400 * MB)  # two ended together: whose was what is not known
-    for _ in range(4):
+    for _ in range(6):
         step()
     leases.grant("e", LeaseTerms(memory_bytes=1 * GB, kind="agent-Plan"))
     step(10 * MB)
     finish("e")
     step(-10 * MB)  # under the least kept: noise, or memory not given back
-    for _ in range(4):
+    for _ in range(6):
         step()
     leases.grant("f", LeaseTerms(memory_bytes=1 * GB, kind="agent-Plan"))
     leases.grant("g", LeaseTerms(memory_bytes=1 * GB, kind="agent-Plan"))
@@ -210,7 +210,7 @@ def test_a_lease_that_ends_alone_teaches_its_kind_the_memory_it_gave_back(
     finish("g")
     step()  # g's end, told close after: f's fall is not kept
     finish("b")
-    for _ in range(4):
+    for _ in range(6):
         step()
     assert kept == [("kind:agent-Explore", 300 * MB)]
 
@@ -218,7 +218,7 @@ def test_a_lease_that_ends_alone_teaches_its_kind_the_memory_it_gave_back(
     step(200 * MB)
     finish("h", LeaseState.EXPIRED)
     step(-200 * MB)  # an expiry: whatever fell is not known to be its work's
-    for _ in range(4):
+    for _ in range(6):
         step()
     granted, decision = leases.grant("i", LeaseTerms(memory_bytes=1 * GB, kind="agent-Plan"))
     assert granted is not None, decision
@@ -228,7 +228,20 @@ def test_a_lease_that_ends_alone_teaches_its_kind_the_memory_it_gave_back(
     finish("i")
     step()  # its end is told before its work gives the memory back
     step(-240 * MB)
-    for _ in range(4):
+    for _ in range(6):
+        step()
+    assert kept == [("kind:agent-Explore", 300 * MB), ("kind:agent-Plan", 240 * MB)]
+
+    leases.grant("j", LeaseTerms(memory_bytes=1 * GB, kind="agent-Plan"))
+    leases.grant("k", LeaseTerms(memory_bytes=1 * GB, kind="agent-Plan"))
+    step(420 * MB)
+    finish("j")
+    step()
+    step()
+    step(-200 * MB)  # j's work gives its memory back a second after its end was told
+    finish("k")
+    step(-220 * MB)  # k's end, 1.5 s after j's: its window holds j's fall too
+    for _ in range(6):
         step()
     assert kept == [("kind:agent-Explore", 300 * MB), ("kind:agent-Plan", 240 * MB)]
 

@@ -13,10 +13,10 @@ It also learns what a lease of a ``kind`` takes.  Nothing measures one lease's w
 alone, but its memory leaves the container when it ends: :meth:`LeaseGrowth.sample`
 reads the container every :data:`SAMPLE_EVERY_S` while a lease of a kind is granted.
 A lease released (not expired: an expiry comes long after, or before, its work gave
-anything back) with no other lease ending within :data:`LEARN_WINDOW_S` before or after
-it is measured once that window after it has passed: the largest fall of the readings,
-reading after falling reading without a rise between, from the window before its end
-to the window after (its holder may tell its end before or after its work gives its
+anything back) with no other lease ending within twice :data:`LEARN_WINDOW_S` before or
+after it is measured once that has passed: the largest fall of the readings, reading
+after falling reading without a rise between, from :data:`LEARN_WINDOW_S` before its
+end to as long after (its holder may tell its end before or after its work gives its
 memory back).  That fall is kept as a run of ``kind:<kind>``, as a job's peak is.
 Other work growing in the same tenth of a second makes it smaller, and other work's
 falls are separate runs, never added to it.  Leases that end close together are not told
@@ -42,9 +42,11 @@ from roomkeeper.jobs.sizes import KIND_PREFIX, LEAST_RUN_BYTES
 
 log = logging.getLogger(__name__)
 
-LEARN_WINDOW_S = 1.5
-"""How far back an ended lease's memory is looked for: a holder may tell its end a second
-after its work gave its memory back (a hook's process starts first)."""
+LEARN_WINDOW_S = 1.0
+"""How far before and after its end a lease's memory is looked for falling: a holder may
+tell its end a little before or after its work gives its memory back (a hook's process
+starts first).  Another end within twice this, either side, may have its own fall in the
+window, so such a lease teaches nothing."""
 SAMPLE_EVERY_S = 0.1
 """How often the container is read while a lease of a kind is granted: the less time
 between two readings, the less of other work's growth hides in the fall between them."""
@@ -148,17 +150,19 @@ class LeaseGrowth:
             self._readings.append((now, reading.used - self._scheduler.local_footprints()))
         else:
             self._readings.clear()  # a gap: no fall is measured across it
-        while self._readings and now - self._readings[0][0] > 2 * LEARN_WINDOW_S:
+        while self._readings and now - self._readings[0][0] > 3 * LEARN_WINDOW_S:
             self._readings.popleft()
+        apart = 2 * LEARN_WINDOW_S  # no other end's fall can be in this one's window
         if new_ends > 0:
-            alone = len(ended) == new_ends == 1 and now - self._last_end > LEARN_WINDOW_S
+            alone = len(ended) == new_ends == 1 and now - self._last_end > apart
             # Another end close after a pending one: whose fall is whose is not known.
             self._pending = (now, ended[0]) if alone and ended[0] is not None else None
             self._last_end = now
-        elif self._pending is not None and now - self._pending[0] > LEARN_WINDOW_S:
+        elif self._pending is not None and now - self._pending[0] > apart:
             at, kind = self._pending
             self._pending = None
-            fell = _largest_fall([u for t, u in self._readings if t >= at - LEARN_WINDOW_S])
+            window = [u for t, u in self._readings if abs(t - at) <= LEARN_WINDOW_S]
+            fell = _largest_fall(window)
             if fell >= LEARN_MIN_BYTES:
                 self._learned[kind] = fell
                 self._learn(KIND_PREFIX + kind, fell)
