@@ -19,6 +19,7 @@ from roomkeeper.guard.attribution import Holder, attribute, raised_base
 from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import Leases, LeaseState
 from roomkeeper.jobs.sizes import lease_size
+from roomkeeper.testing import FakeClock
 from roomkeeper.units import GB
 from tests.agent_events import claude_post, claude_pre_agent
 from tests.cgroups import memory_box
@@ -42,16 +43,6 @@ class QuietJobs:
 
 def never(key: str, peak: int) -> None:
     raise AssertionError(f"nothing is learned here (got {key} {peak})")
-
-
-class Clock:
-    """A clock the test moves: one attribution step every half second."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def set_used(tmp_path: Path, used: int) -> None:
@@ -150,7 +141,7 @@ def test_a_lease_that_ends_alone_teaches_its_kind_the_memory_it_gave_back(
     guard, _ = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
     leases = Leases(guard)
     kept: list[tuple[str, int]] = []
-    clock = Clock()
+    clock = FakeClock()
     growth = LeaseGrowth(
         guard=guard,
         scheduler=QuietJobs(),  # type: ignore[arg-type]
@@ -166,7 +157,7 @@ def test_a_lease_that_ends_alone_teaches_its_kind_the_memory_it_gave_back(
         set_used(tmp_path, used)
         growth.sample()
         growth.step()
-        clock.now += 0.5
+        clock.advance(0.5)
 
     def finish(lease_id: str, state: LeaseState = LeaseState.RELEASED) -> None:
         """End the lease and give its reservation back, as the gateway does."""

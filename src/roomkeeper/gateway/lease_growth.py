@@ -136,11 +136,13 @@ class LeaseGrowth:
         now = self._clock()
         views = self._leases.views()
         granted = {v.id: v.terms.kind for v in views if v.state is LeaseState.GRANTED}
-        released = {v.id for v in views if v.state is LeaseState.RELEASED}
-        ended = [k for i, k in self._granted.items() if i not in granted and i in released]
         ends = self._ends()
         # Counted, not only seen: a lease granted and ended between two samples ended too.
         new_ends, self._ends_seen = ends - self._ends_seen, ends
+        ended: list[str | None] = []
+        if new_ends > 0:
+            released = {v.id for v in views if v.state is LeaseState.RELEASED}
+            ended = [k for i, k in self._granted.items() if i not in granted and i in released]
         watching = self._pending is not None or any(
             kind is not None for kind in (*granted.values(), *self._granted.values())
         )
