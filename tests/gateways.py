@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import psutil
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.journal.database import Journal
 from tests.cgroups import MemoryBox
+from tests.ports import free_port
 
 
 @contextlib.contextmanager
@@ -44,12 +44,6 @@ def in_process_gateway(tmp_path: Path, **env: str) -> Iterator[Gateway]:
             write.result(timeout=30)
         built.hooks.close()
         journal.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from tests.ports import free_ports
 
 RAY = str(Path(sys.executable).with_name("ray"))
 NODE_WAIT_S = 90.0
@@ -39,33 +40,9 @@ FAST_HEALTH = {
 }
 
 
-# Ports this process has handed out.  A port is free again the moment its
-# probing socket closes, so two calls could hand out the same one (the head's
-# GCS port came back as one of its worker ports, and Ray refused to start).
-_HANDED_OUT: set[int] = set()
-
 # What ``ray start`` says when a port it was given is taken after all: a setup
 # failure of the test's port choice, so the node is started once more on others.
 PORT_CLASHES = ("used by other components", "Address already in use", "Failed to bind")
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on loopback now, none handed out before by this process."""
-    sockets = []
-    ports: list[int] = []
-    try:
-        while len(ports) < count:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-            port = int(s.getsockname()[1])
-            if port not in _HANDED_OUT:
-                ports.append(port)
-        _HANDED_OUT.update(ports)
-        return ports
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @dataclass
