@@ -19,7 +19,8 @@ read-only search) to 0.05..0.10 GB.  Each contender runs in a fresh memory group
   (20 is Claude Code's default; an expert picks limit / largest session).
 
 Reported per contender (per swarm for the hooks): sessions done and lost, the time to
-finish all, and the group's OOM kills.  Needs root and a cgroup memory controller.
+finish all, the sessions running at once on average, and the group's OOM kills.
+Needs root and a cgroup memory controller.
 Usage:
     python benchmarks/bench_subagents.py [--sessions 16] [--limit 1.5G] [--light 0]
         [--contenders hook,hook-http,20,4] [--memory 400M] [--swarms 2] [--seed 1]
@@ -102,21 +103,31 @@ def memory_group(parent: Path, version: int, limit: int):  # type: ignore[no-unt
                 time.sleep(0.1)
 
 
-def run_session(group: Path, session: Session) -> int:
+def run_session(group: Path, session: Session, ran_s: list[float]) -> int:
+    """Run one session in ``group``; its exit status, its running seconds added to ``ran_s``."""
     size, grow, hold, _ = session
     argv = in_group(group, [sys.executable, "-c", GROW, str(size), str(grow), str(hold)])
-    return subprocess.run(argv, check=False).returncode
+    began = time.monotonic()
+    code = subprocess.run(argv, check=False).returncode
+    ran_s.append(time.monotonic() - began)
+    return code
+
+
+def at_once(seconds: list[float], wall: float) -> float:
+    """Sessions running at once, on average over ``wall``: their running seconds over it."""
+    return sum(seconds) / wall if wall > 0 else 0.0
 
 
 def hook_contender(
     group: Path, work: list[Session], memory: str, swarms: int, kind: str
-) -> list[tuple[list[int], float]]:
+) -> list[tuple[list[int], float, float]]:
     """``swarms`` swarms one after another through one gateway, every session of a swarm at
     once through the hook; per swarm, each session's exit status and the seconds from its
     first event to its last session's end (the gateway is a service, started before: its
     start is not counted; what a swarm teaches, the next one asks).  ``kind`` is the hook
     type: ``command`` runs ``roomkeeper hook claude-code`` per event, ``http`` posts the
-    event to the gateway's route as Claude Code's http hook does."""
+    event to the gateway's route as Claude Code's http hook does.  Also per swarm: the
+    sessions running at once, on average."""
     mib = parse_size(memory) >> 20
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
@@ -138,7 +149,7 @@ def hook_contender(
             hook_env = {**env, "ROOMKEEPER_URL": f"http://127.0.0.1:{port}"}
             hook_env["ROOMKEEPER_TOKEN"] = token
 
-            def one(i: int, swarm: int, codes: list[int]) -> None:
+            def one(i: int, swarm: int, codes: list[int], ran_s: list[float]) -> None:
                 pre = {
                     "session_id": f"bench-{swarm}-{i}",
                     "hook_event_name": "PreToolUse",
@@ -154,7 +165,7 @@ def hook_contender(
                         if said.status_code != 200 or said.json() != {}:
                             codes[i] = -1000  # refused: lost
                             return
-                        codes[i] = run_session(group, work[i])
+                        codes[i] = run_session(group, work[i], ran_s)
                         web.post(route, json=post, timeout=60)
                     return
                 hook = [sys.executable, "-m", "roomkeeper", "hook", "claude-code", "--memory"]
@@ -169,7 +180,7 @@ def hook_contender(
                 if ran.returncode != 0 or ran.stdout.strip():
                     codes[i] = -1000  # refused: lost
                     return
-                codes[i] = run_session(group, work[i])
+                codes[i] = run_session(group, work[i], ran_s)
                 subprocess.run(
                     hook[:-1],
                     input=json.dumps(post),
@@ -179,32 +190,36 @@ def hook_contender(
                     check=False,
                 )
 
-            results: list[tuple[list[int], float]] = []
+            results: list[tuple[list[int], float, float]] = []
             for swarm in range(swarms):
                 time.sleep(2.0)  # a quiet moment, as a service long up has seen
                 codes = [0] * len(work)
+                ran_s: list[float] = []
                 started = time.monotonic()
                 threads = [
-                    threading.Thread(target=one, args=(i, swarm, codes)) for i in range(len(work))
+                    threading.Thread(target=one, args=(i, swarm, codes, ran_s))
+                    for i in range(len(work))
                 ]
                 for t in threads:
                     t.start()
                 for t in threads:
                     t.join()
-                results.append((codes, time.monotonic() - started))
+                wall = time.monotonic() - started
+                results.append((codes, wall, at_once(ran_s, wall)))
             return results
         finally:
             stop_process(gateway)
 
 
-def cap_contender(group: Path, work: list[Session], cap: int) -> list[int]:
-    """At most ``cap`` sessions at once; each session's exit status."""
+def cap_contender(group: Path, work: list[Session], cap: int, ran_s: list[float]) -> list[int]:
+    """At most ``cap`` sessions at once; each session's exit status (running seconds to
+    ``ran_s``)."""
     slots = threading.Semaphore(cap)
     codes = [0] * len(work)
 
     def one(i: int) -> None:
         with slots:
-            codes[i] = run_session(group, work[i])
+            codes[i] = run_session(group, work[i], ran_s)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
     for t in threads:
@@ -250,17 +265,19 @@ def main() -> None:
                 runs = hook_contender(group, work, args.memory, args.swarms, kind)
                 labels = [f"{name}, swarm {n + 1}" for n in range(len(runs))]
             elif name.isdigit():
-                codes = cap_contender(group, work, int(name))
-                runs = [(codes, time.monotonic() - started)]
+                ran_s: list[float] = []
+                codes = cap_contender(group, work, int(name), ran_s)
+                wall = time.monotonic() - started
+                runs = [(codes, wall, at_once(ran_s, wall))]
                 labels = [f"count cap {name}"]
             else:
                 sys.exit(f"unknown contender {name!r}: give hook, hook-http or a number")
             kills = group_oom_kills(group, version)
-        for label, (codes, wall) in zip(labels, runs, strict=True):
+        for label, (codes, wall, running) in zip(labels, runs, strict=True):
             done = sum(1 for c in codes if c == 0)
             print(
                 f"{label:24s} done {done:2d}/{len(work)}  lost {len(work) - done:2d}  "
-                f"all finished in {wall:6.1f} s",
+                f"all finished in {wall:6.1f} s  ({running:.2f} at once on average)",
                 flush=True,
             )
         print(f"{'':24s} OOM kills in its group: {kills}", flush=True)
