@@ -163,11 +163,13 @@ class BatchOptions:
         policy: the memory policy every line runs under (``pack`` unless ``--strict``).
         kinds: each line's kind (None: a hash of the line and the directory).
         sizes: where learned sizes are read and each line's peak is kept; None learns nothing.
+        jobserver: every line runs with a jobserver of its own (``--jobserver``).
     """
 
     policy: MemoryPolicy = MemoryPolicy.PACK
     kinds: Sequence[str | None] = ()
     sizes: SizeBook | None = None
+    jobserver: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +355,7 @@ class _BatchRun:
             kind=kinds[index] if index < len(kinds) else None,
             worktree=self._worktrees.request(index + 1) if self._worktrees else None,
             restartable=True,  # as GNU parallel treats its lines
+            jobserver=self._options.jobserver,
         )
         sizes = self._options.sizes
         if sizes is None:

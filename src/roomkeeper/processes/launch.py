@@ -75,6 +75,8 @@ class LaunchSpec:
         disk_bytes: the job's own disk estimate (None: the default); unused here.
         deadline_s: seconds the job has left when launched (None: no deadline),
             for a launcher whose nodes enforce it too; unused here.
+        pass_fds: descriptors the job inherits beside stdin, stdout and stderr (its
+            jobserver's, :mod:`roomkeeper.jobserver`).
     """
 
     argv: Sequence[str]
@@ -89,6 +91,7 @@ class LaunchSpec:
     memory_bytes: int = 0
     disk_bytes: int | None = None
     deadline_s: float | None = None
+    pass_fds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not -20 <= self.nice <= 19:
@@ -157,6 +160,7 @@ def launch(job_id: str, spec: LaunchSpec, *, lifeline: Lifeline | None = None) -
             cwd=spec.cwd,
             env=None if spec.env is None else dict(spec.env),
             start_new_session=True,
+            pass_fds=spec.pass_fds,
         )
     except (OSError, RoomkeeperError) as err:
         if isinstance(cgroup, JobCgroup):
