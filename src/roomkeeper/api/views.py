@@ -19,6 +19,7 @@ from roomkeeper.gateway.service import Gateway
 from roomkeeper.guard.leases import LeaseView, lease_fields
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.jobserver.meter import JobserverStatistics
 from roomkeeper.journal.jobs import JobRow
 from roomkeeper.loopback.hooks import ReleaseHook
 from roomkeeper.relief.ladder import PressureReason
@@ -45,8 +46,30 @@ JOB_FIELDS = (
 )
 
 
-def job_json(view: JobView) -> dict[str, Any]:
-    """A live job as the API shows it (the same fields as a journal row)."""
+def tokens_json(stats: JobserverStatistics | None) -> dict[str, Any] | None:
+    """A running job's jobserver as the API shows it: tokens out, the step estimate and why
+    no more tokens were given ("no room: ..."); None without one."""
+    if stats is None:
+        return None
+    return {
+        "tokens_out": stats.tokens_out,
+        "idle": stats.idle,
+        "minted": stats.minted,
+        "steps": stats.steps,
+        "step_bytes": stats.step_bytes,
+        "step_source": stats.step_source.value,
+        "claim_bytes": stats.claim_bytes,
+        "reason": stats.reason.value,
+        "summary": stats.summary,
+        "lost": stats.lost,
+        "unread": stats.unread,
+        "taken_back": stats.taken_back,
+    }
+
+
+def job_json(view: JobView, tokens: JobserverStatistics | None = None) -> dict[str, Any]:
+    """A live job as the API shows it (the same fields as a journal row), with its
+    jobserver's tokens while it runs with one."""
     return {
         "id": view.id,
         "owner": view.owner,
@@ -67,6 +90,8 @@ def job_json(view: JobView) -> dict[str, Any]:
         "estimate_bytes": view.estimate_bytes,
         "estimate_source": view.estimate_source.value,  # stated, learned, default, re-run
         "kind": view.spec.kind,
+        "jobserver": view.spec.jobserver,
+        "tokens": tokens_json(tokens),
     }
 
 
@@ -78,6 +103,8 @@ def row_json(row: JobRow) -> dict[str, Any]:
         "argv": row.spec.get("argv", []),
         "worktree": row.spec.get("worktree"),
         "kind": row.spec.get("kind"),
+        "jobserver": bool(row.spec.get("jobserver")),
+        "tokens": None,  # a job of an earlier run holds no tokens now
         "resolution": row.resolution,
     }
     if row.state == JobState.UNCERTAIN.value:
