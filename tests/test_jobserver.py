@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import signal
 import stat
@@ -318,6 +319,7 @@ def test_make_runs_as_many_steps_as_fit_and_none_is_killed(tmp_path: Path) -> No
     assert len(steps.ends) == 8, (err, _logs(tmp_path))
     assert 2 <= steps.most_at_once() <= FITS, (steps, _logs(tmp_path))
     assert "removed '-j8'" in _logs(tmp_path)
+    assert re.search(r"most \d steps at once, step [\d.]+ [MG]B \((learned|running)\)", err), err
 
 
 @pytest.mark.kernel

@@ -31,15 +31,16 @@ pool is its own FIFO, so no token can pass from one job to another.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.rule import Word
 from roomkeeper.jobserver.census import Census, take_census
 from roomkeeper.jobserver.flags import Command, prepare_command
 from roomkeeper.jobserver.pool import TokenPool
@@ -51,7 +52,25 @@ ROUND_S = 0.1  # a token a round per job: ten steps a second is ample for a buil
 LOST_AFTER_S = 1.0  # a client reads a token before it forks: a shortfall must outlast that
 
 
-class TokenReason(Word):
+class _Described(enum.Enum):
+    """A word with its description, as :class:`~roomkeeper.guard.rule.Word` writes them.
+
+    Not a ``Word``: those are the reasons a *job* waits or ended, composed
+    into one vocabulary for the wire; these describe a running job's pool,
+    and ``pressure`` means something else here than the ladder's word.
+    """
+
+    _value_: str
+    description: str
+
+    def __new__(cls, code: str, description: str) -> Self:
+        member = object.__new__(cls)
+        member._value_ = code
+        member.description = description
+        return member
+
+
+class TokenReason(_Described):
     """Why a job's pool got another token, or why not."""
 
     MINTED = "minted", "room for another step: a token was minted"
@@ -61,7 +80,7 @@ class TokenReason(Word):
     STARTING = "starting", "the job has not started its first step yet"
 
 
-class StepSource(Word):
+class StepSource(_Described):
     """Where a job's step estimate comes from."""
 
     DEFAULT = "default", "the guard's default job estimate: no step has finished yet"
