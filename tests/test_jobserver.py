@@ -272,7 +272,7 @@ def test_a_token_lost_with_a_dead_client_is_minted_again(tmp_path: Path) -> None
         _end(holder)
         _end(bystander)
         servers.shutdown()
-    assert (stats.lost, stats.minted, stats.idle) == (1, 2, 1)
+    assert (stats.lost, stats.minted, stats.idle, stats.tokens_out) == (1, 2, 1, 0)
 
 
 # ------------------------------------------------------------------ real builds

@@ -430,6 +430,9 @@ class FeedJob(BaseModel):
     submitted_at: Number
     started_at: Number | None
     ended_at: Number | None
+    tokens: TokensOut | None = Field(
+        default=None, description="Its jobserver's tokens while it runs with one."
+    )
 
 
 class FeedRefusal(BaseModel):

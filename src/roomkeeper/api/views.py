@@ -229,6 +229,7 @@ def _feed_jobs(gateway: Gateway) -> list[dict[str, Any]]:
     """This run's newest jobs, then the work in doubt an earlier run left: jobs, then calls."""
     shown = sorted(gateway.scheduler.jobs(), key=lambda v: v.submitted_at, reverse=True)[:FEED_JOBS]
     live = {v.id for v in shown}
+    pools = gateway.scheduler.jobserver_statistics()
     # Work in doubt from an earlier run lives only in the journal: show it too.
     in_doubt = [
         r
@@ -238,14 +239,15 @@ def _feed_jobs(gateway: Gateway) -> list[dict[str, Any]]:
     ]
     calls = gateway.calls.list(state="uncertain")[:FEED_IN_DOUBT]
     return (
-        [_feed_live_job(v) for v in shown]
+        [_feed_live_job(v, pools.get(v.id)) for v in shown]
         + [_feed_row(r) for r in in_doubt]
         + [_feed_call(c) for c in calls]
     )
 
 
-def _feed_live_job(view: JobView) -> dict[str, Any]:
-    """A job of this run as the Health page lists it: no command line, no path."""
+def _feed_live_job(view: JobView, pool: JobserverStatistics | None) -> dict[str, Any]:
+    """A job of this run as the Health page lists it: no command line, no path (its
+    jobserver's tokens while it has one)."""
     return {
         "id": view.id,
         "owner": view.owner,
@@ -255,6 +257,7 @@ def _feed_live_job(view: JobView) -> dict[str, Any]:
         "submitted_at": view.submitted_at,
         "started_at": view.started_at,
         "ended_at": view.ended_at,
+        "tokens": tokens_json(pool),
     }
 
 
