@@ -274,6 +274,36 @@ def test_a_token_lost_with_a_dead_client_is_minted_again(tmp_path: Path) -> None
     assert (stats.lost, stats.minted, stats.idle, stats.tokens_out) == (1, 2, 1, 0)
 
 
+def test_idle_tokens_are_taken_back_under_pressure_and_none_minted(tmp_path: Path) -> None:
+    """Pressure: every idle token leaves the FIFO, none is minted; minting resumes after it."""
+    guard = Guard(env={"ROOMKEEPER_GUARD": "off"})
+    pressure = [False]
+    settings = JobserverSettings(pools_dir=tmp_path / "pools", step_default=1, lost_after_s=600)
+    servers = Jobservers(guard, settings, pressure=lambda: pressure[0])
+    _, fds = servers.open("p", "o", ["true"], {}, shell=False)
+    client = _client(fds[0], 0)  # holds the FIFO open and takes nothing: minted tokens wait
+    try:
+        servers.attach("p", lambda: [client.pid])
+        deadline = time.monotonic() + 30
+        while servers.statistics().get("p") is None or servers.statistics()["p"].idle == 0:
+            assert time.monotonic() < deadline, "no token was ever minted"
+            servers.round()
+            time.sleep(0.05)
+        pressure[0] = True
+        servers.round()
+        servers.round()
+        under = servers.statistics()["p"]
+        pressure[0] = False
+        servers.round()
+        after = servers.statistics()["p"]
+    finally:
+        _end(client)
+        servers.shutdown()
+    assert (under.reason.value, under.idle, under.taken_back) == ("pressure", 0, 1), under
+    assert under.minted == 1, under
+    assert (after.reason.value, after.minted, after.idle) == ("minted", 2, 1), after
+
+
 # ------------------------------------------------------------------ real builds
 
 
