@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from roomkeeper.guard.admission import Guard
@@ -30,6 +31,7 @@ from tests.builds import (
     wheel_ninja,
 )
 from tests.cgroups import batch_env, memory_box
+from tests.gateways import gateway_in_box, wait_until
 
 AUTH = Auth("/run/x/1.fifo", 7, 8)
 LIMIT = 2_000_000_000
@@ -454,3 +456,65 @@ def test_two_builds_side_by_side_both_progress(tmp_path: Path) -> None:
     assert min(t for n, t in steps.starts.items() if n.startswith("a")) < b_end, steps
     both = [t for n, t in steps.starts.items() if n.startswith("b") and t < a_end]
     assert len(both) >= 2, steps
+
+
+def _metric(text: str, name: str) -> float:
+    """One unlabelled gauge's value from /metrics' text."""
+    (line,) = [x for x in text.splitlines() if x.startswith(f"{name} ")]
+    return float(line.split()[1])
+
+
+def _watch(client: httpx.Client, job_id: str) -> tuple[list[dict[str, object]], list[str]]:
+    """The job view's tokens and /metrics, read every 0.1 s until the job ends; the job last."""
+    views: list[dict[str, object]] = []
+    metrics: list[str] = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        view = client.get(f"/v1/jobs/{job_id}").json()
+        views.append(view)
+        if view["state"] not in {"queued", "running"}:
+            return views, metrics
+        metrics.append(client.get("/metrics").text)
+        time.sleep(0.1)
+    raise AssertionError(f"the job never ended: {views[-1]}")
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_a_gateway_job_with_a_jobserver_shows_its_tokens_in_its_view_and_on_metrics(
+    tmp_path: Path,
+) -> None:
+    """POST /v1/jobs with "jobserver": true runs real make metered; view and /metrics show it."""
+    trace = tmp_path / "trace"
+    folder = makefile(tmp_path / "build", trace, 6, 300_000_000)
+    with memory_box(LIMIT) as box:
+        with gateway_in_box(box, tmp_path) as (client, log_path):
+            answer = client.post(
+                "/v1/jobs", json={"argv": ["make", "-j6", "-C", str(folder)], "jobserver": True}
+            )
+            assert answer.status_code == 201, answer.text
+            job_id = str(answer.json()["id"])
+            views, metrics = _watch(client, job_id)
+            wait_until(
+                lambda: _metric(client.get("/metrics").text, "roomkeeper_jobserver_jobs") == 0,
+                "the jobserver's removal from /metrics",
+            )
+            output = client.get(f"/v1/jobs/{job_id}/output").text
+        kills = box.oom_kills()
+        log = log_path.read_text()
+    last = views[-1]
+    assert (last["state"], last["exit_code"], last["jobserver"]) == ("exited", 0, True), log[-3000:]
+    assert last["tokens"] is None  # an ended job holds no tokens
+    assert kills == 0, log[-3000:]
+    assert len(read_trace(trace).ends) == 6, output
+    assert "removed '-j6'" in output, output
+    tokens = [v["tokens"] for v in views if isinstance(v["tokens"], dict)]
+    assert tokens, views
+    most = max(int(t["tokens_out"]) for t in tokens)  # type: ignore[call-overload]
+    assert most >= 1, tokens
+    assert max(int(t["minted"]) for t in tokens) >= 1  # type: ignore[call-overload]
+    assert read_trace(trace).most_at_once() <= FITS
+    running = [m for m in metrics if _metric(m, "roomkeeper_jobserver_jobs") == 1]
+    assert running, metrics[-1:]
+    assert max(_metric(m, "roomkeeper_jobserver_tokens_out") for m in running) >= 1
+    assert max(_metric(m, "roomkeeper_jobserver_step_bytes_max") for m in running) > 0
