@@ -9,6 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STEP = Path(__file__).resolve().parent / "build_step.py"
+# Each step grows over GROW_S and holds for HOLD_S: slow enough that the meter (a round every
+# 0.1 s) sees every step grow, short enough that a build of 8 steps takes a few seconds.
+GROW_S = 0.8
+HOLD_S = 0.2
 
 
 def step_command(trace: Path, name: str, size: int, grow_s: float, hold_s: float) -> str:
@@ -20,7 +24,7 @@ def makefile(folder: Path, trace: Path, steps: int, size: int, *, prefix: str = 
     """A Makefile of ``steps`` independent steps under ``all``, each growing to ``size``."""
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"{prefix}{i}" for i in range(1, steps + 1)]
-    rules = "".join(f"{n}:\n\t@{step_command(trace, n, size, 1.5, 0.5)}\n" for n in names)
+    rules = "".join(f"{n}:\n\t@{step_command(trace, n, size, GROW_S, HOLD_S)}\n" for n in names)
     (folder / "Makefile").write_text(
         f".PHONY: all {' '.join(names)}\nall: {' '.join(names)}\n{rules}"
     )
@@ -33,7 +37,7 @@ def ninja_file(folder: Path, trace: Path, steps: int, size: int) -> Path:
     lines = ["rule step\n  command = $cmd\n"]
     for i in range(1, steps + 1):
         lines.append(
-            f"build out{i}: step\n  cmd = {step_command(trace, f'n{i}', size, 1.5, 0.5)}"
+            f"build out{i}: step\n  cmd = {step_command(trace, f'n{i}', size, GROW_S, HOLD_S)}"
             f" && touch out{i}\n"
         )
     (folder / "build.ninja").write_text("\n".join(lines))
@@ -72,9 +76,9 @@ fn main() {
     let mut held: Vec<Vec<u8>> = Vec::new();
     for _ in 0..10 {
         held.push(vec![1u8; SIZE / 10]);
-        std::thread::sleep(std::time::Duration::from_millis(150));
+        std::thread::sleep(std::time::Duration::from_millis(80));
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    std::thread::sleep(std::time::Duration::from_millis(200));
     note("end");
     println!("cargo:rerun-if-changed=build.rs");
     drop(held);

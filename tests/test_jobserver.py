@@ -389,7 +389,7 @@ def test_cargo_builds_a_workspace_with_steps_as_memory_allows(tmp_path: Path) ->
 def test_a_step_killed_with_its_token_in_hand_gets_it_minted_again(tmp_path: Path) -> None:
     """A recursive step takes a token and is SIGKILLed: the token is minted again, all finish."""
     trace = tmp_path / "trace"
-    folder = makefile(tmp_path / "build", trace, 5, 300_000_000)
+    folder = makefile(tmp_path / "build", trace, 4, 300_000_000)
     holder = f"-+{step_command(trace, 'h', 300_000_000, 1.0, 30)}".replace(
         "build_step.py", "build_step.py --hold-token", 1
     )
@@ -402,7 +402,7 @@ def test_a_step_killed_with_its_token_in_hand_gets_it_minted_again(tmp_path: Pat
     assert done.returncode == 0, (done.stderr[-3000:], logs)
     assert kills == 0
     steps = read_trace(trace)
-    assert all(f"s{i}" in steps.ends for i in range(1, 6)), logs
+    assert all(f"s{i}" in steps.ends for i in range(1, 5)), logs
     assert "1 token(s) lost with a client that ended holding them" in logs, logs
 
 
@@ -442,12 +442,12 @@ def _batch_killing_holder(
 def test_two_builds_side_by_side_both_progress(tmp_path: Path) -> None:
     """Two make builds in one 2 GB group share the tokens: each runs steps while the other does."""
     trace = tmp_path / "trace"
-    a = makefile(tmp_path / "a", trace, 5, 300_000_000, prefix="a")
-    b = makefile(tmp_path / "b", trace, 5, 300_000_000, prefix="b")
+    a = makefile(tmp_path / "a", trace, 4, 300_000_000, prefix="a")
+    b = makefile(tmp_path / "b", trace, 4, 300_000_000, prefix="b")
     err, kills = _run_in_box(tmp_path, [f"make -C {a}", f"make -C {b}"])
     steps = read_trace(trace)
     assert kills == 0, err
-    assert len(steps.ends) == 10, (err, _logs(tmp_path))
+    assert len(steps.ends) == 8, (err, _logs(tmp_path))
     assert steps.most_at_once() * 300_000_000 <= LIMIT * 0.9, steps
     a_end = max(t for n, t in steps.ends.items() if n.startswith("a"))
     b_end = max(t for n, t in steps.ends.items() if n.startswith("b"))
@@ -486,7 +486,7 @@ def test_a_gateway_job_with_a_jobserver_shows_its_tokens_in_its_view_and_on_metr
 ) -> None:
     """POST /v1/jobs with "jobserver": true runs real make metered; view and /metrics show it."""
     trace = tmp_path / "trace"
-    folder = makefile(tmp_path / "build", trace, 6, 300_000_000)
+    folder = makefile(tmp_path / "build", trace, 4, 300_000_000)
     with memory_box(LIMIT) as box:
         with gateway_in_box(box, tmp_path) as (client, log_path):
             answer = client.post(
@@ -506,7 +506,7 @@ def test_a_gateway_job_with_a_jobserver_shows_its_tokens_in_its_view_and_on_metr
     assert (last["state"], last["exit_code"], last["jobserver"]) == ("exited", 0, True), log[-3000:]
     assert last["tokens"] is None  # an ended job holds no tokens
     assert kills == 0, log[-3000:]
-    assert len(read_trace(trace).ends) == 6, output
+    assert len(read_trace(trace).ends) == 4, output
     assert "removed '-j6'" in output, output
     tokens = [v["tokens"] for v in views if isinstance(v["tokens"], dict)]
     assert tokens, views
