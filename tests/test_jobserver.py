@@ -31,7 +31,7 @@ from tests.builds import (
     wheel_ninja,
 )
 from tests.cgroups import batch_env, memory_box
-from tests.gateways import gateway_in_box, wait_until
+from tests.gateways import gateway_in_box, roomkeeper_cli, wait_until
 
 AUTH = Auth("/run/x/1.fifo", 7, 8)
 LIMIT = 2_000_000_000
@@ -481,19 +481,20 @@ def _watch(client: httpx.Client, job_id: str) -> tuple[list[dict[str, object]], 
 
 @pytest.mark.kernel
 @pytest.mark.cgroups
-def test_a_gateway_job_with_a_jobserver_shows_its_tokens_in_its_view_and_on_metrics(
+def test_run_with_a_jobserver_shows_its_tokens_in_the_job_view_and_on_metrics(
     tmp_path: Path,
 ) -> None:
-    """POST /v1/jobs with "jobserver": true runs real make metered; view and /metrics show it."""
+    """roomkeeper run --jobserver runs real make metered by a gateway; view and /metrics show it."""
     trace = tmp_path / "trace"
     folder = makefile(tmp_path / "build", trace, 4, 300_000_000)
     with memory_box(LIMIT) as box:
         with gateway_in_box(box, tmp_path) as (client, log_path):
-            answer = client.post(
-                "/v1/jobs", json={"argv": ["make", "-j6", "-C", str(folder)], "jobserver": True}
-            )
-            assert answer.status_code == 201, answer.text
-            job_id = str(answer.json()["id"])
+            # roomkeeper run --jobserver sends the job field "jobserver": true on POST /v1/jobs.
+            env = {**os.environ, "ROOMKEEPER_HOME": str(tmp_path / "home")}
+            argv = ["run", "--jobserver", "--detach", "--", "make", "-j6", "-C", str(folder)]
+            submitted = roomkeeper_cli(env, *argv)
+            assert submitted.returncode == 0, submitted.stderr
+            job_id = submitted.stdout.strip()
             views, metrics = _watch(client, job_id)
             wait_until(
                 lambda: _metric(client.get("/metrics").text, "roomkeeper_jobserver_jobs") == 0,
