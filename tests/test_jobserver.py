@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from roomkeeper.api.responses import FeedOut, JobOut
 from roomkeeper.guard.admission import Guard
 from roomkeeper.jobserver.census import parse_stat, parse_statm, take_census
 from roomkeeper.jobserver.flags import Auth, makeflags, prepare_command
@@ -475,6 +476,9 @@ def _watch(client: httpx.Client, job_id: str) -> tuple[list[dict[str, object]], 
         if view["state"] not in {"queued", "running"}:
             return views, metrics
         metrics.append(client.get("/metrics").text)
+        # The shapes sent are built by hand: each must conform to the OpenAPI document's.
+        JobOut.model_validate(view)
+        FeedOut.model_validate(client.get("/v1/feed").json())
         time.sleep(0.1)
     raise AssertionError(f"the job never ended: {views[-1]}")
 
