@@ -166,8 +166,9 @@ def main() -> None:
         if clean:
             best, k = min(clean)
             print(
-                f"{tool}: fastest K that lost nothing: -j{k}, {best:.1f} s; jobserver {ours[0]:.1f} s "
-                f"= {ours[0] / best:.2f}x, OOM kills {ours[1]}, steps lost {ours[2]}"
+                f"{tool}: fastest K that lost nothing: -j{k}, {best:.1f} s; "
+                f"jobserver {ours[0]:.1f} s = {ours[0] / best:.2f}x, "
+                f"OOM kills {ours[1]}, steps lost {ours[2]}"
             )
         else:
             print(f"{tool}: every K lost steps; jobserver {ours[0]:.1f} s, lost {ours[2]}")
