@@ -19,8 +19,6 @@ import pytest
 
 from roomkeeper.api.responses import FeedOut, JobOut
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.lines import Reading
-from roomkeeper.guard.packing import FLOOR_BYTES
 from roomkeeper.jobserver.census import parse_stat, parse_statm, take_census
 from roomkeeper.jobserver.flags import Auth, makeflags, prepare_command
 from roomkeeper.jobserver.meter import Jobservers, JobserverSettings
@@ -307,87 +305,6 @@ def test_idle_tokens_are_taken_back_under_pressure_and_none_minted(tmp_path: Pat
     assert (under.reason.value, under.idle, under.taken_back) == ("pressure", 0, 1), under
     assert under.minted == 1, under
     assert (after.reason.value, after.minted, after.idle) == ("minted", 2, 1), after
-
-
-class _ReadingGuard(Guard):
-    """A guard that admits everything and reads the memory a test sets (line 1.8 GB,
-    suspend line 1.9 GB of 2 GB)."""
-
-    def __init__(self) -> None:
-        super().__init__(env={"ROOMKEEPER_GUARD": "off"})
-        self.used = 1_000_000_000
-
-    def memory_reading(self) -> Reading:
-        return Reading(self.used, LIMIT, headroom_percent=10.0, reserve=0, full_avg10=None, at=0)
-
-
-def test_past_the_suspend_line_the_newest_steps_are_paused_and_resumed_when_they_fit(
-    tmp_path: Path,
-) -> None:
-    """Settled steps claim a floor; past the suspend line the newest are paused, never the last
-    running one, no token meanwhile; the first paused goes on once its rest fits."""
-    guard = _ReadingGuard()
-    signals: list[tuple[int, int]] = []
-    now = [0.0]
-    settings = JobserverSettings(
-        pools_dir=tmp_path / "pools", step_default=500_000_000, lost_after_s=600
-    )
-    servers = Jobservers(
-        guard, settings, clock=lambda: now[0], kill=lambda pid, sig: signals.append((pid, sig))
-    )
-    _, fds = servers.open("s", "o", ["true"], {}, shell=False)
-    code = "import subprocess,sys,time;[subprocess.Popen(['sleep','60']) for _ in range(3)]"
-    client = subprocess.Popen(
-        [sys.executable, "-c", f"{code};print('up',flush=True);time.sleep(60)"],
-        pass_fds=(fds[0],),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert client.stdout is not None
-    client.stdout.readline()
-    kids = [
-        int(p) for p in Path(f"/proc/{client.pid}/task/{client.pid}/children").read_text().split()
-    ]
-    seen = [client.pid]
-    try:
-        servers.attach("s", lambda: list(seen))
-        for kid in kids:  # each step is first seen a second after the one before
-            seen.append(kid)
-            now[0] += 1
-            servers.round()
-        now[0] += 2  # each step seen not growing for 2 s: it claims the floor, not 0.5 GB
-        servers.round()
-        settled = servers.statistics()["s"]
-        guard.used = 1_950_000_000
-        for _ in range(3):
-            now[0] += 1
-            servers.round()
-        paused = list(signals)
-        held = servers.statistics()["s"]
-        guard.used = 1_500_000_000  # below the line, but a paused step's 0.5 GB would not fit
-        now[0] += 1
-        servers.round()
-        waited = signals[len(paused) :]
-        guard.used = 1_000_000_000
-        now[0] += 1
-        servers.round()  # meters (steps still paused: no token), then resumes one
-        below = servers.statistics()["s"]
-        resumed = signals[len(paused) :]
-    finally:
-        for kid in kids:
-            os.kill(kid, signal.SIGKILL)
-        _end(client)
-        servers.shutdown()
-    # Its claim: a whole step per idle token, and for the three settled steps their floors
-    # and the forecast of their first few hundred kB (a whole step each before).
-    steps_claim = settled.claim_bytes - 500_000_000 * settled.idle
-    assert 3 * FLOOR_BYTES <= steps_claim <= 3 * FLOOR_BYTES + 2**20, settled
-    assert paused == [(kids[2], signal.SIGSTOP), (kids[1], signal.SIGSTOP)]
-    assert (held.reason.value, held.steps) == ("pressure", 3), held
-    assert (below.reason.value, below.minted) == ("pressure", held.minted), below
-    assert "2 step(s) paused, their tokens held back" in below.summary
-    assert waited == []
-    assert resumed == [(kids[2], signal.SIGCONT)]
 
 
 # ------------------------------------------------------------------ real builds

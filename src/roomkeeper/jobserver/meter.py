@@ -15,22 +15,13 @@ as the scheduler's queue does:
    job reached (a step's footprint grows after it took its token); before
    any step has finished, the guard's default job estimate.  A running step
    already larger raises it at once.
-4. Claim: what each running step's measured growth forecasts for the next
-   few seconds, never more than the estimate less its footprint (the guard's
-   ``pack`` policy, :func:`~roomkeeper.guard.packing.held_bytes`, per step: a
-   step that has stopped growing claims little); the whole rest of the
-   estimate for a step paused or not yet seen growing; and the whole estimate
-   for each token not yet seen as a step and each idle token.  The guard holds
-   that claim for the job, so every other job's admission and every other
-   pool's next token is judged beside it.
-5. Mint one token when none is idle, no step of the job is paused, and the
-   guard admits the claim plus one more step; under pressure, mint nothing
-   and take every idle token back.
-6. What a forecast misses: past the suspend line the newest running step of
-   all jobs (never a job's last running one) is paused with SIGSTOP, its
-   token held back; a paused step goes on, oldest first, once the rest of
-   its estimate fits under the guard's line.  A job that ends has its paused
-   steps sent SIGCONT, so that they can end with it.
+4. Claim: what the job's steps may still grow by (the estimate less each
+   step's footprint, and the whole estimate for each token not yet seen as a
+   step) and the whole estimate for each idle token.  The guard holds that
+   claim for the job, so every other job's admission and every other pool's
+   next token is judged beside it.
+5. Mint one token when none is idle and the guard admits the claim plus one
+   more step; under pressure, mint nothing and take every idle token back.
 
 Every call on the FIFO is non-blocking and the rounds run on a thread of
 their own: a client that misbehaves never stalls the scheduler.  Each job's
@@ -42,8 +33,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -51,10 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-import psutil
-
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.packing import MemoryPolicy, Report, held_bytes, trimmed
 from roomkeeper.jobserver.census import Census, take_census
 from roomkeeper.jobserver.flags import Command, prepare_command
 from roomkeeper.jobserver.pool import TokenPool
@@ -159,8 +145,6 @@ class _Meter:
     taken_back: int = 0
     learned: int = 0  # largest finished step
     peaks: dict[int, int] = field(default_factory=dict)  # running steps' highest footprints
-    reports: dict[int, list[Report]] = field(default_factory=dict)  # running steps' footprints
-    paused: list[int] = field(default_factory=list)  # steps SIGSTOPped, oldest pause first
     short_since: float | None = None
     short_least: int = 0
     stats: JobserverStatistics | None = None
@@ -198,7 +182,6 @@ class Jobservers:
         pressure: whether the relief ladder holds launches now; memory is under pressure
             then, and also whenever the guard's reading is past its line.
         clock: monotonic seconds.
-        kill: sends a signal to a pid (pausing and resuming steps).
     """
 
     def __init__(
@@ -208,13 +191,11 @@ class Jobservers:
         *,
         pressure: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        kill: Callable[[int, int], None] = os.kill,
     ) -> None:
         self._guard = guard
         self._settings = settings or JobserverSettings()
         self._pressure = pressure or (lambda: False)
         self._clock = clock
-        self._kill = kill
         self._lock = threading.Lock()
         self._meters: dict[str, _Meter] = {}
         self._turn = 0
@@ -267,8 +248,6 @@ class Jobservers:
         if meter is None:
             return []
         self._guard.release(meter.key())
-        for pid in meter.paused:  # a paused step must be able to end with its job
-            self._signal_tree(pid, signal.SIGCONT)
         notes = list(meter.notes)
         with contextlib.suppress(OSError):
             out = meter.circulating - meter.pool.idle()
@@ -327,64 +306,12 @@ class Jobservers:
             meters = [m for m in self._meters.values() if m.members is not None]
         order = _rotation(meters, self._turn)
         self._turn += 1
-        reading = self._guard.memory_reading()
-        past_line = reading is not None and reading.used > reading.hold_line
-        pressure = self._pressure() or past_line
+        pressure = self._pressure() or self._past_line()
         for meter in order:
             with self._lock:
                 if self._meters.get(meter.job_id) is not meter:
                     continue  # closed meanwhile: its pool is gone
                 self._meter_one(meter, pressure)
-        if reading is None:
-            return
-        with self._lock:
-            live = [m for m in order if self._meters.get(m.job_id) is m]
-            if reading.used > reading.suspend_line:
-                self._pause_newest(live)
-            elif not pressure:
-                self._resume_oldest(live, reading.hold_line - reading.used)
-
-    def _pause_newest(self, meters: list[_Meter]) -> None:
-        """SIGSTOP the newest running step of all jobs, never a job's last running one."""
-        newest: tuple[float, int, _Meter] | None = None
-        for meter in meters:
-            running = [p for p in meter.reports if p not in meter.paused]
-            if len(running) < 2:
-                continue
-            for pid in running:
-                began = meter.reports[pid][0].at
-                if newest is None or began > newest[0]:
-                    newest = (began, pid, meter)
-        if newest is None:
-            return
-        _, pid, meter = newest
-        self._signal_tree(pid, signal.SIGSTOP)
-        meter.paused.append(pid)
-        log.info("job %s: memory past the suspend line: step %d paused", meter.job_id, pid)
-
-    def _resume_oldest(self, meters: list[_Meter], room: int) -> None:
-        """SIGCONT the step paused first, once the rest of its estimate fits in ``room``."""
-        for meter in meters:
-            if not meter.paused or meter.stats is None:
-                continue
-            pid = meter.paused[0]
-            reports = meter.reports.get(pid)
-            footprint = reports[-1].measured if reports else 0
-            if max(0, meter.stats.step_bytes - footprint) > room:
-                return
-            self._signal_tree(pid, signal.SIGCONT)
-            meter.paused.pop(0)
-            log.info("job %s: step %d resumed: the rest of its estimate fits", meter.job_id, pid)
-            return
-
-    def _signal_tree(self, pid: int, signum: int) -> None:
-        """Send ``signum`` to a step and every process under it (gone ones are skipped)."""
-        pids = [pid]
-        with contextlib.suppress(psutil.Error):
-            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        for each in pids:
-            with contextlib.suppress(ProcessLookupError):
-                self._kill(each, signum)
 
     def _meter_one(self, meter: _Meter, pressure: bool) -> None:
         members = meter.members
@@ -395,9 +322,8 @@ class Jobservers:
             return
         idle = self._settle(meter, census)
         step = self._learn(meter, census)
-        self._report(meter, census)
         out = meter.circulating - idle
-        claim = sum(self._step_claim(meter, pid, step) for pid in census.steps)
+        claim = sum(max(0, step - f) for f in census.steps.values())
         claim += step * max(0, out + 1 - len(census.steps)) + step * idle
         reason, summary = self._give(meter, census, idle, claim, step, pressure)
         idle = meter.pool.idle()
@@ -453,25 +379,6 @@ class Jobservers:
             )
         return idle
 
-    def _report(self, meter: _Meter, census: Census) -> None:
-        """Add each running step's footprint to its reports; forget the steps that ended."""
-        now = self._clock()
-        for pid in [p for p in meter.reports if p not in census.steps]:
-            del meter.reports[pid]
-        meter.paused = [p for p in meter.paused if p in census.steps]
-        for pid, footprint in census.steps.items():
-            # Seen first: it started at 0 bytes (so its first growth is judged steep).
-            earlier = meter.reports.get(pid) or [Report(now, 0)]
-            meter.reports[pid] = trimmed([*earlier, Report(now, footprint)])
-
-    def _step_claim(self, meter: _Meter, pid: int, step: int) -> int:
-        """What a running step may still grow by: its forecast (the guard's ``pack`` policy),
-        at most the estimate less its footprint; a paused step the whole rest."""
-        reports = meter.reports[pid]
-        if pid in meter.paused:
-            return max(0, step - reports[-1].measured)
-        return held_bytes(MemoryPolicy.PACK, step, reports)
-
     def _learn(self, meter: _Meter, census: Census) -> int:
         """The step estimate: the largest finished step, or the default; a running step above
         it raises it."""
@@ -506,12 +413,6 @@ class Jobservers:
         if not census.clients:
             self._guard.hold(key, claim)
             return TokenReason.STARTING, TokenReason.STARTING.description
-        if meter.paused:
-            self._guard.hold(key, claim)
-            return TokenReason.PRESSURE, (
-                f"memory past the suspend line: {len(meter.paused)} step(s) paused, "
-                "their tokens held back"
-            )
         if idle > 0:
             self._guard.hold(key, claim)
             return TokenReason.IDLE, f"{idle} token(s) wait unused in the FIFO"
@@ -527,6 +428,10 @@ class Jobservers:
     def _note(self, meter: _Meter, text: str) -> None:
         meter.notes.append(text)
         log.warning("job %s: %s", meter.job_id, text)
+
+    def _past_line(self) -> bool:
+        reading = self._guard.memory_reading()
+        return reading is not None and reading.used > reading.hold_line
 
 
 def _rotation(meters: list[_Meter], turn: int) -> list[_Meter]:
