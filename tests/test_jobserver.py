@@ -390,7 +390,7 @@ def test_cargo_builds_a_workspace_with_steps_as_memory_allows(tmp_path: Path) ->
 def test_a_step_killed_with_its_token_in_hand_gets_it_minted_again(tmp_path: Path) -> None:
     """A recursive step takes a token and is SIGKILLed: the token is minted again, all finish."""
     trace = tmp_path / "trace"
-    folder = makefile(tmp_path / "build", trace, 4, 300_000_000)
+    folder = makefile(tmp_path / "build", trace, 5, 300_000_000)
     holder = f"-+{step_command(trace, 'h', 300_000_000, 1.0, 30)}".replace(
         "build_step.py", "build_step.py --hold-token", 1
     )
@@ -403,7 +403,7 @@ def test_a_step_killed_with_its_token_in_hand_gets_it_minted_again(tmp_path: Pat
     assert done.returncode == 0, (done.stderr[-3000:], logs)
     assert kills == 0
     steps = read_trace(trace)
-    assert all(f"s{i}" in steps.ends for i in range(1, 5)), logs
+    assert all(f"s{i}" in steps.ends for i in range(1, 6)), logs
     assert "1 token(s) lost with a client that ended holding them" in logs, logs
 
 
