@@ -1,0 +1,450 @@
+"""Tokens metered by memory: one meter per job's pool, all judged by one guard in rotation.
+
+Each round (every :data:`ROUND_S`), for each job in turn, owners rotating
+as the scheduler's queue does:
+
+1. Count: the idle tokens in the FIFO (``FIONREAD``), so the tokens out are
+   those minted less those idle; and the job's clients and steps
+   (:mod:`roomkeeper.jobserver.census`).
+2. Settle the ledger: bytes in the FIFO beyond what we minted were written
+   back by a client that never read them (taken out, said); tokens out beyond
+   what the live clients' steps account for, for :data:`LOST_AFTER_S`, were
+   lost with a client that died holding them (written off, so they can be
+   minted again, said).
+3. Learn the step estimate: the highest footprint a finished step of this
+   job reached (a step's footprint grows after it took its token); before
+   any step has finished, the guard's default job estimate.  A running step
+   already larger raises it at once.
+4. Claim: what the job's steps may still grow by (the estimate less each
+   step's footprint, and the whole estimate for each token not yet seen as a
+   step) and the whole estimate for each idle token.  The guard holds that
+   claim for the job, so every other job's admission and every other pool's
+   next token is judged beside it.
+5. Mint one token when none is idle and the guard admits the claim plus one
+   more step; under pressure, mint nothing and take every idle token back.
+
+Every call on the FIFO is non-blocking and the rounds run on a thread of
+their own: a client that misbehaves never stalls the scheduler.  Each job's
+pool is its own FIFO, so no token can pass from one job to another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+from roomkeeper.guard.admission import Guard
+from roomkeeper.jobserver.census import Census, take_census
+from roomkeeper.jobserver.flags import Command, prepare_command
+from roomkeeper.jobserver.pool import TokenPool
+from roomkeeper.units import format_gb
+
+log = logging.getLogger("roomkeeper")
+
+ROUND_S = 0.1  # a token a round per job: ten steps a second is ample for a build
+LOST_AFTER_S = 1.0  # a client reads a token before it forks: a shortfall must outlast that
+
+
+class _Described(enum.Enum):
+    """A word with its description, as :class:`~roomkeeper.guard.rule.Word` writes them.
+
+    Not a ``Word``: those are the reasons a *job* waits or ended, composed
+    into one vocabulary for the wire; these describe a running job's pool,
+    and ``pressure`` means something else here than the ladder's word.
+    """
+
+    _value_: str
+    description: str
+
+    def __new__(cls, code: str, description: str) -> Self:
+        member = object.__new__(cls)
+        member._value_ = code
+        member.description = description
+        return member
+
+
+class TokenReason(_Described):
+    """Why a job's pool got another token, or why not."""
+
+    MINTED = "minted", "room for another step: a token was minted"
+    IDLE = "idle", "a token waits unused in the FIFO"  # a client will take it, or none wants one
+    NO_ROOM = "no_room", "no room for another step"  # the guard refused the claim plus one step
+    PRESSURE = "pressure", "memory pressure: no token minted, idle tokens taken back"
+    STARTING = "starting", "the job has not started its first step yet"
+
+
+class StepSource(_Described):
+    """Where a job's step estimate comes from."""
+
+    DEFAULT = "default", "the guard's default job estimate: no step has finished yet"
+    LEARNED = "learned", "the largest footprint a finished step of this job reached"
+    RUNNING = "running", "a running step is already larger than any before it"
+
+
+@dataclass(frozen=True, slots=True)
+class JobserverStatistics:
+    """A snapshot of one job's pool.
+
+    Attributes:
+        job_id: the job.
+        owner: whose it is.
+        fifo: the FIFO's path.
+        tokens_out: tokens its clients hold now (minted less idle).
+        idle: tokens in the FIFO now.
+        minted: tokens minted in all (taken back and lost ones included).
+        steps: steps running now.
+        step_bytes: the step estimate.
+        step_source: where the estimate comes from.
+        claim_bytes: what the guard holds for the job's steps now.
+        reason: why the last round gave a token, or why not.
+        summary: that reason in words, with the guard's numbers ("no room: ...").
+        lost: tokens written off as lost with a client that died, and minted again.
+        unread: bytes a client wrote back that it never read (taken out).
+        taken_back: idle tokens taken back under pressure.
+        most_steps: the most steps seen running at once.
+    """
+
+    job_id: str
+    owner: str
+    fifo: str
+    tokens_out: int
+    idle: int
+    minted: int
+    steps: int
+    step_bytes: int
+    step_source: StepSource
+    claim_bytes: int
+    reason: TokenReason
+    summary: str
+    lost: int = 0
+    unread: int = 0
+    taken_back: int = 0
+    most_steps: int = 0
+
+
+@dataclass(slots=True)
+class _Meter:
+    """One job's pool and ledger; touched only by the rounds' thread and under its lock."""
+
+    job_id: str
+    owner: str
+    pool: TokenPool
+    fifo: str
+    members: Callable[[], Iterable[int]] | None = None
+    circulating: int = 0  # minted and neither taken back nor written off
+    minted: int = 0
+    lost: int = 0
+    unread: int = 0
+    taken_back: int = 0
+    learned: int = 0  # largest finished step
+    peaks: dict[int, int] = field(default_factory=dict)  # running steps' highest footprints
+    short_since: float | None = None
+    short_least: int = 0
+    stats: JobserverStatistics | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def key(self) -> str:
+        return f"{self.job_id}/jobserver"
+
+
+@dataclass(frozen=True, slots=True)
+class JobserverSettings:
+    """How the rounds run (every figure has a default; tests shorten them).
+
+    Attributes:
+        round_s: seconds between rounds.
+        lost_after_s: how long a shortfall of steps must last before tokens count as lost.
+        step_default: the step estimate before any step has finished; None: the guard's
+            default job estimate.
+        pools_dir: where FIFOs are made; None: ``roomkeeper-jobserver-<uid>`` in the
+            temporary directory.
+    """
+
+    round_s: float = ROUND_S
+    lost_after_s: float = LOST_AFTER_S
+    step_default: int | None = None
+    pools_dir: Path | None = None
+
+
+class Jobservers:
+    """Every jobserver of one scheduler, metered by its one guard.
+
+    Args:
+        guard: the guard that judges every job's next token beside every admission.
+        settings: the rounds' figures.
+        pressure: whether the relief ladder holds launches now; memory is under pressure
+            then, and also whenever the guard's reading is past its line.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        settings: JobserverSettings | None = None,
+        *,
+        pressure: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._guard = guard
+        self._settings = settings or JobserverSettings()
+        self._pressure = pressure or (lambda: False)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._meters: dict[str, _Meter] = {}
+        self._turn = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------ job's life
+
+    def open(
+        self,
+        job_id: str,
+        owner: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        shell: bool,
+    ) -> tuple[Command, tuple[int, ...]]:
+        """Make ``job_id``'s pool: the command to run under it and the descriptors to pass.
+
+        Raises:
+            JobserverError: the FIFO could not be made (the message says why and what to do).
+        """
+        pool = TokenPool(job_id, directory=self._settings.pools_dir)
+        auth = pool.open()
+        command = prepare_command(argv, env, auth, shell=shell)
+        meter = _Meter(job_id, owner, pool, auth.fifo_path)
+        with self._lock:
+            old = self._meters.pop(job_id, None)
+            self._meters[job_id] = meter
+        if old is not None:
+            old.pool.close()
+        for note in command.notes:
+            log.info("job %s: %s", job_id, note)
+        return command, pool.client_fds
+
+    def attach(self, job_id: str, members: Callable[[], Iterable[int]]) -> None:
+        """The job started: ``members`` lists its tree's pids; rounds begin for it."""
+        with self._lock:
+            meter = self._meters.get(job_id)
+            if meter is None:
+                return
+            meter.members = members
+            meter.pool.release_client_fds()
+        self._ensure_thread()
+
+    def close(self, job_id: str) -> list[str]:
+        """The job ended (or never started): remove its pool; what went wrong with its tokens."""
+        with self._lock:
+            meter = self._meters.pop(job_id, None)
+        if meter is None:
+            return []
+        self._guard.release(meter.key())
+        notes = list(meter.notes)
+        with contextlib.suppress(OSError):
+            out = meter.circulating - meter.pool.idle()
+            if out > 0:
+                notes.append(
+                    f"{out} token(s) were never returned by the job's build tools; "
+                    "they ended with its FIFO, no other job's pool was touched"
+                )
+        meter.pool.close()
+        for note in notes[len(meter.notes) :]:
+            log.info("job %s: %s", job_id, note)
+        return notes
+
+    def shutdown(self) -> None:
+        """Stop the rounds and remove every pool."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        for job_id in list(self._meters):
+            self.close(job_id)
+
+    # ------------------------------------------------------------ reading
+
+    def statistics(self) -> dict[str, JobserverStatistics]:
+        """Each live pool's last snapshot, by job id."""
+        with self._lock:
+            return {j: m.stats for j, m in self._meters.items() if m.stats is not None}
+
+    def notes(self, job_id: str) -> list[str]:
+        """What went wrong with ``job_id``'s tokens so far, in words."""
+        with self._lock:
+            meter = self._meters.get(job_id)
+            return [] if meter is None else list(meter.notes)
+
+    # ------------------------------------------------------------ rounds
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="jobservers", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._settings.round_s):
+            try:
+                self.round()
+            except Exception:  # one bad round must not end the metering of every job
+                log.exception("a jobserver round failed")
+
+    def round(self) -> None:
+        """One round over every started job, in rotation; the rounds' thread calls it."""
+        with self._lock:
+            meters = [m for m in self._meters.values() if m.members is not None]
+        order = _rotation(meters, self._turn)
+        self._turn += 1
+        pressure = self._pressure() or self._past_line()
+        for meter in order:
+            with self._lock:
+                if self._meters.get(meter.job_id) is not meter:
+                    continue  # closed meanwhile: its pool is gone
+                self._meter_one(meter, pressure)
+
+    def _meter_one(self, meter: _Meter, pressure: bool) -> None:
+        members = meter.members
+        assert members is not None
+        try:
+            census = take_census(members(), meter.fifo)
+        except Exception:  # a tree that is going away: nothing to give it
+            return
+        idle = self._settle(meter, census)
+        step = self._learn(meter, census)
+        out = meter.circulating - idle
+        claim = sum(max(0, step - f) for f in census.steps.values())
+        claim += step * max(0, out + 1 - len(census.steps)) + step * idle
+        reason, summary = self._give(meter, census, idle, claim, step, pressure)
+        idle = meter.pool.idle()
+        meter.stats = JobserverStatistics(
+            job_id=meter.job_id,
+            owner=meter.owner,
+            fifo=meter.fifo,
+            tokens_out=max(0, meter.circulating - idle),
+            idle=idle,
+            minted=meter.minted,
+            steps=len(census.steps),
+            step_bytes=step,
+            step_source=self._source(meter, census, step),
+            claim_bytes=claim,
+            reason=reason,
+            summary=summary,
+            lost=meter.lost,
+            unread=meter.unread,
+            taken_back=meter.taken_back,
+            most_steps=max(len(census.steps), meter.stats.most_steps if meter.stats else 0),
+        )
+
+    def _settle(self, meter: _Meter, census: Census) -> int:
+        """Take out bytes nobody read, write off tokens lost with dead clients; idle now."""
+        idle = meter.pool.idle()
+        if idle > meter.circulating:
+            extra = meter.pool.take_back(idle - meter.circulating)
+            meter.unread += extra
+            self._note(
+                meter,
+                f"a client wrote back {extra} byte(s) it never read: taken out of the FIFO "
+                "(a build tool that returns more tokens than it took)",
+            )
+            idle = meter.pool.idle()
+        short = meter.circulating - idle - census.may_hold
+        now = self._clock()
+        if short <= 0 or not census.clients:
+            meter.short_since = None
+            return idle
+        if meter.short_since is None:
+            meter.short_since, meter.short_least = now, short
+            return idle
+        meter.short_least = min(meter.short_least, short)
+        if now - meter.short_since >= self._settings.lost_after_s:
+            lost = meter.short_least
+            meter.circulating -= lost
+            meter.lost += lost
+            meter.short_since = None
+            self._note(
+                meter,
+                f"{lost} token(s) lost with a client that ended holding them: minted again "
+                "as room allows",
+            )
+        return idle
+
+    def _learn(self, meter: _Meter, census: Census) -> int:
+        """The step estimate: the largest finished step, or the default; a running step above
+        it raises it."""
+        for pid in [p for p in meter.peaks if p not in census.steps]:
+            meter.learned = max(meter.learned, meter.peaks.pop(pid))
+        for pid, footprint in census.steps.items():
+            meter.peaks[pid] = max(meter.peaks.get(pid, 0), footprint)
+        base = meter.learned or self._default_step()
+        return max(base, *meter.peaks.values()) if meter.peaks else base
+
+    def _source(self, meter: _Meter, census: Census, step: int) -> StepSource:
+        running = max(meter.peaks.values(), default=0)
+        if step == running > meter.learned and (meter.learned or step > self._default_step()):
+            return StepSource.RUNNING
+        return StepSource.LEARNED if meter.learned else StepSource.DEFAULT
+
+    def _default_step(self) -> int:
+        stated = self._settings.step_default
+        return stated if stated is not None else self._guard.estimate(None)
+
+    def _give(
+        self, meter: _Meter, census: Census, idle: int, claim: int, step: int, pressure: bool
+    ) -> tuple[TokenReason, str]:
+        """Mint a token if one is wanted and fits, or take idle ones back under pressure."""
+        key = meter.key()
+        if pressure:
+            taken = meter.pool.take_back(idle)
+            meter.circulating -= taken
+            meter.taken_back += taken
+            self._guard.hold(key, claim - step * taken)
+            return TokenReason.PRESSURE, "memory pressure: no token minted, idle ones taken back"
+        if not census.clients:
+            self._guard.hold(key, claim)
+            return TokenReason.STARTING, TokenReason.STARTING.description
+        if idle > 0:
+            self._guard.hold(key, claim)
+            return TokenReason.IDLE, f"{idle} token(s) wait unused in the FIFO"
+        decision = self._guard.admit(key, memory_bytes=claim + step)
+        if not decision.admit:
+            self._guard.hold(key, claim)
+            return TokenReason.NO_ROOM, f"no room: {decision.summary}"
+        if meter.pool.mint(1):
+            meter.circulating += 1
+            meter.minted += 1
+        return TokenReason.MINTED, f"room for another step of {format_gb(step)}"
+
+    def _note(self, meter: _Meter, text: str) -> None:
+        meter.notes.append(text)
+        log.warning("job %s: %s", meter.job_id, text)
+
+    def _past_line(self) -> bool:
+        reading = self._guard.memory_reading()
+        return reading is not None and reading.used > reading.hold_line
+
+
+def _rotation(meters: list[_Meter], turn: int) -> list[_Meter]:
+    """Jobs in owner rotation: owners take turns being first, and within an owner its jobs."""
+    owners = sorted({m.owner for m in meters})
+    if not owners:
+        return []
+    start = turn % len(owners)
+    ordered = owners[start:] + owners[:start]
+    by_owner = {o: [m for m in meters if m.owner == o] for o in owners}
+    out: list[_Meter] = []
+    for owner in ordered:
+        jobs = by_owner[owner]
+        shift = (turn // len(owners)) % len(jobs)
+        out.extend(jobs[shift:] + jobs[:shift])
+    return out
