@@ -3,10 +3,15 @@ whose steps grow to a known size, and the trace their steps leave."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 STEP = Path(__file__).resolve().parent / "build_step.py"
 # Each step grows over GROW_S and holds for HOLD_S: slow enough that the meter (a round every
@@ -132,3 +137,49 @@ def wheel_ninja() -> str:
         "which brings ninja>=1.13 from PyPI"
     )
     return found
+
+
+@dataclass
+class StepSamples:
+    """What the sampler saw of a build's steps: the most memory of their own they held
+    together (resident less shared), and the most of them running (not stopped by the
+    jobserver) at one look."""
+
+    most_bytes: int = 0
+    most_running: int = 0
+
+
+def _is_step(process: psutil.Process, marker: str) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return any(marker in part for part in [process.exe(), *process.cmdline()])
+    return False
+
+
+@contextlib.contextmanager
+def sampling_steps(marker: str, every_s: float = 0.02) -> Iterator[StepSamples]:
+    """Look at the build's steps (processes whose executable or command line holds
+    ``marker``: the trace's path, or a cargo target folder) every ``every_s`` while the
+    block runs: their own resident memory together, and how many are not stopped."""
+    samples = StepSamples()
+    done = threading.Event()
+
+    def look() -> None:
+        while not done.wait(every_s):
+            held = running = 0
+            for process in psutil.process_iter():
+                if not _is_step(process, marker):
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    memory = process.memory_info()
+                    held += memory.rss - memory.shared  # its own: libraries counted once
+                    running += process.status() != psutil.STATUS_STOPPED
+            samples.most_bytes = max(samples.most_bytes, held)
+            samples.most_running = max(samples.most_running, running)
+
+    watcher = threading.Thread(target=look, daemon=True)
+    watcher.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        watcher.join()

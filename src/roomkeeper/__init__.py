@@ -47,8 +47,8 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
 - ``client``: the typed Python client of the HTTP API, sync and async, with leases held
   by their own heartbeat; its transport and agent-hook call load neither pydantic nor
   anything of ``api``, for ``roomkeeper hook``.  May import: ``api``, ``gateway``,
-  ``cluster``, ``journal``, ``jobs``, ``jobserver``, ``worktrees``, ``processes``, ``relief``, ``guard``,
-  ``loopback``, ``kernel``, ``ipc``.
+  ``cluster``, ``journal``, ``jobs``, ``jobserver``, ``worktrees``, ``processes``,
+  ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``.
 - ``supervisor``: runs the gateway as its child and watches it from outside;
   talks to it through ``ipc`` only.  May import: ``ipc``.
 - ``batch``: ``roomkeeper batch``, a memory-aware ``parallel`` on the

@@ -112,6 +112,11 @@ def _jobserver_metrics(pools: Iterable[JobserverStatistics]) -> Iterator[GaugeMe
         ),
         ("claim_bytes", "What the guard holds for their steps.", sum(p.claim_bytes for p in pools)),
         ("tokens_lost", "Tokens lost with dead clients, minted again.", sum(p.lost for p in pools)),
+        (
+            "steps_paused",
+            "Steps paused until they can finish below the line beside the rest.",
+            sum(p.paused for p in pools),
+        ),
     ):
         yield GaugeMetricFamily(f"roomkeeper_jobserver_{suffix}", doc, value=value)
     reasons = GaugeMetricFamily(

@@ -103,7 +103,10 @@ class TokensOut(BaseModel):
     idle: int = Field(description="Tokens waiting unused in its FIFO.")
     minted: int = Field(description="Tokens minted in all.")
     steps: int = Field(description="Steps running now.")
-    step_bytes: int = Field(description="The memory one more step is expected to take.")
+    step_bytes: int = Field(
+        description="The memory one more step is expected to take: the mean of its last "
+        "finished steps (the largest until one finished); tokens are minted for it."
+    )
     step_source: Literal["default", "learned", "running"]
     claim_bytes: int = Field(description="What the guard holds for its steps now.")
     reason: Literal["minted", "idle", "no_room", "pressure", "starting"]
@@ -111,6 +114,12 @@ class TokensOut(BaseModel):
     lost: int = Field(description="Tokens lost with a client that died, minted again.")
     unread: int = Field(description="Bytes a client wrote back that it never read.")
     taken_back: int = Field(description="Idle tokens taken back under memory pressure.")
+    paused: int = Field(
+        description="Steps paused (SIGSTOP) until they can finish below the line beside the rest."
+    )
+    largest_step_bytes: int = Field(
+        description="Its largest step (finished, or running now): each step is bounded by it."
+    )
 
 
 class JobOut(BaseModel):

@@ -64,6 +64,8 @@ def tokens_json(stats: JobserverStatistics | None) -> dict[str, Any] | None:
         "lost": stats.lost,
         "unread": stats.unread,
         "taken_back": stats.taken_back,
+        "paused": stats.paused,
+        "largest_step_bytes": stats.largest_step_bytes,
     }
 
 

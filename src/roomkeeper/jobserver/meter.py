@@ -11,17 +11,32 @@ as the scheduler's queue does:
    what the live clients' steps account for, for :data:`LOST_AFTER_S`, were
    lost with a client that died holding them (written off, so they can be
    minted again, said).
-3. Learn the step estimate: the highest footprint a finished step of this
-   job reached (a step's footprint grows after it took its token); before
-   any step has finished, the guard's default job estimate.  A running step
-   already larger raises it at once.
-4. Claim: what the job's steps may still grow by (the estimate less each
-   step's footprint, and the whole estimate for each token not yet seen as a
-   step) and the whole estimate for each idle token.  The guard holds that
-   claim for the job, so every other job's admission and every other pool's
-   next token is judged beside it.
-5. Mint one token when none is idle and the guard admits the claim plus one
-   more step; under pressure, mint nothing and take every idle token back.
+3. Learn the job's steps: the *largest* is the highest footprint a finished
+   step of this job reached (a step's footprint grows after it took its
+   token), raised at once by a running step already larger; the *typical*
+   is the mean of its last finished steps.  Before any step has finished
+   both are the guard's default job estimate.
+4. Claim: what the job's steps are expected to grow by still (from the
+   sizes its finished steps reached:
+   :func:`~roomkeeper.jobserver.steps.expected_growth`), and the typical
+   step for each token not yet seen as a step and each idle token.  The
+   guard holds that claim for the job, so every other job's admission and
+   every other pool's next token is judged beside it.
+5. Mint one token when none is idle, no step of the job is paused, the
+   guard admits the claim, and every step started, with one more of the
+   job's largest size, could still be finished below the line, one after
+   another if need be (:mod:`roomkeeper.jobserver.steps`).  Under pressure,
+   mint nothing and take every idle token back.
+
+After every job's turn, the rule of :mod:`roomkeeper.jobserver.steps` is
+kept over the steps of all jobs together: when the running steps' growth
+would leave some step unable to finish below the line, running steps are
+paused (SIGSTOP, their whole subtree), the furthest from its end first,
+never the one nearest its end; a paused step goes on once it can run
+beside the rest.  A job that ends has its paused steps sent SIGCONT, so that
+they end with it.  So more steps run than a count that allows for the
+largest everywhere, and a step that turns out large waits, holding what it
+has, instead of taking the container past its line.
 
 Every call on the FIFO is non-blocking and the rounds run on a thread of
 their own: a client that misbehaves never stalls the scheduler.  Each job's
@@ -33,23 +48,39 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
+import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+import psutil
+
 from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.lines import Reading
 from roomkeeper.jobserver.census import Census, take_census
 from roomkeeper.jobserver.flags import Command, prepare_command
 from roomkeeper.jobserver.pool import TokenPool
+from roomkeeper.jobserver.steps import (
+    Step,
+    admits,
+    expected_growth,
+    step_need,
+    to_pause,
+    to_resume,
+)
 from roomkeeper.units import format_gb
 
 log = logging.getLogger("roomkeeper")
 
 ROUND_S = 0.1  # a token a round per job: ten steps a second is ample for a build
 LOST_AFTER_S = 1.0  # a client reads a token before it forks: a shortfall must outlast that
+TYPICAL_OF = 20  # the typical step is the mean of this many last finished steps
+RATE_WINDOW_S = 0.5  # a running step's growth rate is taken over this much of its past
 
 
 class _Described(enum.Enum):
@@ -84,8 +115,8 @@ class StepSource(_Described):
     """Where a job's step estimate comes from."""
 
     DEFAULT = "default", "the guard's default job estimate: no step has finished yet"
-    LEARNED = "learned", "the largest footprint a finished step of this job reached"
-    RUNNING = "running", "a running step is already larger than any before it"
+    LEARNED = "learned", "the mean footprint of this job's last finished steps"
+    RUNNING = "running", "a running step is already larger than any finished one"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +130,8 @@ class JobserverStatistics:
         tokens_out: tokens its clients hold now (minted less idle).
         idle: tokens in the FIFO now.
         minted: tokens minted in all (taken back and lost ones included).
-        steps: steps running now.
-        step_bytes: the step estimate.
+        steps: steps running now, paused ones included.
+        step_bytes: the step estimate: the typical step, for which tokens are minted.
         step_source: where the estimate comes from.
         claim_bytes: what the guard holds for the job's steps now.
         reason: why the last round gave a token, or why not.
@@ -109,6 +140,8 @@ class JobserverStatistics:
         unread: bytes a client wrote back that it never read (taken out).
         taken_back: idle tokens taken back under pressure.
         most_steps: the most steps seen running at once.
+        paused: steps paused now until they can be finished beside the rest.
+        largest_step_bytes: the largest step, which each step is bounded by.
     """
 
     job_id: str
@@ -127,6 +160,8 @@ class JobserverStatistics:
     unread: int = 0
     taken_back: int = 0
     most_steps: int = 0
+    paused: int = 0
+    largest_step_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -144,7 +179,14 @@ class _Meter:
     unread: int = 0
     taken_back: int = 0
     learned: int = 0  # largest finished step
+    finished: deque[int] = field(default_factory=lambda: deque(maxlen=TYPICAL_OF))
     peaks: dict[int, int] = field(default_factory=dict)  # running steps' highest footprints
+    seen: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)  # (at, footprint)
+    began: dict[int, float] = field(default_factory=dict)  # when each step was first seen
+    rates: dict[int, float] = field(default_factory=dict)  # bytes/s while it last ran
+    paused: set[int] = field(default_factory=set)  # steps SIGSTOPped by the rule
+    fastest: float = 0.0  # the steepest growth a step of this job showed
+    largest: int = 0  # the largest step, as last learned
     short_since: float | None = None
     short_least: int = 0
     stats: JobserverStatistics | None = None
@@ -182,6 +224,7 @@ class Jobservers:
         pressure: whether the relief ladder holds launches now; memory is under pressure
             then, and also whenever the guard's reading is past its line.
         clock: monotonic seconds.
+        kill: sends a signal to a pid (pausing and resuming steps).
     """
 
     def __init__(
@@ -191,11 +234,13 @@ class Jobservers:
         *,
         pressure: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        kill: Callable[[int, int], None] = os.kill,
     ) -> None:
         self._guard = guard
         self._settings = settings or JobserverSettings()
         self._pressure = pressure or (lambda: False)
         self._clock = clock
+        self._kill = kill
         self._lock = threading.Lock()
         self._meters: dict[str, _Meter] = {}
         self._turn = 0
@@ -248,6 +293,8 @@ class Jobservers:
         if meter is None:
             return []
         self._guard.release(meter.key())
+        for pid in meter.paused:  # a paused step must be able to end with its job
+            self._signal_step(pid, signal.SIGCONT)
         notes = list(meter.notes)
         with contextlib.suppress(OSError):
             out = meter.circulating - meter.pool.idle()
@@ -306,14 +353,22 @@ class Jobservers:
             meters = [m for m in self._meters.values() if m.members is not None]
         order = _rotation(meters, self._turn)
         self._turn += 1
-        pressure = self._pressure() or self._past_line()
+        reading = self._guard.memory_reading()
+        past_line = reading is not None and reading.used > reading.hold_line
+        pressure = self._pressure() or past_line
         for meter in order:
             with self._lock:
                 if self._meters.get(meter.job_id) is not meter:
                     continue  # closed meanwhile: its pool is gone
-                self._meter_one(meter, pressure)
+                self._meter_one(meter, pressure, reading, order)
+        if reading is not None:
+            with self._lock:
+                live = [m for m in order if self._meters.get(m.job_id) is m]
+                self._keep_finishable(live, reading)
 
-    def _meter_one(self, meter: _Meter, pressure: bool) -> None:
+    def _meter_one(
+        self, meter: _Meter, pressure: bool, reading: Reading | None, meters: list[_Meter]
+    ) -> None:
         members = meter.members
         assert members is not None
         try:
@@ -321,11 +376,18 @@ class Jobservers:
         except Exception:  # a tree that is going away: nothing to give it
             return
         idle = self._settle(meter, census)
-        step = self._learn(meter, census)
+        largest = self._learn(meter, census)
+        self._track(meter, census)
+        typical = _typical(meter, largest)
         out = meter.circulating - idle
-        claim = sum(max(0, step - f) for f in census.steps.values())
-        claim += step * max(0, out + 1 - len(census.steps)) + step * idle
-        reason, summary = self._give(meter, census, idle, claim, step, pressure)
+        unseen = max(0, out + 1 - len(census.steps))  # tokens taken, steps not seen yet
+        claim = sum(
+            expected_growth(s.footprint, meter.finished, largest, s.rate)
+            for s in self._steps([meter])
+        )
+        claim += typical * unseen + typical * idle
+        room = None if reading is None else _Room(reading.hold_line - reading.used, unseen, meters)
+        reason, summary = self._give(meter, census, idle, claim, typical, pressure, room)
         idle = meter.pool.idle()
         meter.stats = JobserverStatistics(
             job_id=meter.job_id,
@@ -335,8 +397,8 @@ class Jobservers:
             idle=idle,
             minted=meter.minted,
             steps=len(census.steps),
-            step_bytes=step,
-            step_source=self._source(meter, census, step),
+            step_bytes=typical,
+            step_source=self._source(meter, census, largest),
             claim_bytes=claim,
             reason=reason,
             summary=summary,
@@ -344,7 +406,88 @@ class Jobservers:
             unread=meter.unread,
             taken_back=meter.taken_back,
             most_steps=max(len(census.steps), meter.stats.most_steps if meter.stats else 0),
+            paused=len(meter.paused),
+            largest_step_bytes=largest,
         )
+
+    def _track(self, meter: _Meter, census: Census) -> None:
+        """Each running step's recent footprints and growth rate; forget the steps that ended."""
+        now = self._clock()
+        for pid in [p for p in meter.seen if p not in census.steps]:
+            meter.seen.pop(pid, None)
+            meter.began.pop(pid, None)
+            meter.rates.pop(pid, None)
+            meter.paused.discard(pid)
+        for pid, footprint in census.steps.items():
+            seen = meter.seen.setdefault(pid, deque())
+            meter.began.setdefault(pid, now)
+            seen.append((now, footprint))
+            while len(seen) > 2 and now - seen[1][0] >= RATE_WINDOW_S:
+                seen.popleft()
+            if pid in meter.paused or len(seen) < 2:
+                continue  # a paused step keeps the rate it had while it ran
+            (then, before), last = seen[0], seen[-1][1]
+            rate = max(0.0, (last - before) / (now - then)) if now > then else 0.0
+            meter.rates[pid] = rate
+            meter.fastest = max(meter.fastest, rate)
+
+    def _steps(self, meters: Iterable[_Meter]) -> list[Step]:
+        """Every tracked step of ``meters``, as :mod:`roomkeeper.jobserver.steps` sees it."""
+        found = []
+        for meter in meters:
+            for pid, seen in meter.seen.items():
+                footprint = seen[-1][1]
+                rate = meter.rates.get(pid, _first_rate(meter))
+                found.append(
+                    Step(
+                        key=(meter.job_id, pid),
+                        began=meter.began[pid],
+                        footprint=footprint,
+                        need=step_need(meter.largest, footprint, rate),
+                        rate=rate,
+                        paused=pid in meter.paused,
+                    )
+                )
+        return found
+
+    def _keep_finishable(self, meters: list[_Meter], reading: Reading) -> None:
+        """Pause the newest running steps while their growth would leave a step unable to
+        finish below the line; else let the oldest paused one go on if it can."""
+        by_job = {m.job_id: m for m in meters}
+        steps = self._steps(meters)
+        room = reading.hold_line - reading.used
+        for meter in meters:
+            for pid in meter.paused:  # still stopped, whoever sent SIGCONT since
+                self._signal_step(pid, signal.SIGSTOP)
+        pausing = to_pause(steps, room)
+        for job_id, pid in pausing:
+            by_job[job_id].paused.add(pid)
+            self._signal_step(pid, signal.SIGSTOP)
+            log.info(
+                "job %s: step %d paused: growing beside the rest, not every step could finish "
+                "below the line (used %s of line %s)",
+                job_id,
+                pid,
+                format_gb(reading.used),
+                format_gb(reading.hold_line),
+            )
+        if pausing:
+            return
+        resumed = to_resume(steps, room)
+        if resumed is not None:
+            job_id, pid = resumed
+            by_job[job_id].paused.discard(pid)
+            self._signal_step(pid, signal.SIGCONT)
+            log.info("job %s: step %d goes on: it can finish beside the rest", job_id, pid)
+
+    def _signal_step(self, pid: int, signum: int) -> None:
+        """Send ``signum`` to a step and every process under it (gone ones are skipped)."""
+        pids = [pid]
+        with contextlib.suppress(psutil.Error):
+            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        for each in pids:
+            with contextlib.suppress(ProcessLookupError):
+                self._kill(each, signum)
 
     def _settle(self, meter: _Meter, census: Census) -> int:
         """Take out bytes nobody read, write off tokens lost with dead clients; idle now."""
@@ -380,18 +523,21 @@ class Jobservers:
         return idle
 
     def _learn(self, meter: _Meter, census: Census) -> int:
-        """The step estimate: the largest finished step, or the default; a running step above
-        it raises it."""
+        """The largest step: the largest finished step, or the default; a running step above
+        it raises it.  Each step that finished adds its peak to those the typical is of."""
         for pid in [p for p in meter.peaks if p not in census.steps]:
-            meter.learned = max(meter.learned, meter.peaks.pop(pid))
+            peak = meter.peaks.pop(pid)
+            meter.learned = max(meter.learned, peak)
+            meter.finished.append(peak)
         for pid, footprint in census.steps.items():
             meter.peaks[pid] = max(meter.peaks.get(pid, 0), footprint)
         base = meter.learned or self._default_step()
-        return max(base, *meter.peaks.values()) if meter.peaks else base
+        meter.largest = max(base, *meter.peaks.values()) if meter.peaks else base
+        return meter.largest
 
-    def _source(self, meter: _Meter, census: Census, step: int) -> StepSource:
+    def _source(self, meter: _Meter, census: Census, largest: int) -> StepSource:
         running = max(meter.peaks.values(), default=0)
-        if step == running > meter.learned and (meter.learned or step > self._default_step()):
+        if largest == running > meter.learned and (meter.learned or largest > self._default_step()):
             return StepSource.RUNNING
         return StepSource.LEARNED if meter.learned else StepSource.DEFAULT
 
@@ -400,9 +546,18 @@ class Jobservers:
         return stated if stated is not None else self._guard.estimate(None)
 
     def _give(
-        self, meter: _Meter, census: Census, idle: int, claim: int, step: int, pressure: bool
+        self,
+        meter: _Meter,
+        census: Census,
+        idle: int,
+        claim: int,
+        step: int,
+        pressure: bool,
+        room: _Room | None,
     ) -> tuple[TokenReason, str]:
-        """Mint a token if one is wanted and fits, or take idle ones back under pressure."""
+        """Mint a token if one is wanted and fits, or take idle ones back under pressure.
+
+        ``room`` is None where memory is unknown: the guard alone judges then."""
         key = meter.key()
         if pressure:
             taken = meter.pool.take_back(idle)
@@ -413,10 +568,23 @@ class Jobservers:
         if not census.clients:
             self._guard.hold(key, claim)
             return TokenReason.STARTING, TokenReason.STARTING.description
+        if meter.paused:
+            self._guard.hold(key, claim)
+            return TokenReason.PRESSURE, (
+                f"{len(meter.paused)} step(s) paused until they can finish beside the rest: "
+                "no token minted"
+            )
         if idle > 0:
             self._guard.hold(key, claim)
             return TokenReason.IDLE, f"{idle} token(s) wait unused in the FIFO"
-        decision = self._guard.admit(key, memory_bytes=claim + step)
+        if room is not None and not self._finishable_with_one_more(meter, room):
+            self._guard.hold(key, claim)
+            return TokenReason.NO_ROOM, (
+                f"no room: one more step of up to {format_gb(meter.largest)} (this job's "
+                f"largest) might not finish below the line beside the {len(census.steps)} "
+                "running"
+            )
+        decision = self._guard.admit(key, memory_bytes=claim)
         if not decision.admit:
             self._guard.hold(key, claim)
             return TokenReason.NO_ROOM, f"no room: {decision.summary}"
@@ -425,13 +593,42 @@ class Jobservers:
             meter.minted += 1
         return TokenReason.MINTED, f"room for another step of {format_gb(step)}"
 
+    def _finishable_with_one_more(self, meter: _Meter, room: _Room) -> bool:
+        """Whether every step, this job's tokens not yet seen as steps, and one more, could
+        still each finish below the line."""
+        now = self._clock()
+        # A step not seen yet grows from nothing: the next look sees it, and pauses it unless
+        # it fits; so it adds no growth before the next look here.
+        coming = [Step(("token", n), now, 0, meter.largest, 0.0) for n in range(room.unseen + 1)]
+        *rest, new = coming
+        return admits([*self._steps(room.meters), *rest], room.below_line, new)
+
     def _note(self, meter: _Meter, text: str) -> None:
         meter.notes.append(text)
         log.warning("job %s: %s", meter.job_id, text)
 
-    def _past_line(self) -> bool:
-        reading = self._guard.memory_reading()
-        return reading is not None and reading.used > reading.hold_line
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """What a job's next token is judged in: the room below the line, its tokens taken but
+    not yet seen as steps, and every job's meter (their steps share the room)."""
+
+    below_line: int
+    unseen: int
+    meters: list[_Meter]
+
+
+def _typical(meter: _Meter, largest: int) -> int:
+    """The typical step: the mean of the last finished ones; the largest before any finished."""
+    if not meter.finished:
+        return largest
+    return min(largest, sum(meter.finished) // len(meter.finished))
+
+
+def _first_rate(meter: _Meter) -> float:
+    """What a step not yet seen growing is taken to grow by: the steepest of its job so far,
+    else its whole largest step in a second."""
+    return meter.fastest or float(meter.largest)
 
 
 def _rotation(meters: list[_Meter], turn: int) -> list[_Meter]:
