@@ -25,11 +25,20 @@ def step_command(trace: Path, name: str, size: int, grow_s: float, hold_s: float
     return f"{sys.executable} {STEP} {trace} {name} {size} {grow_s} {hold_s}"
 
 
-def makefile(folder: Path, trace: Path, steps: int, size: int, *, prefix: str = "s") -> Path:
-    """A Makefile of ``steps`` independent steps under ``all``, each growing to ``size``."""
+def makefile(
+    folder: Path,
+    trace: Path,
+    steps: int,
+    size: int,
+    *,
+    prefix: str = "s",
+    hold_s: float = HOLD_S,
+) -> Path:
+    """A Makefile of ``steps`` independent steps under ``all``, each growing to ``size`` and
+    holding it ``hold_s``."""
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"{prefix}{i}" for i in range(1, steps + 1)]
-    rules = "".join(f"{n}:\n\t@{step_command(trace, n, size, GROW_S, HOLD_S)}\n" for n in names)
+    rules = "".join(f"{n}:\n\t@{step_command(trace, n, size, GROW_S, hold_s)}\n" for n in names)
     (folder / "Makefile").write_text(
         f".PHONY: all {' '.join(names)}\nall: {' '.join(names)}\n{rules}"
     )

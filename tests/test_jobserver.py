@@ -4,13 +4,16 @@ whose steps grow to a known size in a real memory group."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import pytest
 from roomkeeper.api.responses import FeedOut, JobOut
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.lines import Reading
+from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobserver.census import parse_stat, parse_statm, take_census
 from roomkeeper.jobserver.flags import Auth, makeflags, prepare_command
 from roomkeeper.jobserver.meter import Jobservers, JobserverSettings
@@ -48,15 +52,19 @@ LINE = int(LIMIT * 0.9)
 
 def test_makeflags_put_the_pipe_auth_last_for_make() -> None:
     """make up to 4.3 reads the last auth and stops on a fifo one: the pipe form comes last."""
-    flags = makeflags(AUTH, fifo_last=False, inherited="-j8 --jobserver-auth=3,4 -k")
+    flags = makeflags(AUTH, fifo_only=False, inherited="-j8 --jobserver-auth=3,4 -k")
     assert flags == " -j -k --jobserver-auth=fifo:/run/x/1.fifo --jobserver-auth=7,8"
 
 
-def test_ninja_gets_the_fifo_auth_last() -> None:
-    """Upstream ninja 1.13 takes only the FIFO form: for ninja it is the last auth."""
-    command = prepare_command(["ninja", "-C", "out"], {}, AUTH, shell=False)
-    assert command.env["MAKEFLAGS"].endswith("--jobserver-auth=fifo:/run/x/1.fifo")
-    assert command.env["CARGO_MAKEFLAGS"] == "-j --jobserver-auth=fifo:/run/x/1.fifo"
+def test_ninja_gets_the_fifo_auth_alone_and_no_descriptors() -> None:
+    """Upstream ninja 1.13 takes only the FIFO form, and hands descriptors it did not open on
+    to its steps (which would then look like clients): it gets the FIFO and nothing else."""
+    for argv, shell in ((["ninja", "-C", "out"], False), (["ninja -C out"], True)):
+        command = prepare_command(argv, {}, AUTH, shell=shell)
+        assert command.env["MAKEFLAGS"] == " -j --jobserver-auth=fifo:/run/x/1.fifo"
+        assert command.env["CARGO_MAKEFLAGS"] == "-j --jobserver-auth=fifo:/run/x/1.fifo"
+        assert not command.descriptors
+    assert prepare_command(["make"], {}, AUTH, shell=False).descriptors
 
 
 @pytest.mark.parametrize(
@@ -320,6 +328,34 @@ class _ReadingGuard(Guard):
         return Reading(self.used, LIMIT, headroom_percent=10.0, reserve=0, full_avg10=None, at=0)
 
 
+class _RoomGuard(_ReadingGuard):
+    """A guard with room for 1 GB more, whatever it is asked by."""
+
+    def admit(self, job_id: str, **terms: object) -> Decision:
+        asked = int(terms.get("memory_bytes") or 0)  # type: ignore[call-overload]
+        return Decision(job_id, asked <= 1_000_000_000, Reason.OK, "test")
+
+
+def test_tokens_for_the_steps_that_fit_are_in_the_fifo_before_the_job_starts(
+    tmp_path: Path,
+) -> None:
+    """ninja looks for a token at its start and then only when a step ends: the pool holds a
+    token for each further step of the default size that fits (1 GB of room, 0.4 GB steps:
+    two) before the job runs; none with nothing to judge room by."""
+    settings = JobserverSettings(pools_dir=tmp_path / "pools", step_default=400_000_000)
+    servers = Jobservers(_RoomGuard(), settings)
+    blind = Jobservers(Guard(env={"ROOMKEEPER_GUARD": "off"}), settings)
+    try:
+        _, fds = servers.open("p", "o", ["make"], {}, shell=False)
+        primed = struct.unpack("i", fcntl.ioctl(fds[0], termios.FIONREAD, b"\0" * 4))[0]
+        _, fds = blind.open("q", "o", ["make"], {}, shell=False)
+        unprimed = struct.unpack("i", fcntl.ioctl(fds[0], termios.FIONREAD, b"\0" * 4))[0]
+    finally:
+        servers.shutdown()
+        blind.shutdown()
+    assert (primed, unprimed) == (2, 0)
+
+
 def test_steps_that_could_not_all_finish_below_the_line_are_paused_and_go_on_when_they_can(
     tmp_path: Path,
 ) -> None:
@@ -467,6 +503,9 @@ def test_ninja_from_the_wheel_is_metered_through_the_fifo(tmp_path: Path) -> Non
     assert len(steps.ends) == 8, (err, _logs(tmp_path))
     assert seen.most_bytes <= LINE, (seen, err)
     assert seen.most_running >= 2, (seen, err)
+    # The meter saw ninja's steps as steps (ninja hands on descriptors it did not open: given
+    # the pipe's, every step would look like a client, and none like a step).
+    assert re.search(r"most [2-9] steps at once, step [\d.]+ [MG]B \(learned\)", err), err
 
 
 @pytest.mark.kernel
@@ -494,7 +533,10 @@ def test_cargo_builds_a_workspace_with_steps_as_memory_allows(tmp_path: Path) ->
 def test_a_step_killed_with_its_token_in_hand_gets_it_minted_again(tmp_path: Path) -> None:
     """A recursive step takes a token and is SIGKILLed: the token is minted again, all finish."""
     trace = tmp_path / "trace"
-    folder = makefile(tmp_path / "build", trace, 5, 300_000_000)
+    # The other steps hold 3 s: the build outlasts the second a shortfall must last before
+    # the token counts as lost (with tokens minted before the start, short steps could all
+    # be done by then).
+    folder = makefile(tmp_path / "build", trace, 5, 300_000_000, hold_s=3.0)
     holder = f"-+{step_command(trace, 'h', 300_000_000, 1.0, 30)}".replace(
         "build_step.py", "build_step.py --hold-token", 1
     )

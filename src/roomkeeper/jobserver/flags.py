@@ -5,10 +5,12 @@ GNU make's protocol has two ways to name the token pipe in ``MAKEFLAGS``:
 and ``--jobserver-auth=fifo:PATH`` (make 4.4 and later, ninja 1.13 and later,
 which takes no other form upstream).  Every client reads the *last* auth in the
 variable, and make up to 4.3 stops with "invalid --jobserver-auth string" on a
-``fifo:`` one, so one order cannot suit both: the pipe form comes last, except
-for a command whose program is ninja (or samu), which gets the FIFO form last.
-Both name the same FIFO (the descriptors are that FIFO opened twice), so the
-two styles share one pool.  Cargo reads ``CARGO_MAKEFLAGS`` before ``MAKEFLAGS``;
+``fifo:`` one, so one order cannot suit both: the pipe form comes last.  Both
+name the same FIFO (the descriptors are that FIFO opened twice), so the two
+styles share one pool.  A command whose program is ninja (or samu) gets the
+FIFO form alone and no descriptors: it takes no other form, and it passes
+descriptors it did not open on to every step it runs, where they would make
+each step look like a client of the pool.  Cargo reads ``CARGO_MAKEFLAGS`` before ``MAKEFLAGS``;
 it gets the FIFO form, which needs no descriptor to survive a wrapper.
 
 A client started with its own ``-j`` (or cargo with ``CARGO_BUILD_JOBS``,
@@ -25,7 +27,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-FIFO_LAST = frozenset({"ninja", "samu"})
+FIFO_ONLY = frozenset({"ninja", "samu"})
 """Programs whose jobserver client takes only the FIFO form (ninja 1.13 upstream)."""
 
 _TOOLS = frozenset({"make", "gmake", "ninja", "samu", "cargo", "cmake"})
@@ -45,26 +47,35 @@ class Auth:
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """A job's command as it runs under a jobserver, and what was changed in it, in words."""
+    """A job's command as it runs under a jobserver, and what was changed in it, in words.
+
+    Attributes:
+        argv: the command.
+        env: its environment.
+        notes: what was changed, in words.
+        descriptors: whether it inherits the pool's descriptors (not for a FIFO-only tool).
+    """
 
     argv: list[str]
     env: dict[str, str]
     notes: list[str]
+    descriptors: bool = True
 
 
-def makeflags(auth: Auth, *, fifo_last: bool, inherited: str = "") -> str:
-    """``MAKEFLAGS`` naming the pool in both styles, the one the client needs last.
+def makeflags(auth: Auth, *, fifo_only: bool, inherited: str = "") -> str:
+    """``MAKEFLAGS`` naming the pool in both styles, the pipe form last; or the FIFO alone.
 
     Args:
         auth: the pool.
-        fifo_last: put the FIFO form last (a client that reads only that form).
+        fifo_only: name the FIFO form alone (a client that reads only that form, and is
+            given no descriptors).
         inherited: the job's own ``MAKEFLAGS``; its auths and ``-j`` words are dropped.
     """
     pipe = f"--jobserver-auth={auth.read_fd},{auth.write_fd}"
     fifo = f"--jobserver-auth=fifo:{auth.fifo_path}"
     kept = [w for w in inherited.split() if not _jobserver_word(w)]
     # " -j" first, as make itself writes it: a first word without a dash is read as flag letters.
-    auths = [pipe, fifo] if fifo_last else [fifo, pipe]
+    auths = [fifo] if fifo_only else [fifo, pipe]
     return " ".join(["", "-j", *kept, *auths])
 
 
@@ -103,13 +114,13 @@ def prepare_command(
         if name in new_env:
             notes.append(f"removed {name}={new_env.pop(name)}: it sets a count of its own")
     new_argv = [_shell_without_j(argv[0], notes)] if shell else _without_j(list(argv), notes)
-    program = program_of(new_argv, shell=shell)
+    fifo_only = program_of(new_argv, shell=shell) in FIFO_ONLY
     new_env["MAKEFLAGS"] = makeflags(
-        auth, fifo_last=program in FIFO_LAST, inherited=new_env.get("MAKEFLAGS", "")
+        auth, fifo_only=fifo_only, inherited=new_env.get("MAKEFLAGS", "")
     )
     new_env["CARGO_MAKEFLAGS"] = f"-j --jobserver-auth=fifo:{auth.fifo_path}"
     new_env.pop("MFLAGS", None)  # make writes it from MAKEFLAGS; an old copy would disagree
-    return Command(new_argv, new_env, notes)
+    return Command(new_argv, new_env, notes, descriptors=not fifo_only)
 
 
 def _shell_without_j(text: str, notes: list[str]) -> str:

@@ -1,7 +1,10 @@
 """Tokens metered by memory: one meter per job's pool, all judged by one guard in rotation.
 
-Each round (every :data:`ROUND_S`), for each job in turn, owners rotating
-as the scheduler's queue does:
+Before a job starts, its pool gets a token for each further step of the
+default size that the guard has room for (:meth:`Jobservers.open`): ninja
+looks for a token only at its start and when a step ends.  Then each round
+(every :data:`ROUND_S`), for each job in turn, owners rotating as the
+scheduler's queue does:
 
 1. Count: the idle tokens in the FIFO (``FIONREAD``), so the tokens out are
    those minted less those idle; and the job's clients and steps
@@ -79,6 +82,7 @@ log = logging.getLogger("roomkeeper")
 
 ROUND_S = 0.1  # a token a round per job: ten steps a second is ample for a build
 LOST_AFTER_S = 1.0  # a client reads a token before it forks: a shortfall must outlast that
+MAX_PRIMED = 16  # tokens minted before a job starts, at most
 TYPICAL_OF = 20  # the typical step is the mean of this many last finished steps
 RATE_WINDOW_S = 0.5  # a running step's growth rate is taken over this much of its past
 
@@ -112,11 +116,11 @@ class TokenReason(_Described):
 
 
 class StepSource(_Described):
-    """Where a job's step estimate comes from."""
+    """Where a job's step estimate (its typical step) comes from."""
 
     DEFAULT = "default", "the guard's default job estimate: no step has finished yet"
     LEARNED = "learned", "the mean footprint of this job's last finished steps"
-    RUNNING = "running", "a running step is already larger than any finished one"
+    RUNNING = "running", "no step has finished, and a running one is larger than the default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +278,27 @@ class Jobservers:
             old.pool.close()
         for note in command.notes:
             log.info("job %s: %s", job_id, note)
-        return command, pool.client_fds
+        with self._lock:
+            self._prime(meter)
+        return command, pool.client_fds if command.descriptors else ()
+
+    def _prime(self, meter: _Meter) -> None:
+        """Mint, before the job starts, a token for each further step of the default size the
+        guard has room for now.  ninja looks for a token only at its start and when a step
+        ends: a token minted while its first step runs would wait unseen until that ends."""
+        if self._pressure() or self._guard.memory_reading() is None:
+            return  # under pressure, or nothing to judge room by: the rounds decide
+        step = self._default_step()
+        primed = 0
+        while primed < MAX_PRIMED:
+            # The job's own reservation holds its first step; the pool's, the tokens.
+            decision = self._guard.admit(meter.key(), memory_bytes=step * (primed + 1))
+            if not decision.admit or not meter.pool.mint(1):
+                break
+            primed += 1
+            meter.circulating += 1
+            meter.minted += 1
+        self._guard.hold(meter.key(), step * primed)
 
     def attach(self, job_id: str, members: Callable[[], Iterable[int]]) -> None:
         """The job started: ``members`` lists its tree's pids; rounds begin for it."""
@@ -398,7 +422,7 @@ class Jobservers:
             minted=meter.minted,
             steps=len(census.steps),
             step_bytes=typical,
-            step_source=self._source(meter, census, largest),
+            step_source=self._source(meter, largest),
             claim_bytes=claim,
             reason=reason,
             summary=summary,
@@ -535,11 +559,10 @@ class Jobservers:
         meter.largest = max(base, *meter.peaks.values()) if meter.peaks else base
         return meter.largest
 
-    def _source(self, meter: _Meter, census: Census, largest: int) -> StepSource:
-        running = max(meter.peaks.values(), default=0)
-        if largest == running > meter.learned and (meter.learned or largest > self._default_step()):
-            return StepSource.RUNNING
-        return StepSource.LEARNED if meter.learned else StepSource.DEFAULT
+    def _source(self, meter: _Meter, largest: int) -> StepSource:
+        if meter.finished:
+            return StepSource.LEARNED
+        return StepSource.RUNNING if largest > self._default_step() else StepSource.DEFAULT
 
     def _default_step(self) -> int:
         stated = self._settings.step_default
