@@ -475,8 +475,9 @@ class Jobservers:
         return found
 
     def _keep_finishable(self, meters: list[_Meter], reading: Reading) -> None:
-        """Pause the newest running steps while their growth would leave a step unable to
-        finish below the line; else let the oldest paused one go on if it can."""
+        """Pause running steps, the furthest from its end first, while their growth would leave
+        some step unable to finish below the line; else let the paused step nearest its end go
+        on if every step can still finish with it running (:mod:`roomkeeper.jobserver.steps`)."""
         by_job = {m.job_id: m for m in meters}
         steps = self._steps(meters)
         room = reading.hold_line - reading.used
