@@ -155,8 +155,14 @@ class LaunchRounds:
         # hold the memory do, so its job can be reaped while memory is still going back.
         self._local_stoppers: list[threading.Thread] = []
         self.pressure_hold = False  # the relief ladder holds launches (reason "pressure")
-        # Every job's tokens are judged by this scheduler's one guard, beside its admissions.
-        self.jobservers = Jobservers(guard, pressure=lambda: self.pressure_hold)
+        # The last launch round ended on a job refused for memory: it waits for room.
+        self.memory_waits = False
+        # Every job's tokens are judged by this scheduler's one guard, beside its admissions;
+        # while a job waits for memory, running builds take no more tokens (they would take
+        # the room it waits for, one step at a time).
+        self.jobservers = Jobservers(
+            guard, pressure=lambda: self.pressure_hold, others_wait=lambda: self.memory_waits
+        )
         self.reruns = 0  # restartable jobs queued again after a stop for pressure
 
     def start(self) -> None:
@@ -346,6 +352,7 @@ class LaunchRounds:
                 job, blocked = self._next_candidate(limits)
                 if job is None:
                     self._explain(blocked)
+                    self.memory_waits = False
                     return
                 young = [
                     j
@@ -375,6 +382,7 @@ class LaunchRounds:
             if on_refusal is not None:
                 on_refusal(job.id, decision)
             if not decision.aside:  # the refused job keeps its place: the round ends
+                self.memory_waits = decision.reason is Reason.MEMORY
                 return
 
     def _act(

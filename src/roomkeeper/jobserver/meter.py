@@ -25,11 +25,12 @@ scheduler's queue does:
    step for each token not yet seen as a step and each idle token.  The
    guard holds that claim for the job, so every other job's admission and
    every other pool's next token is judged beside it.
-5. Mint one token when none is idle, no step of the job is paused, the
-   guard admits the claim, and every step started, with one more of the
-   job's largest size, could still be finished below the line, one after
-   another if need be (:mod:`roomkeeper.jobserver.steps`).  Under pressure,
-   mint nothing and take every idle token back.
+5. Mint one token when none is idle, no step of the job is paused, no other
+   job waits for memory to start, the guard admits the claim, and every step
+   started, with one more of the job's largest size, could still be finished
+   below the line, one after another if need be
+   (:mod:`roomkeeper.jobserver.steps`).  Under pressure, mint nothing and take
+   every idle token back.
 
 After every job's turn, the rule of :mod:`roomkeeper.jobserver.steps` is
 kept over the steps of all jobs together: when the running steps' growth
@@ -110,7 +111,8 @@ class TokenReason(_Described):
 
     MINTED = "minted", "room for another step: a token was minted"
     IDLE = "idle", "a token waits unused in the FIFO"  # a client will take it, or none wants one
-    NO_ROOM = "no_room", "no room for another step"  # the guard refused the claim plus one step
+    # The guard refused the claim, a step could not be sure to finish, or another job waits.
+    NO_ROOM = "no_room", "no room for another step"
     PRESSURE = "pressure", "memory pressure: no token minted, idle tokens taken back"
     STARTING = "starting", "the job has not started its first step yet"
 
@@ -227,6 +229,8 @@ class Jobservers:
         settings: the rounds' figures.
         pressure: whether the relief ladder holds launches now; memory is under pressure
             then, and also whenever the guard's reading is past its line.
+        others_wait: whether a job waits for memory to start: no token is minted then
+            (a build would take, a step at a time, the room the job waits for).
         clock: monotonic seconds.
         kill: sends a signal to a pid (pausing and resuming steps).
     """
@@ -237,12 +241,14 @@ class Jobservers:
         settings: JobserverSettings | None = None,
         *,
         pressure: Callable[[], bool] | None = None,
+        others_wait: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         kill: Callable[[int, int], None] = os.kill,
     ) -> None:
         self._guard = guard
         self._settings = settings or JobserverSettings()
         self._pressure = pressure or (lambda: False)
+        self._others_wait = others_wait or (lambda: False)
         self._clock = clock
         self._kill = kill
         self._lock = threading.Lock()
@@ -286,8 +292,8 @@ class Jobservers:
         """Mint, before the job starts, a token for each further step of the default size the
         guard has room for now.  ninja looks for a token only at its start and when a step
         ends: a token minted while its first step runs would wait unseen until that ends."""
-        if self._pressure() or self._guard.memory_reading() is None:
-            return  # under pressure, or nothing to judge room by: the rounds decide
+        if self._pressure() or self._others_wait() or self._guard.memory_reading() is None:
+            return  # under pressure, others waiting, or nothing to judge room by
         step = self._default_step()
         primed = 0
         while primed < MAX_PRIMED:
@@ -598,6 +604,9 @@ class Jobservers:
                 f"{len(meter.paused)} step(s) paused until they can finish beside the rest: "
                 "no token minted"
             )
+        if self._others_wait():
+            self._guard.hold(key, claim)
+            return TokenReason.NO_ROOM, "no room: another job waits for memory to start"
         if idle > 0:
             self._guard.hold(key, claim)
             return TokenReason.IDLE, f"{idle} token(s) wait unused in the FIFO"
