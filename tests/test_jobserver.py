@@ -404,28 +404,28 @@ def test_steps_that_could_not_all_finish_below_the_line_are_paused_and_go_on_whe
 
     try:
         servers.attach("s", lambda: list(seen))
-        for kid in kids:  # each step is first seen a second after the one before
+        for kid in kids:  # each step is first seen a round after the one before
             seen.append(kid)
-            now[0] += 1
+            now[0] += 0.1
             servers.round()
-        now[0] += 1
+        now[0] += 0.1
         servers.round()
         assert changes(0) == [], "room for all three to finish: nothing paused"
         guard.used = 1_500_000_000
         mark = len(signals)
-        now[0] += 1
+        now[0] += 0.1
         servers.round()
         paused = changes(mark)
         servers.round()  # the round after: its token stays held back
         held = servers.statistics()["s"]
         guard.used = 1_250_000_000
         mark = len(signals)
-        now[0] += 1
+        now[0] += 0.1
         servers.round()
         resumed = changes(mark)
         guard.used = 1_400_000_000
         mark = len(signals)
-        now[0] += 1
+        now[0] += 0.1
         servers.round()
         again = changes(mark)
         mark = len(signals)

@@ -70,6 +70,7 @@ from roomkeeper.jobserver.census import Census, take_census
 from roomkeeper.jobserver.flags import Command, prepare_command
 from roomkeeper.jobserver.pool import TokenPool
 from roomkeeper.jobserver.steps import (
+    LOOK_AHEAD_S,
     Step,
     admits,
     expected_growth,
@@ -83,6 +84,7 @@ log = logging.getLogger("roomkeeper")
 
 ROUND_S = 0.1  # a token a round per job: ten steps a second is ample for a build
 LOST_AFTER_S = 1.0  # a client reads a token before it forks: a shortfall must outlast that
+LOOK_AHEAD_ROUNDS = 1.5  # growth allowed for: the time between the last two rounds, half again
 MAX_PRIMED = 16  # tokens minted before a job starts, at most
 TYPICAL_OF = 20  # the typical step is the mean of this many last finished steps
 RATE_WINDOW_S = 0.5  # a running step's growth rate is taken over this much of its past
@@ -254,6 +256,8 @@ class Jobservers:
         self._lock = threading.Lock()
         self._meters: dict[str, _Meter] = {}
         self._turn = 0
+        self._last_round: float | None = None
+        self._look_ahead = LOOK_AHEAD_S  # growth allowed for before the next look, in seconds
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -383,6 +387,12 @@ class Jobservers:
             meters = [m for m in self._meters.values() if m.members is not None]
         order = _rotation(meters, self._turn)
         self._turn += 1
+        # On a slow or busy machine rounds come further apart than ROUND_S: the growth allowed
+        # for before the next look follows the time the last round took to come.
+        now = self._clock()
+        if self._last_round is not None:
+            self._look_ahead = max(LOOK_AHEAD_S, LOOK_AHEAD_ROUNDS * (now - self._last_round))
+        self._last_round = now
         reading = self._guard.memory_reading()
         past_line = reading is not None and reading.used > reading.hold_line
         pressure = self._pressure() or past_line
@@ -490,7 +500,7 @@ class Jobservers:
         for meter in meters:
             for pid in meter.paused:  # still stopped, whoever sent SIGCONT since
                 self._signal_step(pid, signal.SIGSTOP)
-        pausing = to_pause(steps, room)
+        pausing = to_pause(steps, room, self._look_ahead)
         for job_id, pid in pausing:
             by_job[job_id].paused.add(pid)
             self._signal_step(pid, signal.SIGSTOP)
@@ -504,7 +514,7 @@ class Jobservers:
             )
         if pausing:
             return
-        resumed = to_resume(steps, room)
+        resumed = to_resume(steps, room, self._look_ahead)
         if resumed is not None:
             job_id, pid = resumed
             by_job[job_id].paused.discard(pid)
@@ -634,7 +644,7 @@ class Jobservers:
         # it fits; so it adds no growth before the next look here.
         coming = [Step(("token", n), now, 0, meter.largest, 0.0) for n in range(room.unseen + 1)]
         *rest, new = coming
-        return admits([*self._steps(room.meters), *rest], room.below_line, new)
+        return admits([*self._steps(room.meters), *rest], room.below_line, new, self._look_ahead)
 
     def _note(self, meter: _Meter, text: str) -> None:
         meter.notes.append(text)

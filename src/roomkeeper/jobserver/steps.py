@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 StepKey = tuple[str, int]
 """Which step: its job's id and its pid."""
 
-LOOK_AHEAD_S = 0.15  # growth allowed for between two looks (rounds are 0.1 s; half again of slack)
+LOOK_AHEAD_S = 0.15  # growth allowed for before the next look, at least (rounds: every 0.1 s)
 LEARNED_AFTER = 4  # finished steps before their sizes say what a step is expected to grow by
 GROWING_S = 1.0  # a step growing is taken to go on growing this long, past the largest if need be
 NEED_GRAIN = 1 << 20  # needs this close are equal when choosing a step (pages come and go)
