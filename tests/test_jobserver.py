@@ -343,20 +343,27 @@ def test_tokens_for_the_steps_that_fit_are_in_the_fifo_before_the_job_starts(
     tmp_path: Path,
 ) -> None:
     """ninja looks for a token at its start and then only when a step ends: the pool holds a
-    token for each further step of the default size that fits (1 GB of room, 0.4 GB steps:
-    two) before the job runs; none with nothing to judge room by."""
+    token for one more step of the default size that fits before the job runs (one only: the
+    jobs judged after it in the same round need room too); none with nothing to judge room
+    by, or with no room (0.4 GB steps in 1 GB of room, or 1.2 GB steps)."""
     settings = JobserverSettings(pools_dir=tmp_path / "pools", step_default=400_000_000)
+    large = JobserverSettings(pools_dir=tmp_path / "large", step_default=1_200_000_000)
     servers = Jobservers(_RoomGuard(), settings)
+    crowded = Jobservers(_RoomGuard(), large)
     blind = Jobservers(Guard(env={"ROOMKEEPER_GUARD": "off"}), settings)
+
+    def idle(fd: int) -> int:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+
     try:
-        _, fds = servers.open("p", "o", ["make"], {}, shell=False)
-        primed = struct.unpack("i", fcntl.ioctl(fds[0], termios.FIONREAD, b"\0" * 4))[0]
-        _, fds = blind.open("q", "o", ["make"], {}, shell=False)
-        unprimed = struct.unpack("i", fcntl.ioctl(fds[0], termios.FIONREAD, b"\0" * 4))[0]
+        primed = idle(servers.open("p", "o", ["make"], {}, shell=False)[1][0])
+        none_fit = idle(crowded.open("c", "o", ["make"], {}, shell=False)[1][0])
+        unprimed = idle(blind.open("q", "o", ["make"], {}, shell=False)[1][0])
     finally:
         servers.shutdown()
+        crowded.shutdown()
         blind.shutdown()
-    assert (primed, unprimed) == (2, 0)
+    assert (primed, none_fit, unprimed) == (1, 0, 0)
 
 
 def test_steps_that_could_not_all_finish_below_the_line_are_paused_and_go_on_when_they_can(

@@ -106,11 +106,13 @@ def test_a_step_is_expected_to_grow_to_the_mean_of_the_finished_steps_above_it()
 
 def test_a_step_growing_past_the_largest_needs_what_it_grows_by_in_a_second() -> None:
     """The largest finished step was 100 MB; a step at 300 MB still growing 600 MB/s is not
-    taken to be done: it needs 600 MB, and two such steps in 700 MB of room are not safe."""
-    assert step_need(100 * MB, 300 * MB, 600 * MB) == 600 * MB
-    assert step_need(700 * MB, 300 * MB, 100 * MB) == 400 * MB
-    assert step_need(100 * MB, 300 * MB, 0) == 0
-    need = step_need(100 * MB, 300 * MB, 600 * MB)
+    taken to be done: it needs 600 MB, and two such steps in 700 MB of room are not safe.
+    Growing slowly (50 MB/s), it still needs as much again as it holds; settled, nothing."""
+    assert step_need(300 * MB, 300 * MB, 600 * MB, 100 * MB) == 600 * MB
+    assert step_need(300 * MB, 300 * MB, 50 * MB, 100 * MB) == 300 * MB
+    assert step_need(700 * MB, 300 * MB, 100 * MB, 700 * MB) == 400 * MB
+    assert step_need(300 * MB, 300 * MB, 0, 100 * MB) == 0
+    need = step_need(300 * MB, 300 * MB, 600 * MB, 100 * MB)
     growing = [Step(("job", n), n, 300 * MB, need, 600 * MB) for n in (1, 2)]
     assert not safe(growing, 700 * MB)
     assert to_pause(growing, 700 * MB) == [("job", 2)]

@@ -1,7 +1,7 @@
 """Tokens metered by memory: one meter per job's pool, all judged by one guard in rotation.
 
-Before a job starts, its pool gets a token for each further step of the
-default size that the guard has room for (:meth:`Jobservers.open`): ninja
+Before a job starts, its pool gets a token for one further step of the
+default size if the guard has room for it (:meth:`Jobservers.open`): ninja
 looks for a token only at its start and when a step ends.  Then each round
 (every :data:`ROUND_S`), for each job in turn, owners rotating as the
 scheduler's queue does:
@@ -85,7 +85,9 @@ log = logging.getLogger("roomkeeper")
 ROUND_S = 0.1  # a token a round per job: ten steps a second is ample for a build
 LOST_AFTER_S = 1.0  # a client reads a token before it forks: a shortfall must outlast that
 LOOK_AHEAD_ROUNDS = 1.5  # growth allowed for: the time between the last two rounds, half again
-MAX_PRIMED = 16  # tokens minted before a job starts, at most
+# Tokens minted before a job starts, at most: one, so that ninja starts two steps; more would
+# take the room of the jobs judged after it in the same launch round.
+MAX_PRIMED = 1
 TYPICAL_OF = 20  # the typical step is the mean of this many last finished steps
 RATE_WINDOW_S = 0.5  # a running step's growth rate is taken over this much of its past
 
@@ -293,9 +295,10 @@ class Jobservers:
         return command, pool.client_fds if command.descriptors else ()
 
     def _prime(self, meter: _Meter) -> None:
-        """Mint, before the job starts, a token for each further step of the default size the
-        guard has room for now.  ninja looks for a token only at its start and when a step
-        ends: a token minted while its first step runs would wait unseen until that ends."""
+        """Mint, before the job starts, a token for a further step of the default size if the
+        guard has room for it now (at most :data:`MAX_PRIMED`).  ninja looks for a token only
+        at its start and when a step ends: a token minted while its first step runs would wait
+        unseen until that ends."""
         if self._pressure() or self._others_wait() or self._guard.memory_reading() is None:
             return  # under pressure, others waiting, or nothing to judge room by
         step = self._default_step()
@@ -483,7 +486,9 @@ class Jobservers:
                         key=(meter.job_id, pid),
                         began=meter.began[pid],
                         footprint=footprint,
-                        need=step_need(meter.largest, footprint, rate),
+                        need=step_need(
+                            meter.largest, footprint, rate, meter.learned or self._default_step()
+                        ),
                         rate=rate,
                         paused=pid in meter.paused,
                     )

@@ -8,9 +8,14 @@ need be, without memory passing the line.  Each step is bounded by its job's
 *largest* step (finished, or running now), and a step that finishes gives
 back its footprint and all it grew by (the banker's algorithm, with memory
 as its one resource).  A step still growing may be the one that passes the
-largest so far, so it needs at least what it grows by in :data:`GROWING_S`::
+largest so far, so it needs at least what it grows by in :data:`GROWING_S`;
+and one already past every step its job finished, while it grows, has no
+bound learned at all: it is taken to be able to grow as much again as it
+holds (where it grows slowly, as on a busy or emulated machine, a second of
+its growth says too little)::
 
-    need(step)  = max(its job's largest step - its footprint, its rate x GROWING_S)
+    need(step)  = max(its job's largest step - its footprint, its rate x GROWING_S,
+                      its footprint, if it grows past every finished step)
     room        = line - used - what the running steps grow by before the next look
     safe        = in order of need, smallest first: need <= room, then room += footprint
 
@@ -69,10 +74,13 @@ class Step:
     paused: bool = False
 
 
-def step_need(largest: int, footprint: int, rate: float) -> int:
-    """The most a step may still grow by: to its job's largest step, and at least what it
-    grows by in :data:`GROWING_S` at ``rate`` (bytes per second)."""
-    return max(largest - footprint, int(max(0.0, rate) * GROWING_S), 0)
+def step_need(largest: int, footprint: int, rate: float, finished_largest: int) -> int:
+    """The most a step may still grow by: to its job's ``largest`` step (finished, or running
+    now), at least what it grows by in :data:`GROWING_S` at ``rate`` (bytes per second), and,
+    while it grows past ``finished_largest`` (the largest finished step, or the default
+    before one finished), as much again as it holds."""
+    unbounded = rate > 0 and footprint > finished_largest
+    return max(largest - footprint, int(max(0.0, rate) * GROWING_S), footprint * unbounded, 0)
 
 
 def expected_growth(footprint: int, finished: Sequence[int], largest: int, rate: float) -> int:
