@@ -101,6 +101,7 @@ def every_spec_field() -> JobSpec:
         memory_policy=MemoryPolicy.PACK,
         kind="unit-tests",
         learned_bytes=3_000_000,
+        jobserver=True,
     )
     left = [f.name for f in dataclasses.fields(JobSpec) if getattr(spec, f.name) == f.default]
     assert left == [], f"give these spec fields a value other than their default here: {left}"
@@ -207,6 +208,7 @@ def test_a_job_asked_over_http_keeps_every_field(module_gw: RunningGateway, tmp_
         "release": {"url": "http://127.0.0.1:9/done"},
         "memory_policy": "pack",
         "kind": "fields",
+        "jobserver": True,
     }
     # worktree is the one left out: a job runs in its cwd or its worktree, not both.
     assert set(JobIn.model_fields) - set(job) == {"worktree"}

@@ -22,37 +22,40 @@ Who may import whom, beside the basics (imports point down; no circle anywhere):
   May import: ``guard``, ``loopback``, ``kernel``.
 - ``processes``: managed process trees: launching, sampled peaks, suspension,
   orphans, readiness, the job user, the lifeline.  May import: ``kernel``.
+- ``jobserver``: GNU make's jobserver for a job (a private FIFO and inherited
+  descriptors, ``MAKEFLAGS``), its tokens minted only while the guard says another
+  step fits.  May import: ``guard``, ``loopback``, ``kernel``.
 - ``worktrees``: a git worktree per job, and the pruning of finished ones.
   May import: ``guard``, ``loopback``, ``kernel``.
 - ``jobs``: specs and states, the fair queue, the scheduler and its launch
-  rounds, learned-size keys.  May import: ``worktrees``, ``processes``, ``relief``,
+  rounds, learned-size keys.  May import: ``jobserver``, ``worktrees``, ``processes``, ``relief``,
   ``guard``, ``loopback``, ``kernel``.
 - ``journal``: the SQLite journal, one module per table; every SQL string of
-  the project.  May import: ``jobs``, ``worktrees``, ``processes``, ``relief``,
+  the project.  May import: ``jobs``, ``jobserver``, ``worktrees``, ``processes``, ``relief``,
   ``guard``, ``loopback``, ``kernel``.
 - ``cluster``: the Ray backend: placement on the cluster, the task
   that asks a node's own guard and runs the job there, the gateway's handle
-  of it.  Ray itself is imported only when chosen.  May import: ``jobs``,
+  of it.  Ray itself is imported only when chosen.  May import: ``jobs``, ``jobserver``,
   ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``.
 - ``gateway``: the service that owns scheduler, guard and journal; durable
   jobs and leases, recovery, registered calls, samples, the supervisor link.
-  May import: ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``processes``,
+  May import: ``cluster``, ``journal``, ``jobs``, ``jobserver``, ``worktrees``, ``processes``,
   ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``.
 - ``api``: the HTTP app, one module per resource's routes, models, views,
-  metrics, serving.  May import: ``gateway``, ``cluster``, ``journal``, ``jobs``,
+  metrics, serving.  May import: ``gateway``, ``cluster``, ``journal``, ``jobs``, ``jobserver``,
   ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``.
 - ``client``: the typed Python client of the HTTP API, sync and async, with leases held
   by their own heartbeat; its transport and agent-hook call load neither pydantic nor
   anything of ``api``, for ``roomkeeper hook``.  May import: ``api``, ``gateway``,
-  ``cluster``, ``journal``, ``jobs``, ``worktrees``, ``processes``, ``relief``, ``guard``,
-  ``loopback``, ``kernel``, ``ipc``.
+  ``cluster``, ``journal``, ``jobs``, ``jobserver``, ``worktrees``, ``processes``,
+  ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``.
 - ``supervisor``: runs the gateway as its child and watches it from outside;
   talks to it through ``ipc`` only.  May import: ``ipc``.
 - ``batch``: ``roomkeeper batch``, a memory-aware ``parallel`` on the
-  scheduler, without a server.  May import: ``jobs``, ``worktrees``, ``processes``,
+  scheduler, without a server.  May import: ``jobs``, ``jobserver``, ``worktrees``, ``processes``,
   ``relief``, ``guard``, ``loopback``, ``kernel``.
 - ``cli``: the ``roomkeeper`` command, and what ``batch`` shows a person.
-  May import: ``api``, ``gateway``, ``batch``, ``cluster``, ``journal``, ``jobs``,
+  May import: ``api``, ``gateway``, ``batch``, ``cluster``, ``journal``, ``jobs``, ``jobserver``,
   ``worktrees``, ``processes``, ``relief``, ``guard``, ``loopback``, ``kernel``, ``ipc``,
   ``supervisor``, ``client``.
 

@@ -152,6 +152,7 @@ def _job_spec(gateway: Gateway, body: JobIn) -> JobSpec:
         worktree=worktree,
         memory_policy=MemoryPolicy(body.memory_policy),
         kind=body.kind,
+        jobserver=body.jobserver,
     )
     if body.cwd is None:
         gateway.ensure_workspace()
@@ -172,7 +173,8 @@ def _listed_jobs(
 ) -> tuple[list[dict[str, Any]], SortKey | None]:
     """One page of this run's jobs over the journal's rows of the same ids, filtered,
     newest first; and the next page's key, if more follow."""
-    live = {v.id: job_json(v) for v in gateway.scheduler.jobs()}
+    tokens = gateway.scheduler.jobserver_statistics()
+    live = {v.id: job_json(v, tokens.get(v.id)) for v in gateway.scheduler.jobs()}
     found = gateway.journal.jobs(owner=owner, state=state, limit=limit + 1, before=after)
     rows = {r.id: row_json(r) for r in found}
     rows.update(
@@ -201,7 +203,8 @@ def _find_job(gateway: Gateway, job_id: str) -> dict[str, Any]:
         UnknownJobError: no job has that id (404).
     """
     with contextlib.suppress(UnknownJobError):
-        return job_json(gateway.scheduler.get(job_id))
+        tokens = gateway.scheduler.jobserver_statistics().get(job_id)
+        return job_json(gateway.scheduler.get(job_id), tokens)
     row = gateway.journal.job(job_id)
     if row is None:
         raise UnknownJobError(f"no job has the id {job_id!r}", job_id=job_id)

@@ -6,7 +6,7 @@ and no label takes unbounded values: no owner, job or lease ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from roomkeeper.gateway.waits import WAIT_BUCKETS
 from roomkeeper.guard.rule import ADMITTING_REASONS, Reason
 from roomkeeper.jobs.spec import JobState, SchedulerReason
+from roomkeeper.jobserver.meter import JobserverStatistics, TokenReason
 from roomkeeper.relief.monitor import MonitorStatistics
 
 if TYPE_CHECKING:
@@ -93,6 +94,39 @@ class GatewayCollector(Collector):
         )
         yield from _baseline_metrics(g)
         yield from _node_metrics(g)
+        yield from _jobserver_metrics(g.scheduler.jobserver_statistics().values())
+
+
+def _jobserver_metrics(pools: Iterable[JobserverStatistics]) -> Iterator[GaugeMetricFamily]:
+    """The running jobs' jobservers, summed (no job id is a label): tokens out, the largest
+    step estimate, and how many jobs' last round ended with each reason."""
+    pools = list(pools)
+    for suffix, doc, value in (
+        ("jobs", "Running jobs with a jobserver.", len(pools)),
+        ("tokens_out", "Tokens their build tools hold now.", sum(p.tokens_out for p in pools)),
+        ("tokens_idle", "Tokens waiting unused in their FIFOs.", sum(p.idle for p in pools)),
+        (
+            "step_bytes_max",
+            "The largest step estimate among them.",
+            max((p.step_bytes for p in pools), default=0),
+        ),
+        ("claim_bytes", "What the guard holds for their steps.", sum(p.claim_bytes for p in pools)),
+        ("tokens_lost", "Tokens lost with dead clients, minted again.", sum(p.lost for p in pools)),
+        (
+            "steps_paused",
+            "Steps paused until they can finish below the line beside the rest.",
+            sum(p.paused for p in pools),
+        ),
+    ):
+        yield GaugeMetricFamily(f"roomkeeper_jobserver_{suffix}", doc, value=value)
+    reasons = GaugeMetricFamily(
+        "roomkeeper_jobserver_reason",
+        "Running jobs by why their last round gave a token or not (no_room: the guard refused).",
+        labels=["reason"],
+    )
+    for reason in TokenReason:
+        reasons.add_metric([reason.value], sum(1 for p in pools if p.reason is reason))
+    yield reasons
 
 
 def _baseline_metrics(g: Gateway) -> Iterator[GaugeMetricFamily]:

@@ -268,6 +268,8 @@ class JobIn(BaseModel):
     # The name its learned size is kept under (else a hash of argv and cwd).
     kind: Annotated[str, Field(min_length=1, max_length=200, pattern=NAME)] | None = None
     worktree: WorktreeIn | None = None
+    # A jobserver of its own: make, ninja and cargo in it start steps as memory allows.
+    jobserver: bool = False
 
     @model_validator(mode="after")
     def _one_place(self) -> JobIn:

@@ -95,6 +95,33 @@ class WorktreeOut(BaseModel):
     branch: str | None
 
 
+class TokensOut(BaseModel):
+    """A running job's jobserver: its tokens, its step estimate, why no more were given."""
+
+    model_config = OUT
+    tokens_out: int = Field(description="Tokens its build tools hold now (minted less idle).")
+    idle: int = Field(description="Tokens waiting unused in its FIFO.")
+    minted: int = Field(description="Tokens minted in all.")
+    steps: int = Field(description="Steps running now.")
+    step_bytes: int = Field(
+        description="The memory one more step is expected to take: the mean of its last "
+        "finished steps (the largest until one finished); tokens are minted for it."
+    )
+    step_source: Literal["default", "learned", "running"]
+    claim_bytes: int = Field(description="What the guard holds for its steps now.")
+    reason: Literal["minted", "idle", "no_room", "pressure", "starting"]
+    summary: str = Field(description='Why, in words, with the guard\'s numbers ("no room: ...").')
+    lost: int = Field(description="Tokens lost with a client that died, minted again.")
+    unread: int = Field(description="Bytes a client wrote back that it never read.")
+    taken_back: int = Field(description="Idle tokens taken back under memory pressure.")
+    paused: int = Field(
+        description="Steps paused (SIGSTOP) until they can finish below the line beside the rest."
+    )
+    largest_step_bytes: int = Field(
+        description="Its largest step (finished, or running now): each step is bounded by it."
+    )
+
+
 class JobOut(BaseModel):
     """A job of this run or an earlier one."""
 
@@ -123,6 +150,10 @@ class JobOut(BaseModel):
         default=None, description="Where the estimate came from."
     )
     kind: str | None = Field(default=None, description="The name its learned size is kept under.")
+    jobserver: bool = Field(default=False, description="Whether it runs with a jobserver.")
+    tokens: TokensOut | None = Field(
+        default=None, description="Its jobserver's tokens while it runs with one."
+    )
     resolution: Literal["succeeded", "failed"] | None = Field(
         default=None, description="How uncertain work was settled; sent for earlier runs' jobs."
     )
@@ -450,6 +481,9 @@ class FeedJob(BaseModel):
     submitted_at: Number
     started_at: Number | None
     ended_at: Number | None
+    tokens: TokensOut | None = Field(
+        default=None, description="Its jobserver's tokens while it runs with one."
+    )
 
 
 class FeedRefusal(BaseModel):

@@ -19,6 +19,7 @@ from roomkeeper.gateway.service import Gateway
 from roomkeeper.guard.leases import LeaseView, lease_fields
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.jobserver.meter import JobserverStatistics
 from roomkeeper.journal.jobs import JobRow
 from roomkeeper.loopback.hooks import ReleaseHook
 from roomkeeper.relief.ladder import PressureReason
@@ -45,8 +46,32 @@ JOB_FIELDS = (
 )
 
 
-def job_json(view: JobView) -> dict[str, Any]:
-    """A live job as the API shows it (the same fields as a journal row)."""
+def tokens_json(stats: JobserverStatistics | None) -> dict[str, Any] | None:
+    """A running job's jobserver as the API shows it: tokens out, the step estimate and why
+    no more tokens were given ("no room: ..."); None without one."""
+    if stats is None:
+        return None
+    return {
+        "tokens_out": stats.tokens_out,
+        "idle": stats.idle,
+        "minted": stats.minted,
+        "steps": stats.steps,
+        "step_bytes": stats.step_bytes,
+        "step_source": stats.step_source.value,
+        "claim_bytes": stats.claim_bytes,
+        "reason": stats.reason.value,
+        "summary": stats.summary,
+        "lost": stats.lost,
+        "unread": stats.unread,
+        "taken_back": stats.taken_back,
+        "paused": stats.paused,
+        "largest_step_bytes": stats.largest_step_bytes,
+    }
+
+
+def job_json(view: JobView, tokens: JobserverStatistics | None = None) -> dict[str, Any]:
+    """A live job as the API shows it (the same fields as a journal row), with its
+    jobserver's tokens while it runs with one."""
     return {
         "id": view.id,
         "owner": view.owner,
@@ -67,6 +92,8 @@ def job_json(view: JobView) -> dict[str, Any]:
         "estimate_bytes": view.estimate_bytes,
         "estimate_source": view.estimate_source.value,  # stated, learned, default, re-run
         "kind": view.spec.kind,
+        "jobserver": view.spec.jobserver,
+        "tokens": tokens_json(tokens),
     }
 
 
@@ -78,6 +105,8 @@ def row_json(row: JobRow) -> dict[str, Any]:
         "argv": row.spec.get("argv", []),
         "worktree": row.spec.get("worktree"),
         "kind": row.spec.get("kind"),
+        "jobserver": bool(row.spec.get("jobserver")),
+        "tokens": None,  # a job of an earlier run holds no tokens now
         "resolution": row.resolution,
     }
     if row.state == JobState.UNCERTAIN.value:
@@ -206,6 +235,7 @@ def _feed_jobs(gateway: Gateway) -> list[dict[str, Any]]:
     """This run's newest jobs, then the work in doubt an earlier run left: jobs, then calls."""
     shown = sorted(gateway.scheduler.jobs(), key=lambda v: v.submitted_at, reverse=True)[:FEED_JOBS]
     live = {v.id for v in shown}
+    pools = gateway.scheduler.jobserver_statistics()
     # Work in doubt from an earlier run lives only in the journal: show it too.
     in_doubt = [
         r
@@ -215,14 +245,15 @@ def _feed_jobs(gateway: Gateway) -> list[dict[str, Any]]:
     ]
     calls = gateway.calls.list(state="uncertain")[:FEED_IN_DOUBT]
     return (
-        [_feed_live_job(v) for v in shown]
+        [_feed_live_job(v, pools.get(v.id)) for v in shown]
         + [_feed_row(r) for r in in_doubt]
         + [_feed_call(c) for c in calls]
     )
 
 
-def _feed_live_job(view: JobView) -> dict[str, Any]:
-    """A job of this run as the Health page lists it: no command line, no path."""
+def _feed_live_job(view: JobView, pool: JobserverStatistics | None) -> dict[str, Any]:
+    """A job of this run as the Health page lists it: no command line, no path (its
+    jobserver's tokens while it has one)."""
     return {
         "id": view.id,
         "owner": view.owner,
@@ -232,6 +263,7 @@ def _feed_live_job(view: JobView) -> dict[str, Any]:
         "submitted_at": view.submitted_at,
         "started_at": view.started_at,
         "ended_at": view.ended_at,
+        "tokens": tokens_json(pool),
     }
 
 

@@ -49,10 +49,11 @@ from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import SchedulerListeners, SchedulerParts, SchedulerSettings
 from roomkeeper.jobs.sizes import SizeBook, size_key, with_learned_size
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, validate_kind
+from roomkeeper.jobserver.meter import JobserverStatistics
 from roomkeeper.processes.peaks import PeakMethod
 from roomkeeper.relief.ladder import PressureReason
 from roomkeeper.relief.monitor import MonitorStatistics
-from roomkeeper.units import format_bytes
+from roomkeeper.units import format_bytes, format_gb
 from roomkeeper.worktrees.request import WorktreeRequest
 from roomkeeper.worktrees.service import BRANCH_PREFIX, Worktrees
 
@@ -75,11 +76,20 @@ class BatchResult:
     peak_method: PeakMethod | None = None  # how peak_bytes was taken
     estimate_bytes: int | None = None  # the memory estimate it was admitted with
     estimate_source: EstimateSource = EstimateSource.DEFAULT
+    jobserver: JobserverStatistics | None = None  # its jobserver's last round, when it had one
 
     @property
     def succeeded(self) -> bool:
         """Exited by itself with status 0."""
         return self.state is JobState.EXITED and self.exit_code == 0
+
+
+def tokens_text(pool: JobserverStatistics) -> str:
+    """A line's jobserver in a few words: tokens out, the step estimate, why no more."""
+    return (
+        f"{pool.tokens_out} token(s) out, step {format_gb(pool.step_bytes)} "
+        f"({pool.step_source.value}), {pool.summary}"
+    )
 
 
 def read_commands(lines: Sequence[str]) -> list[str]:
@@ -163,11 +173,13 @@ class BatchOptions:
         policy: the memory policy every line runs under (``pack`` unless ``--strict``).
         kinds: each line's kind (None: a hash of the line and the directory).
         sizes: where learned sizes are read and each line's peak is kept; None learns nothing.
+        jobserver: every line runs with a jobserver of its own (``--jobserver``).
     """
 
     policy: MemoryPolicy = MemoryPolicy.PACK
     kinds: Sequence[str | None] = ()
     sizes: SizeBook | None = None
+    jobserver: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +335,7 @@ class _BatchRun:
         self._progress = progress
         self._results: dict[str, BatchResult] = {}
         self._next_line = 0  # index of the first line not yet submitted
+        self._tokens: dict[str, JobserverStatistics] = {}  # each line's jobserver, last seen
 
     @property
     def done(self) -> bool:
@@ -353,6 +366,7 @@ class _BatchRun:
             kind=kinds[index] if index < len(kinds) else None,
             worktree=self._worktrees.request(index + 1) if self._worktrees else None,
             restartable=True,  # as GNU parallel treats its lines
+            jobserver=self._options.jobserver,
         )
         sizes = self._options.sizes
         if sizes is None:
@@ -382,11 +396,16 @@ class _BatchRun:
     def show(self) -> None:
         """Show counts and the guard's current reason; lines not yet fed count as waiting."""
         stats = self._scheduler.statistics()
+        pools = self._scheduler.jobserver_statistics()
+        self._tokens.update(pools)
+        reason = stats.waiting_reason.value if stats.waiting_reason else "ok"
+        if pools:
+            reason += "; " + "; ".join(f"line {j}: {tokens_text(p)}" for j, p in pools.items())
         self._progress.update(
             done=len(self._results),
             running=stats.running,
             waiting=stats.waiting + len(self._commands) - self._next_line,
-            reason=stats.waiting_reason.value if stats.waiting_reason else "ok",
+            reason=reason,
         )
 
     def results(self) -> list[BatchResult]:
@@ -418,6 +437,7 @@ class _BatchRun:
                 peak_method=v.peak_method,
                 estimate_bytes=v.estimate_bytes,
                 estimate_source=v.estimate_source,
+                jobserver=self._tokens.pop(v.id, None),
             )
             self._learn(v)
             if not self._settings.quiet:

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from roomkeeper.batch.run import BatchResult
 from roomkeeper.jobs.spec import JobState
+from roomkeeper.jobserver.meter import JobserverStatistics
 from roomkeeper.relief.monitor import MonitorStatistics
 from roomkeeper.units import format_bytes
 
@@ -102,7 +103,10 @@ def summary_table(
     the table must not cost more than running them did.
     """
     failed = sum(1 for r in results if not r.succeeded)
-    rows = [("#", "command", "exit", "wall", "peak memory", "estimate")]
+    pools = any(r.jobserver is not None for r in results)
+    rows: list[tuple[str, ...]] = [
+        ("#", "command", "exit", "wall", "peak memory", "estimate", *(["jobserver"] * pools))
+    ]
     for r in results:
         exit_text = str(r.exit_code) if r.state is JobState.EXITED else r.state.value
         if r.state is not JobState.EXITED and r.exit_code is not None:
@@ -114,7 +118,8 @@ def summary_table(
         estimate = "-"
         if r.estimate_bytes is not None:
             estimate = f"{format_bytes(r.estimate_bytes)} ({r.estimate_source.value})"
-        rows.append((str(r.line), command, exit_text, f"{r.wall_seconds:.2f} s", peak, estimate))
+        cells = (str(r.line), command, exit_text, f"{r.wall_seconds:.2f} s", peak, estimate)
+        rows.append((*cells, *([_pool_text(r.jobserver)] * pools)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"roomkeeper batch: {len(results)} commands, {failed} failed, {elapsed:.1f} s"]
     if pressure is not None:
@@ -122,8 +127,24 @@ def summary_table(
     for row in rows:
         lines.append(
             "  ".join(
-                cell.ljust(w) if i == 1 else cell.rjust(w)
+                cell.ljust(w) if i in (1, 6) else cell.rjust(w)
                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))
             ).rstrip()
         )
     return "\n".join(lines)
+
+
+def _pool_text(pool: JobserverStatistics | None) -> str:
+    """A line's jobserver at its end: the most steps at once, the step estimate, tokens lost
+    and minted again, and the last round's reason ("no_room" when the guard refused)."""
+    if pool is None:
+        return "-"
+    text = (
+        f"most {pool.most_steps} steps at once, step {format_bytes(pool.step_bytes)} "
+        f"({pool.step_source.value}), {pool.minted} minted"
+    )
+    if pool.lost:
+        text += f", {pool.lost} lost and minted again"
+    if pool.unread:
+        text += f", {pool.unread} unread byte(s) taken out"
+    return f"{text}; last: {pool.reason.value}"

@@ -219,6 +219,12 @@ def probe(as_json: bool, memory: int | None, disk: int | None) -> None:
     metavar="NAME",
     help="Learn sizes under this name for lines that name no kind of their own (#kind=NAME).",
 )
+@click.option(
+    "--jobserver",
+    is_flag=True,
+    help="Give each line a jobserver metered by memory: make, ninja and cargo in it start "
+    "a step only when another fits (an explicit -j is removed, and said).",
+)
 def batch(
     file: TextIO,
     job_memory: int | None,
@@ -229,6 +235,7 @@ def batch(
     worktree_repo: str | None,
     strict: bool,
     kind: str | None,
+    jobserver: bool,
 ) -> None:
     """Run each line of FILE (or stdin) as a shell command, as memory allows.
 
@@ -273,7 +280,7 @@ def batch(
             job_memory=job_memory,
             timeout_s=timeout_s,
             quiet=quiet,
-            options=BatchOptions(policy=policy, kinds=kinds, sizes=journal),
+            options=BatchOptions(policy=policy, kinds=kinds, sizes=journal, jobserver=jobserver),
         )
         _run_batch_lines(commands, settings, worktrees)
 

@@ -91,6 +91,12 @@ def _check(response: httpx.Response) -> Any:
     is_flag=True,
     help="Reserve only its measured growth while young (memory policy pack; default strict).",
 )
+@click.option(
+    "--jobserver",
+    is_flag=True,
+    help="Give it a jobserver metered by memory: make, ninja and cargo in it start a step "
+    "only when another fits (an explicit -j is removed, and said).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     owner: str,
@@ -100,6 +106,7 @@ def run(
     worktree_text: str | None,
     kind: str | None,
     pack: bool,
+    jobserver: bool,
     command: tuple[str, ...],
 ) -> None:
     """Submit COMMAND (after --) as a job, stream its output, exit with its exit code.
@@ -120,6 +127,7 @@ def run(
         "timeout_s": timeout_s,
         "kind": kind,
         "memory_policy": "pack" if pack else None,
+        "jobserver": True if jobserver else None,
     }
     if worktree_text is not None:
         tree = parse_worktree(worktree_text)

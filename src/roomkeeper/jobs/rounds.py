@@ -51,6 +51,7 @@ import logging
 import os
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,6 +69,8 @@ from roomkeeper.jobs.settings import (
     SchedulerSettings,
 )
 from roomkeeper.jobs.spec import Estimate, EstimateSource, JobState, JobView, SchedulerReason
+from roomkeeper.jobserver.meter import Jobservers
+from roomkeeper.jobserver.pool import JobserverError
 from roomkeeper.kernel.delegation import prepare_job_groups
 from roomkeeper.processes.launch import LaunchSpec, launch
 from roomkeeper.processes.lifeline import Lifeline
@@ -152,6 +155,14 @@ class LaunchRounds:
         # hold the memory do, so its job can be reaped while memory is still going back.
         self._local_stoppers: list[threading.Thread] = []
         self.pressure_hold = False  # the relief ladder holds launches (reason "pressure")
+        # The last launch round ended on a job refused for memory: it waits for room.
+        self.memory_waits = False
+        # Every job's tokens are judged by this scheduler's one guard, beside its admissions;
+        # while a job waits for memory, running builds take no more tokens (they would take
+        # the room it waits for, one step at a time).
+        self.jobservers = Jobservers(
+            guard, pressure=lambda: self.pressure_hold, others_wait=lambda: self.memory_waits
+        )
         self.reruns = 0  # restartable jobs queued again after a stop for pressure
 
     def start(self) -> None:
@@ -173,7 +184,8 @@ class LaunchRounds:
             self._ready = True
 
     def close(self) -> None:
-        """Close the lifeline, if this runner launches with one."""
+        """Remove every jobserver, and close the lifeline if this runner launches with one."""
+        self.jobservers.shutdown()
         if self._lifeline is not None:
             self._lifeline.close()
 
@@ -195,6 +207,8 @@ class LaunchRounds:
                 os.close(job.pidfd)
                 job.pidfd = -1
             self._guard.release(job.id)
+            if job.spec.jobserver:
+                _say(job.log_path, self.jobservers.close(job.id))
             settled = job.handle.settlement()
             if settled is not None:
                 self._settle(job, settled)
@@ -338,6 +352,7 @@ class LaunchRounds:
                 job, blocked = self._next_candidate(limits)
                 if job is None:
                     self._explain(blocked)
+                    self.memory_waits = False
                     return
                 young = [
                     j
@@ -367,6 +382,7 @@ class LaunchRounds:
             if on_refusal is not None:
                 on_refusal(job.id, decision)
             if not decision.aside:  # the refused job keeps its place: the round ends
+                self.memory_waits = decision.reason is Reason.MEMORY
                 return
 
     def _act(
@@ -576,11 +592,19 @@ class LaunchRounds:
             self._guard.release(job.id)  # its time ran out while it was saved: never started
             self._book.finish(job, JobState.EXPIRED, None)
             return
+        try:
+            argv, env, fds = self._with_jobserver(job)
+        except JobserverError as err:
+            self._guard.release(job.id)
+            job.error = str(err)
+            self._book.finish(job, JobState.FAILED, None)
+            return
         spec = LaunchSpec(
-            argv=job.spec.argv,
+            argv=argv,
             log_path=job.log_path,
             cwd=job.worktree.path if job.worktree is not None else job.spec.cwd,
-            env=job.spec.environment(),
+            env=env,
+            pass_fds=fds,
             nice=limits.worker_nice,
             shell=job.spec.shell,
             user=self._parts.job_user,
@@ -597,9 +621,12 @@ class LaunchRounds:
             handle = self._launcher(job.id, spec)
         except (LaunchError, OSError, ValueError) as err:
             self._guard.release(job.id)
+            self.jobservers.close(job.id)
             job.error = str(err)
             self._book.finish(job, JobState.FAILED, None)
             return
+        if job.spec.jobserver:
+            self.jobservers.attach(job.id, _members(handle))
         job.handle = handle
         job.started = self._clocks.wall()
         try:
@@ -611,6 +638,24 @@ class LaunchRounds:
         # Rotation: this owner goes to the back of the line.
         self._queue.rotate(job.spec.owner)
         self._book.record(job, JobState.RUNNING, None)
+
+    def _with_jobserver(
+        self, job: JobRecord
+    ) -> tuple[Sequence[str], Mapping[str, str] | None, tuple[int, ...]]:
+        """The argv, environment and inherited descriptors the job launches with: its own,
+        or under a jobserver of its own when its spec asks for one (lock held)."""
+        env = job.spec.environment()
+        if not job.spec.jobserver:
+            return job.spec.argv, env, ()
+        command, fds = self.jobservers.open(
+            job.id,
+            job.spec.owner,
+            job.spec.argv,
+            os.environ if env is None else env,
+            shell=job.spec.shell,
+        )
+        _say(job.log_path, command.notes)
+        return command.argv, command.env, fds
 
     def _explain(self, blocked: Word) -> None:
         """Give every waiting job its current reason (state changes only are recorded)."""
@@ -670,3 +715,23 @@ class LaunchRounds:
                 job.stop_reason = SchedulerReason.SHUTDOWN
             self.stop(job, JobState.STOPPED)
         return list(self._stoppers)
+
+
+def _members(handle: Handle) -> Callable[[], Iterable[int]]:
+    """The pids of a local tree, for its jobserver's census (none for a tree elsewhere)."""
+    refresh = getattr(handle, "refresh", None)
+
+    def members() -> Iterable[int]:
+        if refresh is None or handle.pid is None:
+            return ()
+        return {handle.pid, *(p.pid for p in refresh())}
+
+    return members
+
+
+def _say(log_path: str, notes: Sequence[str]) -> None:
+    """Write roomkeeper's notes on a job into its log, where its owner reads its output."""
+    if not notes:
+        return
+    with contextlib.suppress(OSError), open(log_path, "a") as log_file:
+        log_file.writelines(f"roomkeeper: {note}\n" for note in notes)

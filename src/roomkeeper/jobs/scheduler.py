@@ -44,6 +44,7 @@ from roomkeeper.jobs.settings import (
     SchedulerSettings,
 )
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView, SchedulerReason
+from roomkeeper.jobserver.meter import JobserverStatistics
 from roomkeeper.relief.cooldown import Cooldown
 from roomkeeper.relief.monitor import (
     MonitorPace,
@@ -282,6 +283,10 @@ class Scheduler:
     def local_sessions(self) -> set[int]:
         """The sessions of our running jobs here: each leader starts its own."""
         return {h.pid for h in self._rounds.local_handles() if h.pid is not None}
+
+    def jobserver_statistics(self) -> dict[str, JobserverStatistics]:
+        """Each running job's jobserver, by job id: tokens out, step estimate, why no more."""
+        return self._rounds.jobservers.statistics()
 
     def pressure_statistics(self) -> MonitorStatistics:
         """The pressure monitor's counts (holds, suspensions, stops, re-runs) and reaction times."""

@@ -122,6 +122,9 @@ class JobSpec:
             its argv and cwd (see :mod:`roomkeeper.jobs.sizes`).
         learned_bytes: the size past runs of its kind peaked at, found when it
             was submitted; used when ``memory_bytes`` is None.
+        jobserver: run it with a jobserver of its own (:mod:`roomkeeper.jobserver`):
+            make, ninja and cargo inside it start a step only when a token minted
+            by memory lets them.
     """
 
     argv: Sequence[str]
@@ -139,6 +142,7 @@ class JobSpec:
     memory_policy: MemoryPolicy = MemoryPolicy.STRICT
     kind: str | None = None
     learned_bytes: int | None = None
+    jobserver: bool = False
 
     @property
     def memory_estimate(self) -> int | None:

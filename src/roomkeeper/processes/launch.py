@@ -80,6 +80,8 @@ class LaunchSpec:
         last_run: its last allowed run (the ladder there stops it last); unused here.
         rerun_peak: a re-run's peak in the run stopped for pressure (None: a first run), for
             a launcher whose nodes judge it; unused here.
+        pass_fds: descriptors the job inherits beside stdin, stdout and stderr (its
+            jobserver's, :mod:`roomkeeper.jobserver`).
     """
 
     argv: Sequence[str]
@@ -97,6 +99,7 @@ class LaunchSpec:
     restartable: bool = False
     last_run: bool = False
     rerun_peak: int | None = None
+    pass_fds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not -20 <= self.nice <= 19:
@@ -165,6 +168,7 @@ def launch(job_id: str, spec: LaunchSpec, *, lifeline: Lifeline | None = None) -
             cwd=spec.cwd,
             env=None if spec.env is None else dict(spec.env),
             start_new_session=True,
+            pass_fds=spec.pass_fds,
         )
     except (OSError, RoomkeeperError) as err:
         if isinstance(cgroup, JobCgroup):

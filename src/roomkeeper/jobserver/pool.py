@@ -1,0 +1,185 @@
+"""One job's token pool: a private FIFO, the descriptors its clients inherit, and our end.
+
+The FIFO (mode 0600) lives in a directory of ours (mode 0700) under the
+temporary directory, named for the job, so a path that exists already is a
+job of that id still running or one a crash left behind: refused, never
+reused.  It is opened three times: our end (read and write, non-blocking, so
+no call of ours ever waits on a client), and a read and a write descriptor
+that the job inherits, blocking as make expects.  A FIFO opened both ways by
+us never shows end of file to a client, however many of them come and go.
+
+The bytes in the FIFO are the idle tokens; ``FIONREAD`` counts them without
+taking any, so the tokens out (taken by clients, not yet written back) are
+what we minted less what is there.  Nothing else is trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import struct
+import tempfile
+import termios
+from collections.abc import Callable
+from pathlib import Path
+
+from roomkeeper.errors import RoomkeeperError
+from roomkeeper.jobserver.flags import Auth
+
+TOKEN = b"+"  # the byte make 4.4 writes; clients write back whatever they read
+_SAFE_ID = str.maketrans({c: "_" for c in "/\\\x00 "})
+
+
+class JobserverError(RoomkeeperError):
+    """A job's jobserver could not be made; the job does not start.
+
+    Attributes:
+        job_id: the job.
+        reason: what was wrong, and the way out.
+    """
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        super().__init__(f"job {job_id!r} has no jobserver: {reason}")
+        self.job_id = job_id
+        self.reason = reason
+
+
+def pools_dir(base: str | None = None) -> Path:
+    """Where FIFOs go: ``roomkeeper-jobserver-<uid>`` in ``base`` (the temporary directory)."""
+    return Path(base or tempfile.gettempdir()) / f"roomkeeper-jobserver-{os.getuid()}"
+
+
+class TokenPool:
+    """A job's FIFO and descriptors; nothing exists until :meth:`open`.
+
+    Args:
+        job_id: the job it serves; names the FIFO.
+        directory: where the FIFO goes; :func:`pools_dir` when None.
+        mkfifo: :func:`os.mkfifo`, replaceable to test a full file system.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        directory: Path | None = None,
+        mkfifo: Callable[[str, int], None] = os.mkfifo,
+    ) -> None:
+        self.job_id = job_id
+        self._directory = directory
+        self._mkfifo = mkfifo
+        self.path: Path | None = None
+        self._ours: int | None = None
+        self._client_fds: tuple[int, ...] = ()
+
+    def open(self) -> Auth:
+        """Make the FIFO and open it; where clients find it.
+
+        Raises:
+            JobserverError: the path exists already, the directory is not ours, or the
+                file system refused (full, read-only); nothing is left behind.
+        """
+        directory = self._directory or pools_dir()
+        path = directory / f"{self.job_id.translate(_SAFE_ID)}.fifo"
+        try:
+            _private_dir(directory)
+            self._mkfifo(str(path), 0o600)
+        except FileExistsError:
+            raise JobserverError(
+                self.job_id,
+                f"its FIFO {path} exists already (a job of that id still runs, or a crash "
+                "left it): remove it if no job of that id runs",
+            ) from None
+        except OSError as err:
+            raise JobserverError(self.job_id, _fs_fault(directory, err)) from err
+        self.path = path
+        try:
+            # Ours first: a read-only open of a FIFO waits for a writer, and ours is one.
+            self._ours = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            os.set_blocking(read_fd, True)  # one flag per open: ours stays non-blocking
+            write_fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as err:
+            self.close()
+            raise JobserverError(self.job_id, f"cannot open its FIFO {path}: {err}") from err
+        self._client_fds = (read_fd, write_fd)
+        return Auth(str(path), read_fd, write_fd)
+
+    @property
+    def client_fds(self) -> tuple[int, ...]:
+        """The descriptors the job inherits (empty before :meth:`open` and after :meth:`close`)."""
+        return self._client_fds
+
+    def release_client_fds(self) -> None:
+        """Close our copies of the job's descriptors once it has inherited them: a client
+        that holds a token and dies is then the only one who could have written it."""
+        for fd in self._client_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._client_fds = ()
+
+    def idle(self) -> int:
+        """The tokens in the FIFO now (``FIONREAD``), taken by nobody."""
+        if self._ours is None:
+            return 0
+        raw = fcntl.ioctl(self._ours, termios.FIONREAD, struct.pack("i", 0))
+        count: int = struct.unpack("i", raw)[0]
+        return count
+
+    def mint(self, count: int = 1) -> int:
+        """Put ``count`` tokens in the FIFO; how many went in (a full pipe takes fewer)."""
+        if self._ours is None or count <= 0:
+            return 0
+        try:
+            return os.write(self._ours, TOKEN * count)
+        except BlockingIOError:
+            return 0
+
+    def take_back(self, count: int) -> int:
+        """Take up to ``count`` idle tokens out; how many were there to take."""
+        if self._ours is None or count <= 0:
+            return 0
+        try:
+            return len(os.read(self._ours, count))
+        except BlockingIOError:
+            return 0
+
+    def close(self) -> None:
+        """Close every descriptor of ours and remove the FIFO; safe to call again."""
+        self.release_client_fds()
+        if self._ours is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._ours)
+            self._ours = None
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            self.path = None
+
+
+def _private_dir(directory: Path) -> None:
+    """Make ``directory`` (0700) or check that an existing one is ours and private."""
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise OSError(
+            errno.EPERM,
+            f"{directory} is not a directory of ours that only we may open (mode 0700); "
+            "remove it, or set TMPDIR to another place",
+        )
+
+
+def _fs_fault(directory: Path, err: OSError) -> str:
+    """A file system's refusal in words, with the way out."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"no space (or no inode) left in {directory.parent} to make its FIFO; "
+            "free some there, or set TMPDIR to a file system with room"
+        )
+    if err.errno == errno.EROFS:
+        return f"{directory.parent} is read-only; set TMPDIR to a writable place"
+    return f"cannot make its FIFO in {directory}: {err.strerror or err}"

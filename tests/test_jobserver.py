@@ -1,0 +1,746 @@
+"""The memory-metered jobserver: its pieces on their own, then real make, ninja and cargo builds
+whose steps grow to a known size in a real memory group."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from roomkeeper.api.responses import FeedOut, JobOut
+from roomkeeper.guard.admission import Guard
+from roomkeeper.guard.lines import Reading
+from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.jobserver.census import parse_stat, parse_statm, take_census
+from roomkeeper.jobserver.flags import Auth, makeflags, prepare_command
+from roomkeeper.jobserver.meter import Jobservers, JobserverSettings
+from roomkeeper.jobserver.pool import JobserverError, TokenPool
+from tests.builds import (
+    cargo_workspace,
+    makefile,
+    ninja_file,
+    read_trace,
+    sampling_steps,
+    step_command,
+    wheel_ninja,
+)
+from tests.cgroups import batch_env, memory_box
+from tests.gateways import gateway_in_box, roomkeeper_cli, wait_until
+
+AUTH = Auth("/run/x/1.fifo", 7, 8)
+LIMIT = 2_000_000_000
+STEP = 400_000_000
+# What fits: the guard's line, 90 % of the box (four steps; a fifth would pass it).
+LINE = int(LIMIT * 0.9)
+# Between two looks of the meter running steps may pass the line by what they grow meanwhile
+# (more on a slow machine); never as far as the ladder's suspend line, half the headroom above.
+SUSPEND_LINE = LINE + (LIMIT - LINE) // 2
+
+
+# ------------------------------------------------------------------ flags
+
+
+def test_makeflags_put_the_pipe_auth_last_for_make() -> None:
+    """make up to 4.3 reads the last auth and stops on a fifo one: the pipe form comes last."""
+    flags = makeflags(AUTH, fifo_only=False, inherited="-j8 --jobserver-auth=3,4 -k")
+    assert flags == " -j -k --jobserver-auth=fifo:/run/x/1.fifo --jobserver-auth=7,8"
+
+
+def test_ninja_gets_the_fifo_auth_alone_and_no_descriptors() -> None:
+    """Upstream ninja 1.13 takes only the FIFO form, and hands descriptors it did not open on
+    to its steps (which would then look like clients): it gets the FIFO and nothing else."""
+    for argv, shell in ((["ninja", "-C", "out"], False), (["ninja -C out"], True)):
+        command = prepare_command(argv, {}, AUTH, shell=shell)
+        assert command.env["MAKEFLAGS"] == " -j --jobserver-auth=fifo:/run/x/1.fifo"
+        assert command.env["CARGO_MAKEFLAGS"] == "-j --jobserver-auth=fifo:/run/x/1.fifo"
+        assert not command.descriptors
+    assert prepare_command(["make"], {}, AUTH, shell=False).descriptors
+
+
+@pytest.mark.parametrize(
+    ("argv", "kept"),
+    [
+        (["make", "-j8", "all"], ["make", "all"]),
+        (["make", "-j", "4", "all"], ["make", "all"]),
+        (["ninja", "-j", "3"], ["ninja"]),
+        (["cargo", "build", "--jobs=2"], ["cargo", "build"]),
+        (["cmake", "--build", "b", "--parallel", "6"], ["cmake", "--build", "b"]),
+        (["python", "-j8"], ["python", "-j8"]),  # not a build tool: its -j is its own
+    ],
+)
+def test_a_j_that_would_turn_the_jobserver_off_is_removed_and_said(
+    argv: list[str], kept: list[str]
+) -> None:
+    """An explicit -j makes make, ninja and cargo run their own count: removed, with a note."""
+    command = prepare_command(argv, {"CARGO_BUILD_JOBS": "9"}, AUTH, shell=False)
+    assert command.argv == kept
+    assert "CARGO_BUILD_JOBS" not in command.env
+    assert any("CARGO_BUILD_JOBS=9" in n for n in command.notes)
+    assert (argv != kept) == any("turns the jobserver off" in n for n in command.notes)
+
+
+def test_shell_text_loses_its_j_only_when_it_is_one_plain_command() -> None:
+    """A shell line that is one command is rewritten; a pipeline is left, and said."""
+    plain = prepare_command(["make -j16 -C src"], {}, AUTH, shell=True)
+    assert plain.argv == ["make -C src"]
+    piped = prepare_command(["make -j16 && make install"], {}, AUTH, shell=True)
+    assert piped.argv == ["make -j16 && make install"]
+    assert any("left as written" in n for n in piped.notes)
+
+
+# ------------------------------------------------------------------ the pool
+
+
+def test_the_fifo_is_private_and_counts_idle_tokens(tmp_path: Path) -> None:
+    """The FIFO is 0600 in a 0700 folder; FIONREAD counts the idle tokens; close removes it."""
+    pool = TokenPool("7", directory=tmp_path / "pools")
+    auth = pool.open()
+    try:
+        assert stat.S_IMODE(os.stat(auth.fifo_path).st_mode) == 0o600
+        assert stat.S_ISFIFO(os.stat(auth.fifo_path).st_mode)
+        assert stat.S_IMODE((tmp_path / "pools").stat().st_mode) == 0o700
+        assert pool.mint(3) == 3
+        assert pool.idle() == 3
+        assert os.read(auth.read_fd, 1) == b"+"  # a client takes one through its descriptor
+        assert pool.idle() == 2
+        assert pool.take_back(5) == 2
+        assert pool.idle() == 0
+    finally:
+        pool.close()
+    assert not Path(auth.fifo_path).exists()
+
+
+def test_an_existing_fifo_path_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    """A FIFO left at the job's path is never reused: the job does not start, and says why."""
+    folder = tmp_path / "pools"
+    folder.mkdir(mode=0o700)
+    os.mkfifo(folder / "job-1.fifo", 0o600)
+    with pytest.raises(JobserverError, match=r"exists already .*remove it if no job"):
+        TokenPool("job-1", directory=folder).open()
+
+
+def test_a_full_tmp_is_said_with_the_way_out(tmp_path: Path) -> None:
+    """No space for the FIFO: a clear message naming TMPDIR, and nothing left behind."""
+
+    def full(path: str, mode: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    pool = TokenPool("2", directory=tmp_path / "pools", mkfifo=full)
+    with pytest.raises(JobserverError, match=r"no space .* set TMPDIR"):
+        pool.open()
+    assert list((tmp_path / "pools").iterdir()) == []
+
+
+def test_a_shared_pools_folder_is_refused(tmp_path: Path) -> None:
+    """A pools folder others may open is not ours to put a FIFO in."""
+    folder = tmp_path / "pools"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    with pytest.raises(JobserverError, match="only we may open"):
+        TokenPool("3", directory=folder).open()
+
+
+# ------------------------------------------------------------------ census and meter
+
+
+def test_stat_and_statm_are_read_from_real_text() -> None:
+    """Parent, state and threads after a comm with spaces; anonymous memory from statm."""
+    text = "42 (a b) c) S 7 42 42 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 3 0 9 0 0"
+    assert parse_stat(text) == (7, "S", 3)
+    assert parse_statm("100 30 10 1 0 20 0") == 20 * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_census_counts_a_clients_children_as_its_steps(tmp_path: Path) -> None:
+    """A process with the FIFO open and three children accounts for two tokens."""
+    pool = TokenPool("c", directory=tmp_path / "pools")
+    auth = pool.open()
+    code = (
+        "import subprocess,time;[subprocess.Popen(['sleep','30']) for _ in range(3)];time.sleep(30)"
+    )
+    client = subprocess.Popen([sys.executable, "-c", code], pass_fds=(auth.read_fd,))
+    try:
+        deadline = time.monotonic() + 30
+        census = take_census([], auth.fifo_path)
+        while time.monotonic() < deadline:
+            kids = [
+                int(p)
+                for p in Path(f"/proc/{client.pid}/task/{client.pid}/children").read_text().split()
+            ]
+            census = take_census([client.pid, *kids], auth.fifo_path)
+            if len(census.steps) == 3:
+                break
+            time.sleep(0.05)
+        assert census.clients == {client.pid}
+        assert len(census.steps) == 3
+        assert census.may_hold == 2
+    finally:
+        for kid in Path(f"/proc/{client.pid}/task/{client.pid}/children").read_text().split():
+            os.kill(int(kid), signal.SIGKILL)
+        client.kill()
+        client.wait()
+        pool.close()
+
+
+def test_bytes_written_back_that_were_never_read_are_taken_out(tmp_path: Path) -> None:
+    """A client that returns more than it took: the extra bytes leave the FIFO, and it is said."""
+    guard = Guard(env={"ROOMKEEPER_GUARD": "off"})
+    servers = Jobservers(guard, JobserverSettings(pools_dir=tmp_path / "pools", step_default=1))
+    command, fds = servers.open("u", "o", ["true"], {}, shell=False)
+    write_fd = os.dup(fds[1])  # a client's copy: the pool closes its own once the job starts
+    servers.attach("u", lambda: ())
+    try:
+        os.write(write_fd, b"+++")  # never read: not one of ours
+        servers.round()
+        stats = servers.statistics()["u"]
+        assert stats.unread == 3
+        assert stats.idle == 0
+        assert any("never read" in n for n in servers.notes("u"))
+    finally:
+        os.close(write_fd)
+        servers.shutdown()
+    assert command.env["MAKEFLAGS"].startswith(" -j ")
+
+
+def _client(read_fd: int, take: int) -> subprocess.Popen[str]:
+    """A jobserver client that takes ``take`` tokens, says so, and holds them."""
+    code = (
+        f"import os,sys,time\nfor _ in range({take}): os.read({read_fd}, 1)\n"
+        "print('holding', flush=True)\ntime.sleep(120)"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code], pass_fds=(read_fd,), stdout=subprocess.PIPE, text=True
+    )
+
+
+def _end(client: subprocess.Popen[str]) -> None:
+    """Kill and reap a client, and close its pipe."""
+    client.kill()
+    client.wait()
+    if client.stdout is not None:
+        client.stdout.close()
+
+
+def _rounds_until_held(servers: Jobservers, client: subprocess.Popen[str]) -> None:
+    """Run rounds (each mints a token while none is idle) until the client holds its tokens."""
+    assert client.stdout is not None
+    os.set_blocking(client.stdout.fileno(), False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        servers.round()
+        if client.stdout.readline():
+            return
+        time.sleep(0.05)
+    raise AssertionError("the client never got its tokens")
+
+
+def test_tokens_never_returned_are_said_at_the_end_and_die_with_the_fifo(tmp_path: Path) -> None:
+    """Tokens a live client keeps to the end are named when the job ends; its FIFO goes."""
+    guard = Guard(env={"ROOMKEEPER_GUARD": "off"})
+    settings = JobserverSettings(pools_dir=tmp_path / "pools", step_default=1, lost_after_s=600)
+    servers = Jobservers(guard, settings)
+    _, fds = servers.open("n", "o", ["true"], {}, shell=False)
+    client = _client(fds[0], 2)
+    try:
+        servers.attach("n", lambda: [client.pid])
+        _rounds_until_held(servers, client)
+        notes = servers.close("n")
+    finally:
+        _end(client)
+        servers.shutdown()
+    assert any("2 token(s) were never returned" in n for n in notes), notes
+    assert list((tmp_path / "pools").iterdir()) == []
+
+
+def test_a_token_lost_with_a_dead_client_is_minted_again(tmp_path: Path) -> None:
+    """A client killed with a token in hand: the token is written off, and a new one minted."""
+    guard = Guard(env={"ROOMKEEPER_GUARD": "off"})
+    settings = JobserverSettings(pools_dir=tmp_path / "pools", step_default=1, lost_after_s=0.3)
+    servers = Jobservers(guard, settings)
+    _, fds = servers.open("l", "o", ["true"], {}, shell=False)
+    holder, bystander = _client(fds[0], 1), _client(fds[0], 0)
+    try:
+        servers.attach("l", lambda: [holder.pid, bystander.pid])
+        _rounds_until_held(servers, holder)
+        assert servers.statistics()["l"].tokens_out == 1
+        holder.kill()
+        holder.wait()
+        deadline = time.monotonic() + 30
+        while servers.statistics()["l"].lost == 0 and time.monotonic() < deadline:
+            servers.round()
+            time.sleep(0.05)
+        servers.round()
+        stats = servers.statistics()["l"]
+    finally:
+        _end(holder)
+        _end(bystander)
+        servers.shutdown()
+    assert (stats.lost, stats.minted, stats.idle, stats.tokens_out) == (1, 2, 1, 0)
+
+
+def test_idle_tokens_are_taken_back_under_pressure_and_none_minted(tmp_path: Path) -> None:
+    """Pressure: every idle token leaves the FIFO, none is minted; minting resumes after it."""
+    guard = Guard(env={"ROOMKEEPER_GUARD": "off"})
+    pressure = [False]
+    settings = JobserverSettings(pools_dir=tmp_path / "pools", step_default=1, lost_after_s=600)
+    servers = Jobservers(guard, settings, pressure=lambda: pressure[0])
+    _, fds = servers.open("p", "o", ["true"], {}, shell=False)
+    client = _client(fds[0], 0)  # holds the FIFO open and takes nothing: minted tokens wait
+    try:
+        servers.attach("p", lambda: [client.pid])
+        deadline = time.monotonic() + 30
+        while servers.statistics().get("p") is None or servers.statistics()["p"].idle == 0:
+            assert time.monotonic() < deadline, "no token was ever minted"
+            servers.round()
+            time.sleep(0.05)
+        pressure[0] = True
+        servers.round()
+        servers.round()
+        under = servers.statistics()["p"]
+        pressure[0] = False
+        servers.round()
+        after = servers.statistics()["p"]
+    finally:
+        _end(client)
+        servers.shutdown()
+    assert (under.reason.value, under.idle, under.taken_back) == ("pressure", 0, 1), under
+    assert under.minted == 1, under
+    assert (after.reason.value, after.minted, after.idle) == ("minted", 2, 1), after
+
+
+class _ReadingGuard(Guard):
+    """A guard that admits everything and reads the memory a test sets (line 1.8 GB of 2 GB)."""
+
+    def __init__(self) -> None:
+        super().__init__(env={"ROOMKEEPER_GUARD": "off"})
+        self.used = 1_000_000_000
+
+    def memory_reading(self) -> Reading:
+        return Reading(self.used, LIMIT, headroom_percent=10.0, reserve=0, full_avg10=None, at=0)
+
+
+class _RoomGuard(_ReadingGuard):
+    """A guard with room for 1 GB more, whatever it is asked by."""
+
+    def admit(self, job_id: str, **terms: object) -> Decision:
+        asked = int(terms.get("memory_bytes") or 0)  # type: ignore[call-overload]
+        return Decision(job_id, asked <= 1_000_000_000, Reason.OK, "test")
+
+
+def test_tokens_for_the_steps_that_fit_are_in_the_fifo_before_the_job_starts(
+    tmp_path: Path,
+) -> None:
+    """ninja looks for a token at its start and then only when a step ends: the pool holds a
+    token for one more step of the default size that fits before the job runs (one only: the
+    jobs judged after it in the same round need room too); none with nothing to judge room
+    by, or with no room (0.4 GB steps in 1 GB of room, or 1.2 GB steps)."""
+    settings = JobserverSettings(pools_dir=tmp_path / "pools", step_default=400_000_000)
+    large = JobserverSettings(pools_dir=tmp_path / "large", step_default=1_200_000_000)
+    servers = Jobservers(_RoomGuard(), settings)
+    crowded = Jobservers(_RoomGuard(), large)
+    blind = Jobservers(Guard(env={"ROOMKEEPER_GUARD": "off"}), settings)
+
+    def idle(fd: int) -> int:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+
+    try:
+        primed = idle(servers.open("p", "o", ["make"], {}, shell=False)[1][0])
+        none_fit = idle(crowded.open("c", "o", ["make"], {}, shell=False)[1][0])
+        unprimed = idle(blind.open("q", "o", ["make"], {}, shell=False)[1][0])
+    finally:
+        servers.shutdown()
+        crowded.shutdown()
+        blind.shutdown()
+    assert (primed, none_fit, unprimed) == (1, 0, 0)
+
+
+def test_steps_that_could_not_all_finish_below_the_line_are_paused_and_go_on_when_they_can(
+    tmp_path: Path,
+) -> None:
+    """Three steps bounded by a 0.5 GB largest step: with 0.3 GB of room one goes on (the
+    others paused, newest first, no token minted); with 0.55 GB a second goes on; back at
+    0.4 GB it waits again; the job's end lets the paused one go."""
+    guard = _ReadingGuard()
+    signals: list[tuple[int, int]] = []
+    now = [0.0]
+    settings = JobserverSettings(
+        pools_dir=tmp_path / "pools", step_default=500_000_000, lost_after_s=600
+    )
+    servers = Jobservers(
+        guard, settings, clock=lambda: now[0], kill=lambda pid, sig: signals.append((pid, sig))
+    )
+    _, fds = servers.open("s", "o", ["true"], {}, shell=False)
+    code = "import subprocess,sys,time;[subprocess.Popen(['sleep','60']) for _ in range(3)]"
+    client = subprocess.Popen(
+        [sys.executable, "-c", f"{code};print('up',flush=True);time.sleep(60)"],
+        pass_fds=(fds[0],),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stdout is not None
+    client.stdout.readline()
+    kids = [
+        int(p) for p in Path(f"/proc/{client.pid}/task/{client.pid}/children").read_text().split()
+    ]
+    seen = [client.pid]
+
+    def changes(since: int) -> list[tuple[int, int]]:
+        """The signals sent since ``since`` that changed a step's state (a paused step is sent
+        SIGSTOP again every round, in case something else let it go)."""
+        state: dict[int, int] = {}
+        for pid, sig in signals[:since]:
+            state[pid] = sig
+        out = []
+        for pid, sig in signals[since:]:
+            if state.get(pid, signal.SIGCONT) != sig:
+                out.append((pid, sig))
+            state[pid] = sig
+        return out
+
+    try:
+        servers.attach("s", lambda: list(seen))
+        for kid in kids:  # each step is first seen a round after the one before
+            seen.append(kid)
+            now[0] += 0.1
+            servers.round()
+        now[0] += 0.1
+        servers.round()
+        assert changes(0) == [], "room for all three to finish: nothing paused"
+        guard.used = 1_500_000_000
+        mark = len(signals)
+        now[0] += 0.1
+        servers.round()
+        paused = changes(mark)
+        servers.round()  # the round after: its token stays held back
+        held = servers.statistics()["s"]
+        guard.used = 1_250_000_000
+        mark = len(signals)
+        now[0] += 0.1
+        servers.round()
+        resumed = changes(mark)
+        guard.used = 1_400_000_000
+        mark = len(signals)
+        now[0] += 0.1
+        servers.round()
+        again = changes(mark)
+        mark = len(signals)
+        servers.close("s")
+        ended = changes(mark)
+    finally:
+        for kid in kids:
+            os.kill(kid, signal.SIGKILL)
+        _end(client)
+        servers.shutdown()
+    assert paused == [(kids[2], signal.SIGSTOP), (kids[1], signal.SIGSTOP)]
+    assert (held.reason.value, held.steps, held.paused) == ("pressure", 3, 2), held
+    assert "2 step(s) paused" in held.summary
+    assert resumed == [(kids[1], signal.SIGCONT)]
+    assert again == [(kids[1], signal.SIGSTOP)]
+    assert ended == [(kids[1], signal.SIGCONT), (kids[2], signal.SIGCONT)]
+
+
+def test_no_token_is_minted_while_another_job_waits_for_memory(tmp_path: Path) -> None:
+    """A running build takes no more tokens while a job waits for memory to start (it would
+    take the room the job waits for, a step at a time); once none waits, it does again."""
+    waits = [True]
+    settings = JobserverSettings(pools_dir=tmp_path / "pools", step_default=1, lost_after_s=600)
+    guard = Guard(env={"ROOMKEEPER_GUARD": "off"})
+    servers = Jobservers(guard, settings, others_wait=lambda: waits[0])
+    _, fds = servers.open("w", "o", ["true"], {}, shell=False)
+    client = _client(fds[0], 0)  # holds the FIFO open and takes nothing: minted tokens wait
+    try:
+        servers.attach("w", lambda: [client.pid])
+        deadline = time.monotonic() + 30
+        while servers.statistics().get("w") is None or servers.statistics()["w"].reason.value == (
+            "starting"
+        ):
+            assert time.monotonic() < deadline, "the client was never seen"
+            servers.round()
+            time.sleep(0.05)
+        for _ in range(3):
+            servers.round()
+        waiting = servers.statistics()["w"]
+        waits[0] = False
+        servers.round()
+        after = servers.statistics()["w"]
+    finally:
+        _end(client)
+        servers.shutdown()
+    assert (waiting.reason.value, waiting.minted) == ("no_room", 0), waiting
+    assert "another job waits for memory" in waiting.summary
+    assert (after.reason.value, after.minted) == ("minted", 1), after
+
+
+# ------------------------------------------------------------------ real builds
+
+
+def _run_in_box(tmp_path: Path, lines: list[str]) -> tuple[str, int]:
+    """Run the lines in a 2 GB memory group: (stderr, OOM kills); fails unless all exit 0."""
+    with memory_box(LIMIT) as box:
+        done = _batch_in(box, tmp_path, lines)
+        # The group's own counter: the machine's also counts other people's tests' kills.
+        kills = box.oom_kills()
+    assert done.returncode == 0, (done.stderr[-3000:], _logs(tmp_path))
+    return done.stderr, kills
+
+
+def _batch_in(box: object, tmp_path: Path, lines: list[str]) -> subprocess.CompletedProcess[str]:
+    commands = tmp_path / "lines.txt"
+    commands.write_text("".join(f"{line}\n" for line in lines))
+    argv = [sys.executable, "-m", "roomkeeper", "batch", "--jobserver", str(commands)]
+    argv += ["--logs", str(tmp_path / "logs"), "--quiet", "--max-running", "2"]
+    return subprocess.run(
+        box.argv(argv),  # type: ignore[attr-defined]
+        capture_output=True,
+        text=True,
+        env={**batch_env(tmp_path), **box.env()},  # type: ignore[attr-defined]
+        timeout=600,
+        check=False,
+    )
+
+
+def _logs(tmp_path: Path) -> str:
+    return "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("*.log")))
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_make_runs_as_many_steps_as_fit_and_none_is_killed(tmp_path: Path) -> None:
+    """GNU make (pipe style) with no -j: 8 steps of 400 MB in 2 GB, never more at once than fit."""
+    trace = tmp_path / "trace"
+    folder = makefile(tmp_path / "build", trace, 8, STEP)
+    with sampling_steps(str(trace)) as seen:
+        err, kills = _run_in_box(tmp_path, [f"make -j8 -C {folder}"])
+    steps = read_trace(trace)
+    assert kills == 0, err
+    assert len(steps.ends) == 8, (err, _logs(tmp_path))
+    assert seen.most_bytes <= SUSPEND_LINE, (seen, err)
+    assert seen.most_running >= 2, (seen, err)
+    assert "removed '-j8'" in _logs(tmp_path)
+    assert re.search(r"most \d steps at once, step [\d.]+ [MG]B \((learned|running)\)", err), err
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_ninja_from_the_wheel_is_metered_through_the_fifo(tmp_path: Path) -> None:
+    """ninja 1.13 (FIFO style) with no -j: 8 steps of 400 MB in 2 GB, never more than fit."""
+    trace = tmp_path / "trace"
+    folder = ninja_file(tmp_path / "build", trace, 8, STEP)
+    with sampling_steps(str(trace)) as seen:
+        err, kills = _run_in_box(tmp_path, [f"{wheel_ninja()} -C {folder}"])
+    steps = read_trace(trace)
+    assert kills == 0, err
+    assert len(steps.ends) == 8, (err, _logs(tmp_path))
+    assert seen.most_bytes <= SUSPEND_LINE, (seen, err)
+    assert seen.most_running >= 2, (seen, err)
+    # The meter saw ninja's steps as steps (ninja hands on descriptors it did not open: given
+    # the pipe's, every step would look like a client, and none like a step).
+    assert re.search(r"most [2-9] steps at once, step [\d.]+ [MG]B \(learned\)", err), err
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_cargo_builds_a_workspace_with_steps_as_memory_allows(tmp_path: Path) -> None:
+    """cargo, offline, a workspace of 5 crates whose build scripts grow to 400 MB each."""
+    cargo = shutil.which("cargo")
+    assert cargo is not None, "no cargo on PATH: the README's test command installs it"
+    trace = tmp_path / "trace"
+    folder = cargo_workspace(tmp_path / "ws", trace, 5, STEP)
+    target = tmp_path / "target"
+    line = f"{cargo} build --offline -j 4 --manifest-path {folder}/Cargo.toml --target-dir {target}"
+    with sampling_steps(str(target)) as seen:
+        err, kills = _run_in_box(tmp_path, [line])
+    steps = read_trace(trace)
+    assert kills == 0, err
+    assert len(steps.ends) == 5, (err, _logs(tmp_path))
+    assert seen.most_bytes <= SUSPEND_LINE, (seen, err)
+    assert seen.most_running >= 2, (seen, err)
+    assert "failed to connect to jobserver" not in _logs(tmp_path)
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_a_step_killed_with_its_token_in_hand_gets_it_minted_again(tmp_path: Path) -> None:
+    """A recursive step takes a token and is SIGKILLed: the token is minted again, all finish."""
+    trace = tmp_path / "trace"
+    # The other steps hold 3 s: the build outlasts the second a shortfall must last before
+    # the token counts as lost (with tokens minted before the start, short steps could all
+    # be done by then).
+    folder = makefile(tmp_path / "build", trace, 5, 300_000_000, hold_s=3.0)
+    holder = f"-+{step_command(trace, 'h', 300_000_000, 1.0, 30)}".replace(
+        "build_step.py", "build_step.py --hold-token", 1
+    )
+    text = (folder / "Makefile").read_text().replace("all: s1", "all: h s1", 1)
+    (folder / "Makefile").write_text(f"{text}h:\n\t{holder}\n")
+    with memory_box(LIMIT) as box:
+        done = _batch_killing_holder(box, tmp_path, [f"make -C {folder}"], trace)
+        kills = box.oom_kills()  # the group's own: the machine's counts others' kills too
+    logs = _logs(tmp_path)
+    assert done.returncode == 0, (done.stderr[-3000:], logs)
+    assert kills == 0
+    steps = read_trace(trace)
+    assert all(f"s{i}" in steps.ends for i in range(1, 6)), logs
+    assert "1 token(s) lost with a client that ended holding them" in logs, logs
+
+
+def _batch_killing_holder(
+    box: object, tmp_path: Path, lines: list[str], trace: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run the batch; once the holder notes its pids, SIGKILL it and its two steps."""
+    commands = tmp_path / "lines.txt"
+    commands.write_text("".join(f"{line}\n" for line in lines))
+    argv = [sys.executable, "-m", "roomkeeper", "batch", "--jobserver", str(commands)]
+    argv += ["--logs", str(tmp_path / "logs"), "--quiet"]
+    proc = subprocess.Popen(
+        box.argv(argv),  # type: ignore[attr-defined]
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**batch_env(tmp_path), **box.env()},  # type: ignore[attr-defined]
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not read_trace(trace).holders and time.monotonic() < deadline:
+            time.sleep(0.1)
+        holders = read_trace(trace).holders
+        assert holders, "the holding step never took its token"
+        for pid in reversed(holders[0]):  # its steps, then the holder: none returns the token
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_steps_larger_than_those_learned_are_paused_with_sigstop_not_killed(
+    tmp_path: Path,
+) -> None:
+    """Six small steps (100 MB) teach make's job a small step, then four of 600 MB start
+    together in 2 GB: more than fit once grown, so the jobserver pauses some with SIGSTOP
+    (really stopped) and lets them go on as others end; none is killed."""
+    trace = tmp_path / "trace"
+    folder = tmp_path / "build"
+    folder.mkdir()
+    sizes = {f"s{i}": 100_000_000 for i in range(1, 7)}
+    sizes |= {f"b{i}": 600_000_000 for i in range(1, 5)}
+    rules = "".join(
+        f"{name}:{' s6' if name.startswith('b') else ''}\n"
+        f"\t@{step_command(trace, name, size, 1.0, 1.0)}\n"
+        for name, size in sizes.items()
+    )
+    (folder / "Makefile").write_text(
+        f".PHONY: all {' '.join(sizes)}\nall: {' '.join(sizes)}\n{rules}"
+    )
+    with sampling_steps(str(trace)) as seen:
+        err, kills = _run_in_box(tmp_path, [f"make -C {folder}"])
+    steps = read_trace(trace)
+    assert kills == 0, err
+    assert len(steps.ends) == 10, (err, _logs(tmp_path))
+    assert steps.most_at_once("b") >= 3, (steps, err)  # started together
+    assert seen.most_bytes <= SUSPEND_LINE, (seen, err)
+    assert re.search(r"step \d+ paused", err), err
+    assert re.search(r"step \d+ goes on", err), err
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_two_builds_side_by_side_both_progress(tmp_path: Path) -> None:
+    """Two make builds in one 2 GB group share the tokens: each runs steps while the other does."""
+    trace = tmp_path / "trace"
+    a = makefile(tmp_path / "a", trace, 4, 300_000_000, prefix="a")
+    b = makefile(tmp_path / "b", trace, 4, 300_000_000, prefix="b")
+    with sampling_steps(str(trace)) as seen:
+        err, kills = _run_in_box(tmp_path, [f"make -C {a}", f"make -C {b}"])
+    steps = read_trace(trace)
+    assert kills == 0, err
+    assert len(steps.ends) == 8, (err, _logs(tmp_path))
+    assert seen.most_bytes <= SUSPEND_LINE, (seen, err)
+    a_end = max(t for n, t in steps.ends.items() if n.startswith("a"))
+    b_end = max(t for n, t in steps.ends.items() if n.startswith("b"))
+    # Each build started a step before the other had finished all of its own.
+    assert min(t for n, t in steps.starts.items() if n.startswith("b")) < a_end, steps
+    assert min(t for n, t in steps.starts.items() if n.startswith("a")) < b_end, steps
+    both = [t for n, t in steps.starts.items() if n.startswith("b") and t < a_end]
+    assert len(both) >= 2, steps
+
+
+def _metric(text: str, name: str) -> float:
+    """One unlabelled gauge's value from /metrics' text."""
+    (line,) = [x for x in text.splitlines() if x.startswith(f"{name} ")]
+    return float(line.split()[1])
+
+
+def _watch(client: httpx.Client, job_id: str) -> tuple[list[dict[str, object]], list[str]]:
+    """The job view's tokens and /metrics, read every 0.1 s until the job ends; the job last."""
+    views: list[dict[str, object]] = []
+    metrics: list[str] = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        view = client.get(f"/v1/jobs/{job_id}").json()
+        views.append(view)
+        if view["state"] not in {"queued", "running"}:
+            return views, metrics
+        metrics.append(client.get("/metrics").text)
+        # The shapes sent are built by hand: each must conform to the OpenAPI document's.
+        JobOut.model_validate(view)
+        FeedOut.model_validate(client.get("/v1/feed").json())
+        time.sleep(0.1)
+    raise AssertionError(f"the job never ended: {views[-1]}")
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_run_with_a_jobserver_shows_its_tokens_in_the_job_view_and_on_metrics(
+    tmp_path: Path,
+) -> None:
+    """roomkeeper run --jobserver runs real make metered by a gateway; view and /metrics show it."""
+    trace = tmp_path / "trace"
+    folder = makefile(tmp_path / "build", trace, 4, 300_000_000)
+    with memory_box(LIMIT) as box, sampling_steps(str(trace)) as seen:
+        with gateway_in_box(box, tmp_path) as (client, log_path):
+            # roomkeeper run --jobserver sends the job field "jobserver": true on POST /v1/jobs.
+            env = {**os.environ, "ROOMKEEPER_HOME": str(tmp_path / "home")}
+            argv = ["run", "--jobserver", "--detach", "--", "make", "-j6", "-C", str(folder)]
+            submitted = roomkeeper_cli(env, *argv)
+            assert submitted.returncode == 0, submitted.stderr
+            job_id = submitted.stdout.strip()
+            views, metrics = _watch(client, job_id)
+            wait_until(
+                lambda: _metric(client.get("/metrics").text, "roomkeeper_jobserver_jobs") == 0,
+                "the jobserver's removal from /metrics",
+            )
+            output = client.get(f"/v1/jobs/{job_id}/output").text
+        kills = box.oom_kills()
+        log = log_path.read_text()
+    last = views[-1]
+    assert (last["state"], last["exit_code"], last["jobserver"]) == ("exited", 0, True), log[-3000:]
+    assert last["tokens"] is None  # an ended job holds no tokens
+    assert kills == 0, log[-3000:]
+    assert len(read_trace(trace).ends) == 4, output
+    assert "removed '-j6'" in output, output
+    tokens = [v["tokens"] for v in views if isinstance(v["tokens"], dict)]
+    assert tokens, views
+    most = max(int(t["tokens_out"]) for t in tokens)  # type: ignore[call-overload]
+    assert most >= 1, tokens
+    assert max(int(t["minted"]) for t in tokens) >= 1  # type: ignore[call-overload]
+    assert seen.most_bytes <= SUSPEND_LINE, seen
+    running = [m for m in metrics if _metric(m, "roomkeeper_jobserver_jobs") == 1]
+    assert running, metrics[-1:]
+    assert max(_metric(m, "roomkeeper_jobserver_tokens_out") for m in running) >= 1
+    assert max(_metric(m, "roomkeeper_jobserver_step_bytes_max") for m in running) > 0
