@@ -6,7 +6,9 @@ between closing the probe and the server binding it, a Ray raylet started by a
 test beside it may take it (seen in CI). So ports here come from below the
 ephemeral range (and above Ray's worker ports, 10002-19999), where nothing is
 handed a port unasked, and each pytest-xdist worker draws from a slice of its
-own, so two workers never choose the same one.
+own, so two workers never choose the same one.  Within a worker the ports are
+handed out in turn around its slice (from a random start), so a port comes
+back only after every other one of the slice has been handed out.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import socket
 from pathlib import Path
 
 _RAY_WORKER_PORTS_END = 20_000
-_SLICES = 16
-_HANDED_OUT: set[int] = set()
+_cursor: list[int] = []  # where the next port is looked for in this process's slice
 
 
 def _quiet_range() -> range:
@@ -38,8 +39,9 @@ def _worker_slice() -> range:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw"):
         return quiet
-    width = len(quiet) // _SLICES
-    start = quiet.start + (int(worker[2:]) % _SLICES) * width
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    width = len(quiet) // workers
+    start = quiet.start + (int(worker[2:]) % workers) * width
     return range(start, start + width)
 
 
@@ -53,14 +55,18 @@ def _bindable(port: int) -> bool:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on loopback now, none handed out before by this process."""
+    """``count`` distinct ports free on loopback now, the next in turn in this worker's
+    slice (none handed out again before the rest of the slice has been)."""
     share = _worker_slice()
+    if not _cursor:
+        _cursor.append(random.randrange(len(share)))
     ports: list[int] = []
-    for port in random.sample(share, len(share)):
-        if port not in _HANDED_OUT and _bindable(port):
+    for _ in range(len(share)):
+        port = share[_cursor[0] % len(share)]
+        _cursor[0] += 1
+        if _bindable(port):
             ports.append(port)
             if len(ports) == count:
-                _HANDED_OUT.update(ports)
                 return ports
     raise AssertionError(f"no {count} free ports on loopback in {share}")
 

@@ -122,6 +122,9 @@ def test_a_reap_under_pressure_takes_only_finished_clean_stash_free_pushed_trees
         assert Path(tree.path).is_dir() == (i not in REAPABLE), i
         git(repo, "rev-parse", "--verify", f"refs/heads/{tree.branch}")  # branches are kept
     assert report.freed_bytes > 0
+    # The removals are written on the journal's writer, in order: once a write submitted
+    # after them is done, they are (on a busy machine they may not be yet when prune returns).
+    journal.submit(lambda conn: None).result(timeout=30)
     assert {t.path for t in journal.registered_worktrees()} == {
         t.path for i, t in trees.items() if i not in REAPABLE
     }
