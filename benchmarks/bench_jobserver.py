@@ -21,12 +21,13 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from groups import remove_group
 
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 from roomkeeper.kernel.oom_kills import group_oom_kills, machine_oom_kills
@@ -60,27 +61,6 @@ def write_build(folder: Path, args: argparse.Namespace) -> None:
     ninja = ["rule step\n  command = $cmd\n"]
     ninja += [f"build {n}: step\n  cmd = {c}\n" for n, c in zip(names, commands, strict=True)]
     (folder / "build.ninja").write_text("\n".join(ninja))
-
-
-def remove(group: Path) -> None:
-    """Kill what a run left in the group (ours) and remove it, children first."""
-    deadline = time.monotonic() + 30
-    children = sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-    for directory in [*children, group]:
-        while True:
-            with contextlib.suppress(OSError):
-                for pid in (directory / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
-            try:
-                directory.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
 
 
 def one_run(
@@ -121,7 +101,7 @@ def one_run(
             lost = args.steps - len(list((folder / "done").iterdir()))
         return wall, kills, lost
     finally:
-        remove(group)
+        remove_group(group)
 
 
 def main() -> None:
