@@ -175,13 +175,19 @@ def sampling_steps(marker: str, every_s: float = 0.02) -> Iterator[StepSamples]:
     def look() -> None:
         while not done.wait(every_s):
             held = running = 0
-            for process in psutil.process_iter():
-                if not _is_step(process, marker):
-                    continue
+            steps = [p for p in psutil.process_iter() if _is_step(p, marker)]
+            # A shell a tool runs a step through matches too: a step is counted once, by the
+            # process at its bottom (no matching process below it).
+            parents = set()
+            for process in steps:
+                with contextlib.suppress(psutil.Error):
+                    parents.add(process.ppid())
+            for process in steps:
                 with contextlib.suppress(psutil.Error):
                     memory = process.memory_info()
                     held += memory.rss - memory.shared  # its own: libraries counted once
-                    running += process.status() != psutil.STATUS_STOPPED
+                    if process.pid not in parents:
+                        running += process.status() != psutil.STATUS_STOPPED
             samples.most_bytes = max(samples.most_bytes, held)
             samples.most_running = max(samples.most_running, running)
 

@@ -167,6 +167,7 @@ def dispatch_in(
 
 
 @pytest.mark.cgroups
+@pytest.mark.long_on_v2
 def test_sessions_that_outgrow_their_leases_are_relieved_newest_first(tmp_path: Path) -> None:
     """Three turns leased at 100 MB grow to 420 MB each in a 1 GB group: the gateway relieves
     the newest through the dispatcher's relieve hook, the oldest finishes, nothing is killed.
@@ -210,6 +211,7 @@ def needs_you_headline(client: httpx.Client) -> str:
 
 
 @pytest.mark.cgroups
+@pytest.mark.long_on_v2
 def test_memory_not_given_back_is_said_without_release_hooks_and_never_with_them(
     tmp_path: Path,
 ) -> None:

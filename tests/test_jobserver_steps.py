@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from roomkeeper.jobserver.steps import (
     LEARNED_AFTER,
+    NEED_GRAIN,
     Step,
     admits,
     expected_growth,
@@ -125,6 +126,7 @@ sizes = st.integers(min_value=0, max_value=2_000)
     st.lists(st.tuples(sizes, sizes, st.integers(0, 3_000), st.booleans()), max_size=8),
     st.integers(-500, 3_000),
 )
+@example([(0, 1, 0, False), (0, 0, 0, False)], -1)  # needs within a grain: the older is nearest
 def test_after_the_pauses_it_is_safe_or_only_the_step_nearest_its_end_runs(
     drawn: list[tuple[int, int, int, bool]], room_mb: int
 ) -> None:
@@ -139,5 +141,6 @@ def test_after_the_pauses_it_is_safe_or_only_the_step_nearest_its_end_runs(
     assert safe(after, room_mb * MB) or sum(1 for s in after if not s.paused) <= 1
     running = [s for s in steps if not s.paused]
     if running:
-        nearest = min(running, key=lambda s: (s.need, s.began))
+        # Needs within NEED_GRAIN are equal: of those, the older is the nearest.
+        nearest = min(running, key=lambda s: (s.need // NEED_GRAIN, s.began))
         assert nearest.key not in chosen

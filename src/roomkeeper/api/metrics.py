@@ -121,7 +121,8 @@ def _jobserver_metrics(pools: Iterable[JobserverStatistics]) -> Iterator[GaugeMe
         yield GaugeMetricFamily(f"roomkeeper_jobserver_{suffix}", doc, value=value)
     reasons = GaugeMetricFamily(
         "roomkeeper_jobserver_reason",
-        "Running jobs by why their last round gave a token or not (no_room: the guard refused).",
+        "Running jobs by why their last round gave a token or not (no_room: the guard refused, "
+        "a step might not finish below the line, or another job waits for memory).",
         labels=["reason"],
     )
     for reason in TokenReason:

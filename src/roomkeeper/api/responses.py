@@ -102,7 +102,7 @@ class TokensOut(BaseModel):
     tokens_out: int = Field(description="Tokens its build tools hold now (minted less idle).")
     idle: int = Field(description="Tokens waiting unused in its FIFO.")
     minted: int = Field(description="Tokens minted in all.")
-    steps: int = Field(description="Steps running now.")
+    steps: int = Field(description="Steps started and not ended, the paused ones included.")
     step_bytes: int = Field(
         description="The memory one more step is expected to take: the mean of its last "
         "finished steps (the largest until one finished); tokens are minted for it."

@@ -653,6 +653,7 @@ class LaunchRounds:
             job.spec.argv,
             os.environ if env is None else env,
             shell=job.spec.shell,
+            cwd=job.spec.cwd,
         )
         _say(job.log_path, command.notes)
         return command.argv, command.env, fds
@@ -688,6 +689,8 @@ class LaunchRounds:
             return
         job.stop_cause = cause
         handle = job.handle
+        # Steps its jobserver paused would sleep through SIGTERM to the SIGKILL after the grace.
+        self.jobservers.release(job.id)
         stopper = threading.Thread(
             target=handle.stop, args=(self._stop_grace,), name=f"stop-{job.id}", daemon=True
         )

@@ -10,6 +10,12 @@ tokens.  More tokens out than that for a while means a client died holding
 them (its children, orphaned, are no longer its).  Counting threads only
 ever allows more, so a client's threads can hide a lost token, never invent
 one.
+
+A child with a client somewhere below it (a recipe's shell running a
+recursive make, a compiler driver running an LTO link on tokens) is not a
+step: the client's own children are.  Counted as one, it would hold its
+inner steps' memory twice, and pausing it would stop a client with every
+step under it.
 """
 
 from __future__ import annotations
@@ -102,9 +108,20 @@ def take_census(pids: Iterable[int], fifo: str, proc_root: str = PROC_ROOT) -> C
         kids = children.get(client, [])
         may_hold += max(0, len(kids) - 1) + max(0, table[client].threads - 2)
         for kid in kids:
-            if kid not in clients:
+            if not _reaches(kid, clients, children):
                 steps[kid] = _subtree_anon(kid, table, children)
     return Census(clients, steps, may_hold)
+
+
+def _reaches(root: int, clients: frozenset[int], children: dict[int, list[int]]) -> bool:
+    """Whether ``root`` or any process under it is a client."""
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        if pid in clients:
+            return True
+        stack.extend(children.get(pid, []))
+    return False
 
 
 def _subtree_anon(root: int, table: dict[int, ProcInfo], children: dict[int, list[int]]) -> int:

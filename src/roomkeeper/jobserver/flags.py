@@ -7,11 +7,14 @@ which takes no other form upstream).  Every client reads the *last* auth in the
 variable, and make up to 4.3 stops with "invalid --jobserver-auth string" on a
 ``fifo:`` one, so one order cannot suit both: the pipe form comes last.  Both
 name the same FIFO (the descriptors are that FIFO opened twice), so the two
-styles share one pool.  A command whose program is ninja (or samu) gets the
+styles share one pool.  A command that runs ninja (or samu) gets the
 FIFO form alone and no descriptors: it takes no other form, and it passes
 descriptors it did not open on to every step it runs, where they would make
-each step look like a client of the pool.  Cargo reads ``CARGO_MAKEFLAGS`` before ``MAKEFLAGS``;
-it gets the FIFO form, which needs no descriptor to survive a wrapper.
+each step look like a client of the pool.  ninja is found as any word of the
+command (``cd build && ninja``) and behind ``cmake --build DIR`` whose
+``DIR/CMakeCache.txt`` names a Ninja generator.  Cargo reads
+``CARGO_MAKEFLAGS`` before ``MAKEFLAGS``; it gets the FIFO form, which needs
+no descriptor to survive a wrapper.
 
 A client started with its own ``-j`` (or cargo with ``CARGO_BUILD_JOBS``,
 ``cmake --build`` with ``CMAKE_BUILD_PARALLEL_LEVEL``) runs its own count and
@@ -85,12 +88,6 @@ def _jobserver_word(word: str) -> bool:
     )
 
 
-def program_of(argv: Sequence[str], *, shell: bool) -> str:
-    """The base name of the program a command runs (of shell text: of its first word)."""
-    words = _words(argv[0]) if shell else list(argv)
-    return os.path.basename(words[0]) if words else ""
-
-
 def _words(text: str) -> list[str]:
     try:
         return shlex.split(text)
@@ -98,8 +95,40 @@ def _words(text: str) -> list[str]:
         return []
 
 
+def runs_ninja(argv: Sequence[str], *, shell: bool, cwd: str | None = None) -> bool:
+    """Whether the command runs a FIFO-only client: ninja or samu named anywhere in it, or
+    ``cmake --build DIR`` over a tree configured for a Ninja generator (``DIR`` from ``cwd``,
+    the job's working directory)."""
+    words = _words(argv[0]) if shell else list(argv)
+    if any(os.path.basename(w) in FIFO_ONLY for w in words):
+        return True
+    for index, word in enumerate(words[:-2]):
+        if os.path.basename(word) == "cmake" and words[index + 1] == "--build":
+            tree = os.path.join(cwd or os.getcwd(), words[index + 2])
+            if _cache_generator(tree).startswith("Ninja"):
+                return True
+    return False
+
+
+def _cache_generator(tree: str) -> str:
+    """The generator a CMake build tree was configured with; "" when it cannot be read."""
+    try:
+        with open(os.path.join(tree, "CMakeCache.txt"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("CMAKE_GENERATOR:"):
+                    return line.partition("=")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def prepare_command(
-    argv: Sequence[str], env: Mapping[str, str], auth: Auth, *, shell: bool
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    auth: Auth,
+    *,
+    shell: bool,
+    cwd: str | None = None,
 ) -> Command:
     """The command and environment a job runs with under the pool at ``auth``.
 
@@ -114,7 +143,7 @@ def prepare_command(
         if name in new_env:
             notes.append(f"removed {name}={new_env.pop(name)}: it sets a count of its own")
     new_argv = [_shell_without_j(argv[0], notes)] if shell else _without_j(list(argv), notes)
-    fifo_only = program_of(new_argv, shell=shell) in FIFO_ONLY
+    fifo_only = runs_ninja(new_argv, shell=shell, cwd=cwd)
     new_env["MAKEFLAGS"] = makeflags(
         auth, fifo_only=fifo_only, inherited=new_env.get("MAKEFLAGS", "")
     )

@@ -195,6 +195,8 @@ class _Meter:
     began: dict[int, float] = field(default_factory=dict)  # when each step was first seen
     rates: dict[int, float] = field(default_factory=dict)  # bytes/s while it last ran
     paused: set[int] = field(default_factory=set)  # steps SIGSTOPped by the rule
+    unseen: int = 0  # tokens out not yet seen as steps, as of its last round
+    ending: bool = False  # being stopped: no token minted, no step paused
     fastest: float = 0.0  # the steepest growth a step of this job showed
     largest: int = 0  # the largest step, as last learned
     short_since: float | None = None
@@ -273,6 +275,7 @@ class Jobservers:
         env: Mapping[str, str],
         *,
         shell: bool,
+        cwd: str | None = None,
     ) -> tuple[Command, tuple[int, ...]]:
         """Make ``job_id``'s pool: the command to run under it and the descriptors to pass.
 
@@ -281,7 +284,7 @@ class Jobservers:
         """
         pool = TokenPool(job_id, directory=self._settings.pools_dir)
         auth = pool.open()
-        command = prepare_command(argv, env, auth, shell=shell)
+        command = prepare_command(argv, env, auth, shell=shell, cwd=cwd)
         meter = _Meter(job_id, owner, pool, auth.fifo_path)
         with self._lock:
             old = self._meters.pop(job_id, None)
@@ -323,6 +326,21 @@ class Jobservers:
             meter.pool.release_client_fds()
         self._ensure_thread()
 
+    def release(self, job_id: str) -> None:
+        """The job is being stopped: let its paused steps go on (SIGCONT) and pause none again,
+        so that they end of the stop's SIGTERM, not of its SIGKILL after the grace; mint no
+        more.  Its rounds end here; :meth:`close` still removes its pool once it ended."""
+        with self._lock:
+            meter = self._meters.get(job_id)
+            if meter is None or meter.ending:
+                return
+            meter.ending = True
+            paused = sorted(meter.paused)
+            meter.paused.clear()
+        self._guard.release(meter.key())
+        for pid in paused:
+            self._signal_step(pid, signal.SIGCONT)
+
     def close(self, job_id: str) -> list[str]:
         """The job ended (or never started): remove its pool; what went wrong with its tokens."""
         with self._lock:
@@ -330,7 +348,7 @@ class Jobservers:
         if meter is None:
             return []
         self._guard.release(meter.key())
-        for pid in meter.paused:  # a paused step must be able to end with its job
+        for pid in sorted(meter.paused):  # a paused step must be able to end with its job
             self._signal_step(pid, signal.SIGCONT)
         notes = list(meter.notes)
         with contextlib.suppress(OSError):
@@ -387,7 +405,7 @@ class Jobservers:
     def round(self) -> None:
         """One round over every started job, in rotation; the rounds' thread calls it."""
         with self._lock:
-            meters = [m for m in self._meters.values() if m.members is not None]
+            meters = [m for m in self._meters.values() if m.members is not None and not m.ending]
         order = _rotation(meters, self._turn)
         self._turn += 1
         # On a slow or busy machine rounds come further apart than ROUND_S: the growth allowed
@@ -400,36 +418,39 @@ class Jobservers:
         past_line = reading is not None and reading.used > reading.hold_line
         pressure = self._pressure() or past_line
         for meter in order:
+            # Outside the lock: listing a tree waits on the process's own lock, which a stop
+            # holds through its grace; a pool's end or release must not wait on that.
+            census = _census(meter)
             with self._lock:
-                if self._meters.get(meter.job_id) is not meter:
-                    continue  # closed meanwhile: its pool is gone
-                self._meter_one(meter, pressure, reading, order)
+                if census is None or self._meters.get(meter.job_id) is not meter or meter.ending:
+                    continue  # going away, closed or being stopped meanwhile
+                self._meter_one(meter, census, pressure, reading, order)
         if reading is not None:
             with self._lock:
-                live = [m for m in order if self._meters.get(m.job_id) is m]
+                live = [m for m in order if self._meters.get(m.job_id) is m and not m.ending]
                 self._keep_finishable(live, reading)
 
     def _meter_one(
-        self, meter: _Meter, pressure: bool, reading: Reading | None, meters: list[_Meter]
+        self,
+        meter: _Meter,
+        census: Census,
+        pressure: bool,
+        reading: Reading | None,
+        meters: list[_Meter],
     ) -> None:
-        members = meter.members
-        assert members is not None
-        try:
-            census = take_census(members(), meter.fifo)
-        except Exception:  # a tree that is going away: nothing to give it
-            return
         idle = self._settle(meter, census)
         largest = self._learn(meter, census)
         self._track(meter, census)
         typical = _typical(meter, largest)
         out = meter.circulating - idle
         unseen = max(0, out + 1 - len(census.steps))  # tokens taken, steps not seen yet
+        meter.unseen = unseen
         claim = sum(
             expected_growth(s.footprint, meter.finished, largest, s.rate)
             for s in self._steps([meter])
         )
         claim += typical * unseen + typical * idle
-        room = None if reading is None else _Room(reading.hold_line - reading.used, unseen, meters)
+        room = None if reading is None else _Room(reading.hold_line - reading.used, meters)
         reason, summary = self._give(meter, census, idle, claim, typical, pressure, room)
         idle = meter.pool.idle()
         meter.stats = JobserverStatistics(
@@ -460,15 +481,23 @@ class Jobservers:
             meter.seen.pop(pid, None)
             meter.began.pop(pid, None)
             meter.rates.pop(pid, None)
-            meter.paused.discard(pid)
+            if pid in meter.paused:  # no step any more (its client ended): never left stopped
+                meter.paused.discard(pid)
+                self._signal_step(pid, signal.SIGCONT)
         for pid, footprint in census.steps.items():
             seen = meter.seen.setdefault(pid, deque())
             meter.began.setdefault(pid, now)
+            if pid in meter.paused:
+                # A paused step keeps the rate it had while it ran; its samples while paused
+                # would make that rate look slower once it goes on.
+                seen.clear()
+                seen.append((now, footprint))
+                continue
             seen.append((now, footprint))
             while len(seen) > 2 and now - seen[1][0] >= RATE_WINDOW_S:
                 seen.popleft()
-            if pid in meter.paused or len(seen) < 2:
-                continue  # a paused step keeps the rate it had while it ran
+            if len(seen) < 2:
+                continue
             (then, before), last = seen[0], seen[-1][1]
             rate = max(0.0, (last - before) / (now - then)) if now > then else 0.0
             meter.rates[pid] = rate
@@ -532,7 +561,8 @@ class Jobservers:
         with contextlib.suppress(psutil.Error):
             pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
         for each in pids:
-            with contextlib.suppress(ProcessLookupError):
+            # Gone meanwhile, or a setuid program the job started: not ours to signal.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 self._kill(each, signum)
 
     def _settle(self, meter: _Meter, census: Census) -> int:
@@ -639,17 +669,26 @@ class Jobservers:
         if meter.pool.mint(1):
             meter.circulating += 1
             meter.minted += 1
+            # Held for the new token at once, so a job judged after this one in the same round
+            # finds its room taken; the next round counts it from the census.
+            meter.unseen += 1
+            self._guard.hold(key, claim + step)
         return TokenReason.MINTED, f"room for another step of {format_gb(step)}"
 
     def _finishable_with_one_more(self, meter: _Meter, room: _Room) -> bool:
-        """Whether every step, this job's tokens not yet seen as steps, and one more, could
-        still each finish below the line."""
+        """Whether every step, every job's tokens not yet seen as steps (minted earlier in
+        this round included), and one more of this job, could still each finish below the
+        line."""
         now = self._clock()
         # A step not seen yet grows from nothing: the next look sees it, and pauses it unless
         # it fits; so it adds no growth before the next look here.
-        coming = [Step(("token", n), now, 0, meter.largest, 0.0) for n in range(room.unseen + 1)]
-        *rest, new = coming
-        return admits([*self._steps(room.meters), *rest], room.below_line, new, self._look_ahead)
+        coming = [
+            Step((f"token:{m.job_id}", n), now, 0, m.largest, 0.0)
+            for m in room.meters
+            for n in range(m.unseen)
+        ]
+        new = Step((f"token:{meter.job_id}", -1), now, 0, meter.largest, 0.0)
+        return admits([*self._steps(room.meters), *coming], room.below_line, new, self._look_ahead)
 
     def _note(self, meter: _Meter, text: str) -> None:
         meter.notes.append(text)
@@ -658,12 +697,21 @@ class Jobservers:
 
 @dataclass(frozen=True, slots=True)
 class _Room:
-    """What a job's next token is judged in: the room below the line, its tokens taken but
-    not yet seen as steps, and every job's meter (their steps share the room)."""
+    """What a job's next token is judged in: the room below the line and every job's meter
+    (their steps and tokens not yet seen as steps share the room)."""
 
     below_line: int
-    unseen: int
     meters: list[_Meter]
+
+
+def _census(meter: _Meter) -> Census | None:
+    """One look at the job's tree; None while it is going away."""
+    members = meter.members
+    assert members is not None
+    try:
+        return take_census(members(), meter.fifo)
+    except Exception:  # a tree that is going away: nothing to give it
+        return None
 
 
 def _typical(meter: _Meter, largest: int) -> int:
