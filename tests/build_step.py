@@ -1,4 +1,5 @@
-"""A build step for the jobserver tests: note its start, grow to SIZE bytes, hold, note its end.
+"""A build step for the jobserver tests: note its start, grow to SIZE bytes, hold, note its end
+(or, on SIGTERM, that it ended of it).
 
 Usage: python build_step.py TRACE NAME SIZE_BYTES GROW_SECONDS HOLD_SECONDS
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -61,6 +63,12 @@ def main(argv: list[str]) -> None:
         hold_token(argv[1], argv[2], argv[3:])
         return
     trace, name, size, grow_s, hold_s = argv
+
+    def ended_by_sigterm(signum: int, frame: object) -> None:
+        note(trace, f"term {name}")  # a step stopped by SIGSTOP runs this only once let go
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, ended_by_sigterm)
     note(trace, f"start {name}")
     grow(int(size), float(grow_s), float(hold_s))
     note(trace, f"end {name}")

@@ -102,11 +102,13 @@ fn main() {
 
 @dataclass(frozen=True, slots=True)
 class Trace:
-    """What the steps noted: each step's start and end, and any holder's pids."""
+    """What the steps noted: each step's start and end, any holder's pids, and the steps that
+    ended of SIGTERM."""
 
     starts: dict[str, float]
     ends: dict[str, float]
     holders: list[list[int]]
+    terms: dict[str, float]
 
     def most_at_once(self, prefix: str = "") -> int:
         """The most steps (named with ``prefix``) that ran at the same moment."""
@@ -126,6 +128,7 @@ def read_trace(path: Path) -> Trace:
     starts: dict[str, float] = {}
     ends: dict[str, float] = {}
     holders: list[list[int]] = []
+    terms: dict[str, float] = {}
     text = path.read_text() if path.exists() else ""
     for line in text.splitlines():
         words = line.split()
@@ -135,7 +138,9 @@ def read_trace(path: Path) -> Trace:
             ends[words[1]] = float(words[2])
         elif words[0] == "holder":
             holders.append([int(w) for w in words[1:-1]])
-    return Trace(starts, ends, holders)
+        elif words[0] == "term":
+            terms[words[1]] = float(words[2])
+    return Trace(starts, ends, holders, terms)
 
 
 def wheel_ninja() -> str:

@@ -19,12 +19,14 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from roomkeeper.api.responses import FeedOut, JobOut
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.jobs.spec import JobState
 from roomkeeper.jobserver.census import parse_stat, parse_statm, take_census
 from roomkeeper.jobserver.flags import Auth, makeflags, prepare_command
 from roomkeeper.jobserver.meter import Jobservers, JobserverSettings
@@ -825,6 +827,72 @@ def test_steps_larger_than_those_learned_are_paused_with_sigstop_not_killed(
 @pytest.mark.kernel
 @pytest.mark.cgroups
 @pytest.mark.long_on_v2
+def test_a_build_stopped_while_steps_are_paused_ends_them_with_sigterm(tmp_path: Path) -> None:
+    """The build of the test above, interrupted (Ctrl-C) once a step is paused: the stop's
+    SIGTERM reaches every step it finds running or paused, each ends of it (its handler runs
+    only once let go on), none waits for the SIGKILL after the grace."""
+    trace = tmp_path / "trace"
+    folder = tmp_path / "build"
+    folder.mkdir()
+    sizes = {f"s{i}": 100_000_000 for i in range(1, 7)}
+    sizes |= {f"b{i}": 600_000_000 for i in range(1, 5)}
+    rules = "".join(
+        f"{name}:{' s6' if name.startswith('b') else ''}\n"
+        f"\t@{step_command(trace, name, size, 1.0, 30.0 if name.startswith('b') else 1.0)}\n"
+        for name, size in sizes.items()
+    )
+    (folder / "Makefile").write_text(
+        f".PHONY: all {' '.join(sizes)}\nall: {' '.join(sizes)}\n{rules}"
+    )
+    commands = tmp_path / "lines.txt"
+    commands.write_text(f"make -C {folder}\n")
+    argv = [sys.executable, "-m", "roomkeeper", "batch", "--jobserver", str(commands)]
+    argv += ["--logs", str(tmp_path / "logs"), "--quiet"]
+    with memory_box(LIMIT) as box:
+        batch = subprocess.Popen(
+            box.argv(argv),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**batch_env(tmp_path), **box.env()},
+        )
+        try:
+            paused = _wait_for_a_paused_step(str(trace), batch, timeout_s=120)
+            batch.send_signal(signal.SIGINT)
+            _, err = batch.communicate(timeout=120)
+        finally:
+            if batch.poll() is None:
+                batch.kill()
+                batch.communicate()
+        kills = box.oom_kills()
+    steps = read_trace(trace)
+    assert paused, (err, _logs(tmp_path))
+    assert kills == 0, err
+    unfinished = set(steps.starts) - set(steps.ends)
+    assert unfinished, "the interrupt came while steps ran"
+    assert set(steps.terms) == unfinished, (steps, err)
+
+
+def _wait_for_a_paused_step(marker: str, batch: subprocess.Popen[str], timeout_s: float) -> bool:
+    """Wait until a step (a process whose command line holds ``marker``) is stopped, and has
+    stayed stopped a moment (the meter's own pause, not a passing look); whether one was."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and batch.poll() is None:
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if marker in " ".join(process.cmdline()) and (
+                    process.status() == psutil.STATUS_STOPPED
+                ):
+                    time.sleep(0.3)
+                    if process.status() == psutil.STATUS_STOPPED:
+                        return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+@pytest.mark.long_on_v2
 def test_two_builds_side_by_side_both_progress(tmp_path: Path) -> None:
     """Two make builds in one 2 GB group share the tokens: each runs steps while the other does."""
     trace = tmp_path / "trace"
@@ -859,7 +927,7 @@ def _watch(client: httpx.Client, job_id: str) -> tuple[list[dict[str, object]], 
     while time.monotonic() < deadline:
         view = client.get(f"/v1/jobs/{job_id}").json()
         views.append(view)
-        if view["state"] not in {"queued", "running"}:
+        if JobState(view["state"]).final:  # a job waits for room first on a busy machine
             return views, metrics
         metrics.append(client.get("/metrics").text)
         # The shapes sent are built by hand: each must conform to the OpenAPI document's.

@@ -18,6 +18,12 @@ from typing import Any
 
 import click
 
+# FastAPI imports pydantic.v1 while it builds the routes, after the gateway opened; the Ray
+# backend's threads, started as it opens, may import it too (through Ray).  Two threads
+# importing one module cycle at once end in a _DeadlockError, which once stopped a gateway
+# at its start: it is imported here, on the main thread, before any other thread runs.
+import pydantic.v1  # noqa: F401
+
 from roomkeeper.api.app import create_app
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.ipc import Channel
