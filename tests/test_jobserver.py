@@ -159,12 +159,68 @@ def test_the_fifo_is_private_and_counts_idle_tokens(tmp_path: Path) -> None:
 
 
 def test_an_existing_fifo_path_is_refused_with_the_way_out(tmp_path: Path) -> None:
-    """A FIFO left at the job's path is never reused: the job does not start, and says why."""
+    """A file already at the FIFO's path is never reused: the job does not start, and says
+    why (names are random: something else made it)."""
+
+    def taken(path: str, mode: int) -> None:
+        raise FileExistsError(errno.EEXIST, "File exists", path)
+
+    with pytest.raises(JobserverError, match=r"exists already .*remove it"):
+        TokenPool("job-1", directory=tmp_path / "pools", mkfifo=taken).open()
+
+
+def test_pools_of_one_job_id_at_once_each_get_their_own_fifo(tmp_path: Path) -> None:
+    """Two runs of batch number their lines alike, and a job resumed after a crash keeps its
+    id: pools of one id at once each get a FIFO of their own."""
+    first, second = (TokenPool("1", directory=tmp_path / "pools") for _ in range(2))
+    try:
+        assert first.open().fifo_path != second.open().fifo_path
+    finally:
+        first.close()
+        second.close()
+    assert list((tmp_path / "pools").iterdir()) == []
+
+
+@pytest.mark.kernel
+def test_two_batch_runs_at_once_both_run_their_line_1_with_a_jobserver(tmp_path: Path) -> None:
+    """Two ``roomkeeper batch --jobserver`` runs of one user at once: both lines numbered 1
+    start, each with a pool of its own, and no FIFO is left."""
+    lines = tmp_path / "lines.txt"
+    lines.write_text("sleep 2\n")
+    pools = tmp_path / "tmp"
+    pools.mkdir()
+    runs = []
+    for n in range(2):
+        argv = [sys.executable, "-m", "roomkeeper", "batch", "--jobserver", "--quiet", str(lines)]
+        env = batch_env(tmp_path / f"run{n}", TMPDIR=str(pools))
+        runs.append(subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True))
+    done = [(run.wait(timeout=120), run.communicate()[1]) for run in runs]
+    assert [code for code, _ in done] == [0, 0], done
+    assert list((pools / f"roomkeeper-jobserver-{os.getuid()}").iterdir()) == []
+
+
+def test_fifos_a_crashed_roomkeeper_left_are_removed_and_the_rest_kept(tmp_path: Path) -> None:
+    """A FIFO made by a process that no longer runs is removed as the next pool is made; one
+    of a live process, and files of other shapes, stay."""
     folder = tmp_path / "pools"
     folder.mkdir(mode=0o700)
-    os.mkfifo(folder / "job-1.fifo", 0o600)
-    with pytest.raises(JobserverError, match=r"exists already .*remove it if no job"):
-        TokenPool("job-1", directory=folder).open()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        os.mkfifo(folder / f"7.{gone.pid}.0a1b2c3d.fifo", 0o600)
+        os.mkfifo(folder / f"7.{alive.pid}.0a1b2c3d.fifo", 0o600)
+        (folder / f"notes.{gone.pid}.x.fifo").write_text("not a FIFO")
+        (folder / "other").write_text("")
+        pool = TokenPool("8", directory=folder)
+        made = Path(pool.open().fifo_path)
+        left = sorted(p.name for p in folder.iterdir())
+        pool.close()
+    finally:
+        alive.kill()
+        alive.wait()
+    expected = [made.name, f"7.{alive.pid}.0a1b2c3d.fifo", f"notes.{gone.pid}.x.fifo", "other"]
+    assert left == sorted(expected)
 
 
 def test_a_full_tmp_is_said_with_the_way_out(tmp_path: Path) -> None:

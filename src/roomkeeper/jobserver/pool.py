@@ -1,9 +1,12 @@
 """One job's token pool: a private FIFO, the descriptors its clients inherit, and our end.
 
 The FIFO (mode 0600) lives in a directory of ours (mode 0700) under the
-temporary directory, named for the job, so a path that exists already is a
-job of that id still running or one a crash left behind: refused, never
-reused.  It is opened three times: our end (read and write, non-blocking, so
+temporary directory, named for the job, the roomkeeper process that made it
+and a random part: two runs of ``roomkeeper batch`` number their lines
+alike, and a job resumed or run again after a crash keeps its id, so a name
+of the job's alone would be taken.  A FIFO a crashed process left behind
+(its pid no longer runs) is removed as the next pool is made.  A path that
+exists already is never reused.  It is opened three times: our end (read and write, non-blocking, so
 no call of ours ever waits on a client), and a read and a write descriptor
 that the job inherits, blocking as make expects.  A FIFO opened both ways by
 us never shows end of file to a client, however many of them come and go.
@@ -18,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
+import secrets
 import stat
 import struct
 import tempfile
@@ -28,6 +33,8 @@ from pathlib import Path
 
 from roomkeeper.errors import RoomkeeperError
 from roomkeeper.jobserver.flags import Auth
+
+log = logging.getLogger("roomkeeper")
 
 TOKEN = b"+"  # the byte make 4.4 writes; clients write back whatever they read
 _SAFE_ID = str.maketrans({c: "_" for c in "/\\\x00 "})
@@ -83,15 +90,17 @@ class TokenPool:
                 file system refused (full, read-only); nothing is left behind.
         """
         directory = self._directory or pools_dir()
-        path = directory / f"{self.job_id.translate(_SAFE_ID)}.fifo"
+        name = f"{self.job_id.translate(_SAFE_ID)}.{os.getpid()}.{secrets.token_hex(4)}.fifo"
+        path = directory / name
         try:
             _private_dir(directory)
+            _remove_leftovers(directory)
             self._mkfifo(str(path), 0o600)
         except FileExistsError:
             raise JobserverError(
                 self.job_id,
-                f"its FIFO {path} exists already (a job of that id still runs, or a crash "
-                "left it): remove it if no job of that id runs",
+                f"its FIFO {path} exists already (something else made a file of that name "
+                "there): remove it, or set TMPDIR to another place",
             ) from None
         except OSError as err:
             raise JobserverError(self.job_id, _fs_fault(directory, err)) from err
@@ -171,6 +180,35 @@ def _private_dir(directory: Path) -> None:
             f"{directory} is not a directory of ours that only we may open (mode 0700); "
             "remove it, or set TMPDIR to another place",
         )
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Remove the FIFOs in ``directory`` made by a roomkeeper process that no longer runs (a
+    crash leaves its pools behind); what cannot be told apart is left alone."""
+    for entry in os.scandir(directory):
+        parts = entry.name.rsplit(".", 3)
+        if len(parts) != 4 or parts[3] != "fifo" or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid() or _runs(pid):
+            continue
+        with contextlib.suppress(OSError):
+            if stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode):
+                os.unlink(entry.path)
+                log.info(
+                    "removed %s: a jobserver FIFO left by process %d, which ended", entry.path, pid
+                )
+
+
+def _runs(pid: int) -> bool:
+    """Whether a process of that pid exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fs_fault(directory: Path, err: OSError) -> str:
