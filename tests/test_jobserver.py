@@ -103,6 +103,12 @@ def test_ninja_is_found_behind_a_shell_and_behind_cmake_build(tmp_path: Path) ->
     assert not fifo_only(["cmake", "--build", "make"], False)
     assert not fifo_only(["cmake", "--build", "nowhere"], False)
     assert not fifo_only(["cd build && make"], True)
+    assert fifo_only(["cd build&&ninja"], True)
+    assert fifo_only(["(cd build; env X=1 ninja -k 0)"], True)
+    # ninja named, but not as a program: make up to 4.3 needs the pipe form.
+    assert not fifo_only(["pip install ninja && make -C src"], True)
+    assert not fifo_only(["make -C third_party/ninja"], True)
+    assert not fifo_only(["make", "ninja"], False)
 
 
 @pytest.mark.parametrize(

@@ -653,7 +653,7 @@ class LaunchRounds:
             job.spec.argv,
             os.environ if env is None else env,
             shell=job.spec.shell,
-            cwd=job.spec.cwd,
+            cwd=job.worktree.path if job.worktree is not None else job.spec.cwd,
         )
         _say(job.log_path, command.notes)
         return command.argv, command.env, fds

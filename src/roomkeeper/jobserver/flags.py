@@ -99,8 +99,13 @@ def runs_ninja(argv: Sequence[str], *, shell: bool, cwd: str | None = None) -> b
     """Whether the command runs a FIFO-only client: ninja or samu named anywhere in it, or
     ``cmake --build DIR`` over a tree configured for a Ninja generator (``DIR`` from ``cwd``,
     the job's working directory)."""
-    words = _words(argv[0]) if shell else list(argv)
-    if any(os.path.basename(w) in FIFO_ONLY for w in words):
+    if shell:
+        marked = _programs_and_args(argv[0])
+        programs = [w for w, first in marked if first]
+        words = [w for w, _ in marked]
+    else:
+        programs, words = list(argv[:1]), list(argv)
+    if any(os.path.basename(w) in FIFO_ONLY for w in programs):
         return True
     for index, word in enumerate(words[:-2]):
         if os.path.basename(word) == "cmake" and words[index + 1] == "--build":
@@ -108,6 +113,32 @@ def runs_ninja(argv: Sequence[str], *, shell: bool, cwd: str | None = None) -> b
             if _cache_generator(tree).startswith("Ninja"):
                 return True
     return False
+
+
+_WRAPPERS = frozenset({"env", "exec", "time", "nice", "command", "nohup"})
+
+
+def _programs_and_args(text: str) -> list[tuple[str, bool]]:
+    """Shell text's words, each with whether it is the program of a simple command (the first
+    word after ``&&``, ``;``, ``|``, ``(``, past ``VAR=x`` and wrappers such as ``env``)."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        return []
+    out: list[tuple[str, bool]] = []
+    expect = True
+    for token in tokens:
+        if token and set(token) <= set("();&|<>"):
+            expect = True
+            continue
+        if expect and ("=" in token.split("/")[0] or os.path.basename(token) in _WRAPPERS):
+            out.append((token, False))
+            continue
+        out.append((token, expect))
+        expect = False
+    return out
 
 
 def _cache_generator(tree: str) -> str:

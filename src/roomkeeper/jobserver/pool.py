@@ -187,7 +187,7 @@ def _remove_leftovers(directory: Path) -> None:
     crash leaves its pools behind); what cannot be told apart is left alone."""
     for entry in os.scandir(directory):
         parts = entry.name.rsplit(".", 3)
-        if len(parts) != 4 or parts[3] != "fifo" or not parts[1].isdigit():
+        if len(parts) != 4 or parts[3] != "fifo" or not (parts[1].isascii() and parts[1].isdigit()):
             continue
         pid = int(parts[1])
         if pid == os.getpid() or _runs(pid):
@@ -204,7 +204,7 @@ def _runs(pid: int) -> bool:
     """Whether a process of that pid exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
