@@ -327,8 +327,8 @@ class Jobservers:
         self._ensure_thread()
 
     def release(self, job_id: str) -> None:
-        """The job is being stopped: let its paused steps go on (SIGCONT) and pause none again,
-        so that they end of the stop's SIGTERM, not of its SIGKILL after the grace; mint no
+        """The job is being stopped: its paused steps get SIGTERM and then SIGCONT, so that
+        they end of it at once, not of the SIGKILL after the grace; pause none again, mint no
         more.  Its rounds end here; :meth:`close` still removes its pool once it ended."""
         with self._lock:
             meter = self._meters.get(job_id)
@@ -339,6 +339,9 @@ class Jobservers:
             meter.paused.clear()
         self._guard.release(meter.key())
         for pid in paused:
+            # SIGTERM first, pending while it is stopped: let go, it ends at once instead of
+            # growing until the stop's own SIGTERM reaches it.
+            self._signal_step(pid, signal.SIGTERM)
             self._signal_step(pid, signal.SIGCONT)
 
     def close(self, job_id: str) -> list[str]:
