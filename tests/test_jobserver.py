@@ -860,6 +860,24 @@ def _batch_killing_holder(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def _small_then_large(folder: Path, trace: Path, *, large_hold_s: float) -> Path:
+    """A Makefile of six 100 MB steps, then four of 600 MB (after the sixth) that hold
+    ``large_hold_s``: the large ones start together, more than fit in 2 GB once grown."""
+    folder.mkdir()
+    sizes = {f"s{i}": 100_000_000 for i in range(1, 7)}
+    sizes |= {f"b{i}": 600_000_000 for i in range(1, 5)}
+    hold = {name: large_hold_s if name.startswith("b") else 1.0 for name in sizes}
+    rules = "".join(
+        f"{name}:{' s6' if name.startswith('b') else ''}\n"
+        f"\t@{step_command(trace, name, size, 1.0, hold[name])}\n"
+        for name, size in sizes.items()
+    )
+    (folder / "Makefile").write_text(
+        f".PHONY: all {' '.join(sizes)}\nall: {' '.join(sizes)}\n{rules}"
+    )
+    return folder
+
+
 @pytest.mark.kernel
 @pytest.mark.cgroups
 @pytest.mark.long_on_v2
@@ -870,18 +888,7 @@ def test_steps_larger_than_those_learned_are_paused_with_sigstop_not_killed(
     together in 2 GB: more than fit once grown, so the jobserver pauses some with SIGSTOP
     (really stopped) and lets them go on as others end; none is killed."""
     trace = tmp_path / "trace"
-    folder = tmp_path / "build"
-    folder.mkdir()
-    sizes = {f"s{i}": 100_000_000 for i in range(1, 7)}
-    sizes |= {f"b{i}": 600_000_000 for i in range(1, 5)}
-    rules = "".join(
-        f"{name}:{' s6' if name.startswith('b') else ''}\n"
-        f"\t@{step_command(trace, name, size, 1.0, 1.0)}\n"
-        for name, size in sizes.items()
-    )
-    (folder / "Makefile").write_text(
-        f".PHONY: all {' '.join(sizes)}\nall: {' '.join(sizes)}\n{rules}"
-    )
+    folder = _small_then_large(tmp_path / "build", trace, large_hold_s=1.0)
     with sampling_steps(str(trace)) as seen:
         err, kills = _run_in_box(tmp_path, [f"make -C {folder}"])
     steps = read_trace(trace)
@@ -901,18 +908,7 @@ def test_a_build_stopped_while_steps_are_paused_ends_them_with_sigterm(tmp_path:
     SIGTERM reaches every step it finds running or paused, each ends of it (its handler runs
     only once let go on), none waits for the SIGKILL after the grace."""
     trace = tmp_path / "trace"
-    folder = tmp_path / "build"
-    folder.mkdir()
-    sizes = {f"s{i}": 100_000_000 for i in range(1, 7)}
-    sizes |= {f"b{i}": 600_000_000 for i in range(1, 5)}
-    rules = "".join(
-        f"{name}:{' s6' if name.startswith('b') else ''}\n"
-        f"\t@{step_command(trace, name, size, 1.0, 30.0 if name.startswith('b') else 1.0)}\n"
-        for name, size in sizes.items()
-    )
-    (folder / "Makefile").write_text(
-        f".PHONY: all {' '.join(sizes)}\nall: {' '.join(sizes)}\n{rules}"
-    )
+    folder = _small_then_large(tmp_path / "build", trace, large_hold_s=30.0)
     commands = tmp_path / "lines.txt"
     commands.write_text(f"make -C {folder}\n")
     argv = [sys.executable, "-m", "roomkeeper", "batch", "--jobserver", str(commands)]
