@@ -190,13 +190,16 @@ def test_pools_of_one_job_id_at_once_each_get_their_own_fifo(tmp_path: Path) -> 
 @pytest.mark.kernel
 def test_two_batch_runs_at_once_both_run_their_line_1_with_a_jobserver(tmp_path: Path) -> None:
     """Two ``roomkeeper batch --jobserver`` runs of one user at once: both lines numbered 1
-    start, each with a pool of its own, and no FIFO is left."""
-    lines = tmp_path / "lines.txt"
-    lines.write_text("sleep 2\n")
+    start, each with a pool of its own, and no FIFO is left.  Each line waits until the
+    other's has started (it fails after a minute), so the two surely run side by side."""
     pools = tmp_path / "tmp"
     pools.mkdir()
     runs = []
     for n in range(2):
+        lines = tmp_path / f"lines{n}.txt"
+        mine, theirs = tmp_path / f"started{n}", tmp_path / f"started{1 - n}"
+        wait = f"until [ -e {theirs} ]; do sleep 0.05; done"
+        lines.write_text(f"touch {mine} && timeout 60 sh -c '{wait}'\n")
         argv = [sys.executable, "-m", "roomkeeper", "batch", "--jobserver", "--quiet", str(lines)]
         env = batch_env(tmp_path / f"run{n}", TMPDIR=str(pools))
         runs.append(subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True))
@@ -206,27 +209,57 @@ def test_two_batch_runs_at_once_both_run_their_line_1_with_a_jobserver(tmp_path:
 
 
 def test_fifos_a_crashed_roomkeeper_left_are_removed_and_the_rest_kept(tmp_path: Path) -> None:
-    """A FIFO made by a process that no longer runs is removed as the next pool is made; one
-    of a live process, and files of other shapes, stay."""
+    """A FIFO whose maker's lock nobody holds is removed as the next pool is made; one a live
+    process holds stays, even named for a pid that runs nowhere here (its maker runs in
+    another pid namespace that shares the folder), and so do files of other shapes and a
+    FIFO still being made by a live process."""
     folder = tmp_path / "pools"
     folder.mkdir(mode=0o700)
     gone = subprocess.Popen(["true"])
     gone.wait()
-    alive = subprocess.Popen(["sleep", "30"])
+    crashed = f"7.{gone.pid}.0a1b2c3d.fifo"
+    elsewhere = f"7.{gone.pid}.99999999.fifo"  # its maker's pid is no pid of ours
+    for name in (crashed, elsewhere, f"9.{gone.pid}.0a1b2c3d.new", f"9.{os.getpid()}.1.new"):
+        os.mkfifo(folder / name, 0o600)
+    (folder / f"notes.{gone.pid}.x.fifo").write_text("not a FIFO")
+    (folder / "other").write_text("")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl,os,sys,time;fd=os.open(sys.argv[1],os.O_RDWR|os.O_NONBLOCK);"
+            "fcntl.flock(fd,fcntl.LOCK_EX);print('held',flush=True);time.sleep(60)",
+            str(folder / elsewhere),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        os.mkfifo(folder / f"7.{gone.pid}.0a1b2c3d.fifo", 0o600)
-        os.mkfifo(folder / f"7.{alive.pid}.0a1b2c3d.fifo", 0o600)
-        (folder / f"notes.{gone.pid}.x.fifo").write_text("not a FIFO")
-        (folder / "other").write_text("")
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
         pool = TokenPool("8", directory=folder)
         made = Path(pool.open().fifo_path)
         left = sorted(p.name for p in folder.iterdir())
         pool.close()
     finally:
-        alive.kill()
-        alive.wait()
-    expected = [made.name, f"7.{alive.pid}.0a1b2c3d.fifo", f"notes.{gone.pid}.x.fifo", "other"]
-    assert left == sorted(expected)
+        holder.kill()
+        holder.communicate()
+    expected = [made.name, elsewhere, f"9.{os.getpid()}.1.new", f"notes.{gone.pid}.x.fifo"]
+    assert left == sorted([*expected, "other"])
+
+
+def test_a_live_pool_keeps_its_fifo_through_another_pools_sweep(tmp_path: Path) -> None:
+    """Two pools in one folder: the second one's sweep leaves the first one's FIFO, which its
+    maker's lock holds; once the first is closed no lock is left to hold a FIFO (none is
+    left at all)."""
+    first = TokenPool("1", directory=tmp_path)
+    path = Path(first.open().fifo_path)
+    second = TokenPool("2", directory=tmp_path)
+    second.open()
+    assert path.exists()
+    first.close()
+    second.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_full_tmp_is_said_with_the_way_out(tmp_path: Path) -> None:
@@ -614,6 +647,50 @@ def test_steps_that_could_not_all_finish_below_the_line_are_paused_and_go_on_whe
     assert sorted(left + ended) == sorted([(kids[1], signal.SIGCONT), (kids[2], signal.SIGCONT)])
 
 
+def test_a_step_that_refuses_sigstop_is_not_counted_as_paused(tmp_path: Path) -> None:
+    """A step we may not signal (a setuid program the job started): the rule would pause it,
+    the signal is refused, and it is not taken for paused (which would hold the job's tokens
+    back for good and send it SIGCONT it never needed)."""
+    guard = _ReadingGuard()
+    now = [0.0]
+    settings = JobserverSettings(
+        round_s=MANUAL, pools_dir=tmp_path / "pools", step_default=500_000_000, lost_after_s=600
+    )
+    refused: list[tuple[int, int]] = []
+
+    def kill(pid: int, sig: int) -> None:
+        refused.append((pid, sig))
+        raise PermissionError(1, "Operation not permitted")
+
+    servers = Jobservers(guard, settings, clock=lambda: now[0], kill=kill)
+    _, fds = servers.open("r", "o", ["true"], {}, shell=False)
+    code = "import subprocess,sys,time;[subprocess.Popen(['sleep','60']) for _ in range(2)]"
+    client = subprocess.Popen(
+        [sys.executable, "-c", f"{code};print('up',flush=True);time.sleep(60)"],
+        pass_fds=(fds[0],),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stdout is not None
+    client.stdout.readline()
+    kids = _tree(client.pid)[1:]
+    try:
+        servers.attach("r", lambda: _tree(client.pid))
+        guard.used = 1_500_000_000
+        for _ in range(3):
+            now[0] += 0.1
+            servers.round()
+        stats = servers.statistics()["r"]
+    finally:
+        for kid in kids:
+            os.kill(kid, signal.SIGKILL)
+        _end(client)
+        servers.shutdown()
+    assert any(sig == signal.SIGSTOP for _, sig in refused), "the rule tried to pause a step"
+    assert stats.paused == 0, stats
+    assert not any(sig == signal.SIGCONT for _, sig in refused), "nothing to let go"
+
+
 def test_a_job_being_stopped_has_its_paused_steps_let_go_so_sigterm_ends_them(
     tmp_path: Path,
 ) -> None:
@@ -643,7 +720,7 @@ def test_a_job_being_stopped_has_its_paused_steps_let_go_so_sigterm_ends_them(
         for _ in range(3):
             now[0] += 0.1
             servers.round()
-        paused = [k for k in kids if parse_stat(Path(f"/proc/{k}/stat").read_text())[1] == "T"]
+        paused = _stopped(kids)
         assert len(paused) == 1, "one of the two steps is paused"
         servers.release("t")
         now[0] += 0.1
@@ -662,6 +739,17 @@ def test_a_job_being_stopped_has_its_paused_steps_let_go_so_sigterm_ends_them(
                 os.kill(kid, signal.SIGKILL)
         _end(client)
         servers.shutdown()
+
+
+def _stopped(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """The pids in ``pids`` stopped (state T), once some is: SIGSTOP takes effect in the
+    process's own time, not at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [k for k in pids if parse_stat(Path(f"/proc/{k}/stat").read_text())[1] == "T"]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.01)
 
 
 def test_no_token_is_minted_while_another_job_waits_for_memory(tmp_path: Path) -> None:

@@ -27,8 +27,9 @@ scheduler's queue does:
    every other pool's next token is judged beside it.
 5. Mint one token when none is idle, no step of the job is paused, no other
    job waits for memory to start, the guard admits the claim, and every step
-   started, with one more of the job's largest size, could still be finished
-   below the line, one after another if need be
+   started (every job's, and every job's tokens not yet seen as steps), with
+   one more of the job's largest size, could still be finished below the
+   line, one after another if need be
    (:mod:`roomkeeper.jobserver.steps`).  Under pressure, mint nothing and take
    every idle token back.
 
@@ -37,10 +38,14 @@ kept over the steps of all jobs together: when the running steps' growth
 would leave some step unable to finish below the line, running steps are
 paused (SIGSTOP, their whole subtree), the furthest from its end first,
 never the one nearest its end; a paused step goes on once it can run
-beside the rest.  A job that ends has its paused steps sent SIGCONT, so that
-they end with it.  So more steps run than a count that allows for the
-largest everywhere, and a step that turns out large waits, holding what it
-has, instead of taking the container past its line.
+beside the rest.  A job being stopped (:meth:`Jobservers.release`) gets no
+more tokens and no more pauses, and its paused steps are sent SIGTERM and
+then SIGCONT, so that they end at once instead of growing on; a job that
+ends has its paused steps sent SIGCONT, so that they end with it.
+
+So more steps run than a count that allows for the largest everywhere, and a
+step that turns out large waits, holding what it has, instead of taking the
+container past its line.
 
 Every call on the FIFO is non-blocking and the rounds run on a thread of
 their own: a client that misbehaves never stalls the scheduler.  Each job's
@@ -176,7 +181,8 @@ class JobserverStatistics:
 
 @dataclass(slots=True)
 class _Meter:
-    """One job's pool and ledger; touched only by the rounds' thread and under its lock."""
+    """One job's pool and ledger; changed under the meters' lock (by the rounds' thread, and
+    by a job's open, release and close)."""
 
     job_id: str
     owner: str
@@ -421,6 +427,8 @@ class Jobservers:
         past_line = reading is not None and reading.used > reading.hold_line
         pressure = self._pressure() or past_line
         for meter in order:
+            if meter.ending:
+                continue  # released since the list was made: its tree may be stopping
             # Outside the lock: listing a tree waits on the process's own lock, which a stop
             # holds through its grace; a pool's end or release must not wait on that.
             census = _census(meter)
@@ -539,8 +547,10 @@ class Jobservers:
                 self._signal_step(pid, signal.SIGSTOP)
         pausing = to_pause(steps, room, self._look_ahead)
         for job_id, pid in pausing:
+            if not self._signal_step(pid, signal.SIGSTOP):
+                log.info("job %s: step %d cannot be paused: it ended, or is not ours", job_id, pid)
+                continue
             by_job[job_id].paused.add(pid)
-            self._signal_step(pid, signal.SIGSTOP)
             log.info(
                 "job %s: step %d paused: growing beside the rest, not every step could finish "
                 "below the line (used %s of line %s)",
@@ -558,15 +568,19 @@ class Jobservers:
             self._signal_step(pid, signal.SIGCONT)
             log.info("job %s: step %d goes on: it can finish beside the rest", job_id, pid)
 
-    def _signal_step(self, pid: int, signum: int) -> None:
-        """Send ``signum`` to a step and every process under it (gone ones are skipped)."""
+    def _signal_step(self, pid: int, signum: int) -> bool:
+        """Send ``signum`` to a step and every process under it (gone ones are skipped);
+        whether the step itself got it."""
         pids = [pid]
         with contextlib.suppress(psutil.Error):
             pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        reached = False
         for each in pids:
             # Gone meanwhile, or a setuid program the job started: not ours to signal.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 self._kill(each, signum)
+                reached = reached or each == pid
+        return reached
 
     def _settle(self, meter: _Meter, census: Census) -> int:
         """Take out bytes nobody read, write off tokens lost with dead clients; idle now."""

@@ -4,11 +4,19 @@ The FIFO (mode 0600) lives in a directory of ours (mode 0700) under the
 temporary directory, named for the job, the roomkeeper process that made it
 and a random part: two runs of ``roomkeeper batch`` number their lines
 alike, and a job resumed or run again after a crash keeps its id, so a name
-of the job's alone would be taken.  A FIFO a crashed process left behind
-(its pid no longer runs) is removed as the next pool is made.  A path that
-exists already is never reused.  It is opened three times: our end (read and write, non-blocking, so
-no call of ours ever waits on a client), and a read and a write descriptor
-that the job inherits, blocking as make expects.  A FIFO opened both ways by
+of the job's alone would be taken.  A path that exists already is never
+reused.  The process that made a FIFO holds an exclusive ``flock`` on its own
+descriptor of it while the pool lives, and the kernel lets go when that
+process ends, however it ends: a FIFO whose lock anyone can take was left by
+a crash, and is removed as the next pool is made.  A pid says nothing there,
+since a temporary directory shared between containers holds FIFOs of
+processes in other pid namespaces.  The FIFO is made under a name ending in
+``.new``, locked, and only then renamed to its ``.fifo`` name, so a sweep
+never finds a live FIFO before its lock.
+
+It is opened three times: our end (read and write, non-blocking, so no call
+of ours ever waits on a client), and a read and a write descriptor that the
+job inherits, blocking as make expects.  A FIFO opened both ways by
 us never shows end of file to a client, however many of them come and go.
 
 The bytes in the FIFO are the idle tokens; ``FIONREAD`` counts them without
@@ -90,24 +98,28 @@ class TokenPool:
                 file system refused (full, read-only); nothing is left behind.
         """
         directory = self._directory or pools_dir()
-        name = f"{self.job_id.translate(_SAFE_ID)}.{os.getpid()}.{secrets.token_hex(4)}.fifo"
-        path = directory / name
+        name = f"{self.job_id.translate(_SAFE_ID)}.{os.getpid()}.{secrets.token_hex(4)}"
+        path, making = directory / f"{name}.fifo", directory / f"{name}.new"
         try:
             _private_dir(directory)
             _remove_leftovers(directory)
-            self._mkfifo(str(path), 0o600)
+            self._mkfifo(str(making), 0o600)
         except FileExistsError:
-            raise JobserverError(
-                self.job_id,
-                f"its FIFO {path} exists already (something else made a file of that name "
-                "there): remove it, or set TMPDIR to another place",
-            ) from None
+            raise _taken(self.job_id, making) from None
         except OSError as err:
             raise JobserverError(self.job_id, _fs_fault(directory, err)) from err
-        self.path = path
+        self.path = making
         try:
             # Ours first: a read-only open of a FIFO waits for a writer, and ours is one.
-            self._ours = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._ours = os.open(making, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            fcntl.flock(self._ours, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours alone: just made
+            try:
+                os.link(making, path)  # unlike a rename, never replaces what is there
+            except FileExistsError:
+                self.close()
+                raise _taken(self.job_id, path) from None
+            os.unlink(making)
+            self.path = path
             read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             os.set_blocking(read_fd, True)  # one flag per open: ours stays non-blocking
             write_fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -157,16 +169,26 @@ class TokenPool:
             return 0
 
     def close(self) -> None:
-        """Close every descriptor of ours and remove the FIFO; safe to call again."""
+        """Remove the FIFO and close every descriptor of ours; safe to call again.  Removed
+        while our lock still holds it, so no other process's sweep takes it for a leftover."""
         self.release_client_fds()
-        if self._ours is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._ours)
-            self._ours = None
         if self.path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             self.path = None
+        if self._ours is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._ours)
+            self._ours = None
+
+
+def _taken(job_id: str, path: Path) -> JobserverError:
+    """A FIFO's path taken by something else, in words, with the way out."""
+    return JobserverError(
+        job_id,
+        f"its FIFO {path} exists already (something else made a file of that name there): "
+        "remove it, or set TMPDIR to another place",
+    )
 
 
 def _private_dir(directory: Path) -> None:
@@ -183,21 +205,38 @@ def _private_dir(directory: Path) -> None:
 
 
 def _remove_leftovers(directory: Path) -> None:
-    """Remove the FIFOs in ``directory`` made by a roomkeeper process that no longer runs (a
-    crash leaves its pools behind); what cannot be told apart is left alone."""
+    """Remove the FIFOs in ``directory`` whose lock nobody holds: the process that made each
+    ended (a crash leaves its pools behind).  Files of other shapes are left alone, and so is
+    a FIFO still being made (``.new``), unless its maker's pid runs nowhere we can see."""
     for entry in os.scandir(directory):
         parts = entry.name.rsplit(".", 3)
-        if len(parts) != 4 or parts[3] != "fifo" or not (parts[1].isascii() and parts[1].isdigit()):
-            continue
-        pid = int(parts[1])
-        if pid == os.getpid() or _runs(pid):
+        if len(parts) != 4 or parts[3] not in ("fifo", "new"):
             continue
         with contextlib.suppress(OSError):
-            if stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode):
+            if not stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode):
+                continue
+            if parts[3] == "new":
+                # Between its mkfifo and its lock, for an instant; one left for good was left
+                # by a crash in that instant, and its maker's pid is all there is to go by.
+                if parts[1].isascii() and parts[1].isdigit() and not _runs(int(parts[1])):
+                    os.unlink(entry.path)
+                continue
+            if _unlocked(entry.path):
                 os.unlink(entry.path)
-                log.info(
-                    "removed %s: a jobserver FIFO left by process %d, which ended", entry.path, pid
-                )
+                log.info("removed %s: a jobserver FIFO whose maker ended", entry.path)
+
+
+def _unlocked(path: str) -> bool:
+    """Whether no process holds the lock of the FIFO at ``path`` (an open for reading and
+    writing at once never waits on a FIFO)."""
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _runs(pid: int) -> bool:
