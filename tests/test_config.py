@@ -107,3 +107,27 @@ def test_workspace_defaults_to_a_folder_in_home(tmp_path: Path) -> None:
     assert workspace_dir({"ROOMKEEPER_HOME": str(tmp_path / "rk")}) == tmp_path / "rk/workspace"
     assert workspace_dir({"ROOMKEEPER_WORKSPACE": str(tmp_path / "w")}) == tmp_path / "w"
     assert not (tmp_path / "rk").exists()
+
+
+def test_a_variable_changed_in_the_environment_is_read_on_the_next_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Settings are kept by their raw values, never past a change: os.environ (read the fast
+    way) and a plain mapping both say a new value at once, and its removal."""
+    monkeypatch.delenv("ROOMKEEPER_JOB_MEMORY_MB", raising=False)
+    default = read_settings().job_memory_bytes
+    monkeypatch.setenv("ROOMKEEPER_JOB_MEMORY_MB", "123")
+    assert read_settings().job_memory_bytes == 123 * MIB
+    monkeypatch.setenv("ROOMKEEPER_JOB_MEMORY_MB", "124")
+    assert read_settings().job_memory_bytes == 124 * MIB
+    monkeypatch.delenv("ROOMKEEPER_JOB_MEMORY_MB")
+    assert read_settings().job_memory_bytes == default
+    env = {"ROOMKEEPER_JOB_MEMORY_MB": "7", "ROOMKEEPER_WORKSPACE": "/w\udcff"}
+    assert read_settings(env).job_memory_bytes == 7 * MIB
+    env["ROOMKEEPER_JOB_MEMORY_MB"] = "8"
+    assert (read_settings(env).job_memory_bytes, read_settings(env).workspace) == (
+        8 * MIB,
+        "/w\udcff",
+    )
+    monkeypatch.setenv("ROOMKEEPER_WORKSPACE", "/w\udcff")  # not UTF-8: as os.environ shows it
+    assert read_settings().workspace == "/w\udcff"

@@ -130,3 +130,21 @@ def test_mount_table_is_parsed_again_when_the_kernel_signals_a_change(tmp_path: 
     after = cgroup_hierarchy._mount_table.mounts()
     assert str(target) not in [m.mount_point for m in after]
     assert len(after) == len(before)
+
+
+def test_whether_a_v2_group_charges_memory_is_kept_a_second_on_the_real_roots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real roots' answer is looked at again after CHARGE_RECHECK_S, not on every decision;
+    an injected tree's, every time."""
+    from roomkeeper.kernel import cgroup_hierarchy
+
+    now = [1000.0]
+    monkeypatch.setattr(cgroup_hierarchy.time, "monotonic", lambda: now[0])
+    group = str(tmp_path)
+    assert cgroup_hierarchy._charges_memory(group, True) is False
+    (tmp_path / "memory.current").write_text("0\n")
+    assert cgroup_hierarchy._charges_memory(group, False) is True
+    assert cgroup_hierarchy._charges_memory(group, True) is False  # kept
+    now[0] += cgroup_hierarchy.CHARGE_RECHECK_S
+    assert cgroup_hierarchy._charges_memory(group, True) is True

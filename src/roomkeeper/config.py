@@ -8,6 +8,7 @@ typo is visible without flooding the log of a loop that reads it every round.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -125,13 +126,60 @@ _PERCENT = _number(0, 100)
 _SECONDS = _number(0, 10**9)
 
 
+_SETTINGS_VARIABLES = (
+    "ROOMKEEPER_GUARD",
+    "ROOMKEEPER_JOB_MEMORY_MB",
+    "ROOMKEEPER_MEMORY_HEADROOM_PERCENT",
+    "ROOMKEEPER_JOB_WARMUP_SECONDS",
+    "ROOMKEEPER_JOB_DISK_MB",
+    "ROOMKEEPER_DISK_HEADROOM_PERCENT",
+    "ROOMKEEPER_MEMORY_LIMIT_MB",
+    "ROOMKEEPER_WORKSPACE",
+)
+
+
 def read_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read every ``ROOMKEEPER_*`` variable now.
+
+    The variables are looked up on every call; only their conversion is kept, by their
+    raw values, since the guard asks for settings on every decision.
 
     Args:
         env: the environment to read; ``os.environ`` when omitted.
     """
     env = os.environ if env is None else env
+    return _converted(_raw_values(env))
+
+
+_ENCODED_VARIABLES = tuple(os.fsencode(name) for name in _SETTINGS_VARIABLES)
+
+
+def _raw_values(env: Mapping[str, str]) -> tuple[str | None, ...]:
+    """The variables' raw values in ``env``.
+
+    ``os.environ.get`` raises and catches a KeyError inside for every variable not set (most
+    of them), which costs more than the rest of a guard's decision besides its reads; the
+    dict of encoded names under ``os.environ`` (CPython's, where it keeps what ``os.environ``
+    shows, encoded as :func:`os.fsencode` does) answers the same without one.
+    """
+    data = getattr(env, "_data", None) if env is os.environ else None
+    if isinstance(data, dict):
+        return tuple(
+            None if (raw := data.get(key)) is None else os.fsdecode(raw)
+            for key in _ENCODED_VARIABLES
+        )
+    return tuple(map(env.get, _SETTINGS_VARIABLES))
+
+
+@functools.lru_cache(maxsize=32)
+def _converted(raw: tuple[str | None, ...]) -> Settings:
+    """The settings these raw values of :data:`_SETTINGS_VARIABLES` say (a value that cannot
+    be used is said once)."""
+    env = {
+        name: value
+        for name, value in zip(_SETTINGS_VARIABLES, raw, strict=True)
+        if value is not None
+    }
     d = Settings()
     stated_limit = _variable(
         env, "ROOMKEEPER_MEMORY_LIMIT_MB", None, _MIB_AT_LEAST_1, "a number of MiB greater than 0"

@@ -30,6 +30,7 @@ holds nothing and the pressure monitor pauses it first.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -68,7 +69,7 @@ from roomkeeper.guard.rule import (
     memory_line,
     memory_room,
 )
-from roomkeeper.kernel.delegation import prepared_place
+from roomkeeper.kernel.delegation import JobGroupPlace, prepared_place
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, Platform
 from roomkeeper.kernel.resources import (
     DiskReading,
@@ -167,13 +168,19 @@ def _at_most_alone(
     fits": it ran here before."""
     line = memory_line(limit, settings.memory_headroom_percent) - reserve
     alone = max(0, line - max(0, used - rerun.ours))
-    return replace(ask, estimate=min(ask.estimate, max(alone, rerun.peak)), defaulted=True)
+    return ask.with_estimate(min(ask.estimate, max(alone, rerun.peak)), defaulted=True)
 
 
 def _prepared_job_groups() -> str | None:
     """Where this process makes job groups, once its scheduler has prepared them."""
     place = prepared_place()
-    return None if place is None else place.describe()
+    return None if place is None else _described(place)
+
+
+@functools.lru_cache(maxsize=8)
+def _described(place: JobGroupPlace) -> str:
+    """A place in words, worded once (every decision asks)."""
+    return place.describe()
 
 
 class Guard:
@@ -226,6 +233,8 @@ class Guard:
         self._last: Decision | None = None
         self._counts: Counter[str] = Counter()
         self._announced: object = None
+        self._said: object = None  # the reading's parts last announced, and as what
+        self._said_as: object = None
         self._refusals_logged: dict[str, Word] = {}  # the reason last logged, per job
 
     def admit(
@@ -535,7 +544,7 @@ class Guard:
             return decision(ask, admit=False, reason=Reason.UNKNOWN, summary=summary, memory=memory)
         reserve = self._reserve_for(memory.limit_bytes)
         if ask.defaulted:
-            ask = replace(ask, estimate=self._default_for(settings, memory.limit_bytes, reserve))
+            ask = ask.with_estimate(self._default_for(settings, memory.limit_bytes, reserve))
         if rerun is not None:
             ask = _at_most_alone(
                 ask, rerun, settings, memory.used_bytes, memory.limit_bytes, reserve
@@ -545,7 +554,7 @@ class Guard:
             return self._no_room_for_memory(ask, memory, room, disk)
         assert disk is not None
         if ask.disk_defaulted and disk.total_bytes is not None:
-            ask = replace(ask, job_disk=default_disk(settings.job_disk_bytes, disk.total_bytes))
+            ask = ask.with_disk(default_disk(settings.job_disk_bytes, disk.total_bytes))
         reason, summary, never = disk_rule(ask, disk, room, settings.disk_headroom_percent)
         needed = None
         if disk.total_bytes is not None:
@@ -639,11 +648,16 @@ class Guard:
         that holds others' processes, or the cgroup files are read-only),
         this line is where it says so, once.
         """
-        reads = memory.describe()
         volume = disk.path if disk else "not read"
         groups = self._job_groups() if self._job_groups is not None else None
-        if (reads, volume, groups) != self._announced:
-            text = f'reads: "{reads}", volume: "{volume}"'
-            if groups is not None:
-                text += f', job groups: "{groups}"'
-            self._announce((reads, volume, groups), f"roomkeeper guard is on {{{text}}}")
+        # What describe() says depends on these alone: its words are built only on a change
+        # (or after another announcement, "off" say, came between).
+        said = (memory.source, memory.limit_bytes, memory.limit_origin, memory.unknown_reason)
+        if (said, volume, groups) == self._said and self._announced == self._said_as:
+            return
+        reads = memory.describe()
+        self._said, self._said_as = (said, volume, groups), (reads, volume, groups)
+        text = f'reads: "{reads}", volume: "{volume}"'
+        if groups is not None:
+            text += f', job groups: "{groups}"'
+        self._announce(self._said_as, f"roomkeeper guard is on {{{text}}}")

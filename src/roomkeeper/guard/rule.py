@@ -13,11 +13,12 @@ takes the readings, keeps the young reservations, and asks these functions.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Self
 
 from roomkeeper.config import Settings
-from roomkeeper.kernel.resources import DiskReading, LimitOrigin, MemoryReading
+from roomkeeper.kernel.resources import DiskReading, LimitOrigin, MemoryReading, MemorySource
 from roomkeeper.units import GB
 
 MEMORY_HEADROOM_CAP = 8 * GB  # decimal: 8,000,000,000 bytes
@@ -170,6 +171,33 @@ class Ask:
     defaulted: bool = False  # the estimate is a default, not the job's own: never "never fits"
     disk_defaulted: bool = False  # likewise for the disk ask
 
+    # Built directly, not by dataclasses.replace: a decision makes two of these, and replace's
+    # generic copy costs more than the rest of the judging.
+    def with_estimate(self, estimate: int, *, defaulted: bool | None = None) -> Ask:
+        """The same question with another memory estimate."""
+        defaulted = self.defaulted if defaulted is None else defaulted
+        return Ask(
+            self.job_id,
+            estimate,
+            self.job_disk,
+            self.reserved,
+            self.young,
+            defaulted,
+            self.disk_defaulted,
+        )
+
+    def with_disk(self, job_disk: int) -> Ask:
+        """The same question with another disk ask."""
+        return Ask(
+            self.job_id,
+            self.estimate,
+            job_disk,
+            self.reserved,
+            self.young,
+            self.defaulted,
+            self.disk_defaulted,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryRoom:
@@ -186,12 +214,18 @@ def memory_room(
     """The memory rule's line and total for ``ask``, from a known reading."""
     line = memory_line(limit, settings.memory_headroom_percent) - reserve
     total = used + ask.reserved + ask.estimate
-    stated = " stated" if memory.limit_origin is LimitOrigin.STATED else ""
     figures = (
         f"used {gb(used)} + young {gb(ask.reserved)} ({ask.young}) + job {gb(ask.estimate)} "
-        f"= {gb(total)} %s line {gb(line)} (limit {gb(limit)}{stated}, {memory.source.value})"
+        f"= {gb(total)} %s {_line_words(line, limit, memory.limit_origin, memory.source)}"
     )
     return MemoryRoom(line=line, total=total, figures=figures)
+
+
+@functools.lru_cache(maxsize=64)
+def _line_words(line: int, limit: int, origin: LimitOrigin, source: MemorySource) -> str:
+    """The line and the limit it comes from, in words: the same for decision after decision."""
+    stated = " stated" if origin is LimitOrigin.STATED else ""
+    return f"line {gb(line)} (limit {gb(limit)}{stated}, {source.value})"
 
 
 def disk_rule(
@@ -204,8 +238,7 @@ def disk_rule(
         return Reason.UNKNOWN, summary, False
     needed = disk_needed(ask.job_disk, disk.total_bytes, headroom_percent)
     disk_figures = (
-        f"free {gb(disk.free_bytes)}, needs {gb(needed)} (job {gb(ask.job_disk)}) "
-        f"of {gb(disk.total_bytes)}"
+        f"free {gb(disk.free_bytes)}, {_disk_words(needed, ask.job_disk, disk.total_bytes)}"
     )
     if needed > disk.total_bytes:
         return (
@@ -218,6 +251,12 @@ def disk_rule(
         summary = f"no room on disk (GB): {disk_figures}; memory {room.figures % '<='}"
         return Reason.DISK, summary, False
     return Reason.OK, f"room (GB): memory {room.figures % '<='}; disk {disk_figures}", False
+
+
+@functools.lru_cache(maxsize=64)
+def _disk_words(needed: int, job_disk: int, total: int) -> str:
+    """What a start needs of the volume, in words: the same for decision after decision."""
+    return f"needs {gb(needed)} (job {gb(job_disk)}) of {gb(total)}"
 
 
 def decision(

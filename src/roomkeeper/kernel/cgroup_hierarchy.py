@@ -254,7 +254,7 @@ def locate(proc_root: str, cgroup_root: str) -> Hierarchy | None:
         # which shows as memory.current (absent on this development
         # machine, whose memory controller is bound to v1, and in the root
         # group, which the kernel does not account).
-        if os.path.exists(f"{group.own_dir}/memory.current"):
+        if _charges_memory(group.own_dir, cgroup_root == CGROUP_ROOT):
             return group
         missing_v2 = group.own_dir
     v1 = _v1_group("memory", v1_path, mounts, cgroup_root)
@@ -265,6 +265,29 @@ def locate(proc_root: str, cgroup_root: str) -> Hierarchy | None:
         # not show it.  Guessing from meminfo would be wrong.
         raise FileNotFoundError(errno.ENOENT, "the process's own cgroup is gone", missing_v2)
     return None
+
+
+CHARGE_RECHECK_S = 1.0  # whether a v2 group charges memory is looked at again after this long
+_charges: dict[str, tuple[bool, float]] = {}
+
+
+def _charges_memory(own_dir: str, real: bool) -> bool:
+    """Whether a v2 group charges memory (has ``memory.current``).  On the real roots the
+    answer is kept for :data:`CHARGE_RECHECK_S`: it changes only when a parent's
+    ``subtree_control`` does, and every decision asks (on a cgroup v1 machine, about a file
+    that is never there)."""
+    path = f"{own_dir}/memory.current"
+    if not real:
+        return os.path.exists(path)
+    now = time.monotonic()
+    kept = _charges.get(path)
+    if kept is not None and now - kept[1] < CHARGE_RECHECK_S:
+        return kept[0]
+    answer = os.path.exists(path)
+    if len(_charges) > 64:  # a process moved between many groups: keep the map small
+        _charges.clear()
+    _charges[path] = (answer, now)
+    return answer
 
 
 def locate_v2(proc_root: str, cgroup_root: str) -> Hierarchy | None:
