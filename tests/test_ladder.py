@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -621,6 +622,31 @@ def test_a_reading_that_fails_is_tried_again_at_the_next_interval() -> None:
     assert len(times) >= 2
     # One interval (50 ms), with room for a busy machine; never the seconds a backoff would take.
     assert times[1] - times[0] < 1.0
+
+
+def test_closing_the_monitor_wakes_it_instead_of_waiting_out_its_interval() -> None:
+    """A monitor that reads every 30 s is closed at once: every batch and gateway closes one
+    as it ends, and waited out a whole interval there."""
+    read_once = threading.Event()
+
+    def read() -> Reading | None:
+        read_once.set()
+        return None
+
+    monitor = PressureMonitor(
+        target=FakeTarget([]),
+        read=read,
+        cooldown=Cooldown(FakeClock()),
+        settings=lambda: SETTINGS,
+        pace=MonitorPace(interval=30.0),
+    )
+    monitor.start()
+    assert read_once.wait(30)
+    time.sleep(0.05)  # into its wait
+    started = time.monotonic()
+    monitor.close()
+    assert time.monotonic() - started < 5.0
+    monitor.close()  # again: nothing left to close, nothing raised
 
 
 def test_a_slow_reading_says_where_its_time_went_now_and_then(

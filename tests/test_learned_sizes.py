@@ -12,7 +12,7 @@ import pytest
 
 from roomkeeper.batch.run import line_kind
 from roomkeeper.errors import UsageError
-from roomkeeper.jobs.sizes import size_key
+from roomkeeper.jobs.sizes import KeptSizes, size_key
 from roomkeeper.jobs.spec import JobSpec
 from roomkeeper.journal.database import Journal
 from tests.batch_cli import batch
@@ -36,6 +36,40 @@ def test_the_learned_size_is_the_max_of_the_last_five_peaks(journal: Journal) ->
     journal.record_peak("kind:y", 7).result()
     assert journal.learned_size("kind:y") == 7
     assert journal.learned_size("kind:x") == 500 * MB  # keys do not mix
+
+
+def test_a_runs_kept_sizes_say_what_the_journal_says_reading_it_once_a_key(
+    journal: Journal,
+) -> None:
+    """A batch's view: after each peak it records it says the journal's own answer (the first
+    and largest peak forgotten once five came after it), reading each key's peaks once."""
+    for peak in (900, 100):
+        journal.record_peak("kind:x", peak * MB).result()
+    reads: list[str] = []
+
+    class Counting:
+        def learned_size(self, key: str) -> int | None:
+            raise AssertionError("the kept view reads recent peaks, not the statistic")
+
+        def record_peak(self, key: str, peak_bytes: int) -> object:
+            return journal.record_peak(key, peak_bytes)
+
+        def recent_peaks(self, key: str) -> list[int]:
+            reads.append(key)
+            return journal.recent_peaks(key)
+
+    kept = KeptSizes(Counting())
+    said = [kept.learned_size("kind:x"), kept.learned_size("kind:new")]
+    expected = [journal.learned_size("kind:x"), None]
+    for peak in (500, 200, 300, 400, 50):
+        kept.record_peak("kind:x", peak * MB).result()  # type: ignore[attr-defined]
+        said.append(kept.learned_size("kind:x"))
+        expected.append(journal.learned_size("kind:x"))
+    kept.record_peak("kind:new", 7)
+    assert said == expected
+    assert said[-1] == 500 * MB  # 900 was forgotten
+    assert kept.learned_size("kind:new") == 7
+    assert reads == ["kind:x", "kind:new"]
 
 
 def test_the_read_takes_the_last_five_even_of_more_rows(journal: Journal, tmp_path: Path) -> None:

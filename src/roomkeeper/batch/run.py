@@ -47,7 +47,7 @@ from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import SchedulerListeners, SchedulerParts, SchedulerSettings
-from roomkeeper.jobs.sizes import SizeBook, size_key, with_learned_size
+from roomkeeper.jobs.sizes import KeptSizes, SizeBook, size_key, with_learned_size
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, validate_kind
 from roomkeeper.jobserver.meter import JobserverStatistics
 from roomkeeper.processes.peaks import PeakMethod
@@ -329,6 +329,7 @@ class _BatchRun:
         self._options = settings.options
         self._guard = guard
         self._keys: dict[str, str] = {}  # each submitted line's learned-size key
+        self._sizes = KeptSizes(settings.options.sizes) if settings.options.sizes else None
         self._line: int | None = None  # the guard's memory line, read once for learned sizes
         self._scheduler = scheduler
         self._events = events
@@ -368,7 +369,7 @@ class _BatchRun:
             restartable=True,  # as GNU parallel treats its lines
             jobserver=self._options.jobserver,
         )
-        sizes = self._options.sizes
+        sizes = self._sizes
         if sizes is None:
             return spec
         key = self._keys[job_id] = size_key(spec)
@@ -473,8 +474,8 @@ class _BatchRun:
     def _learn(self, view: JobView) -> None:
         """Keep an ended line's peak under its key, for the next batch (and the next line)."""
         key = self._keys.pop(view.id, None)
-        if self._options.sizes is not None and key is not None and view.peak_bytes is not None:
-            self._options.sizes.record_peak(key, view.peak_bytes)
+        if self._sizes is not None and key is not None and view.peak_bytes is not None:
+            self._sizes.record_peak(key, view.peak_bytes)
 
 
 def default_logs_dir(home: Path) -> Path:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import deque
 from dataclasses import replace
 from typing import Protocol
 
@@ -96,3 +97,34 @@ class SizeBook(Protocol):
     def record_peak(self, key: str, peak_bytes: int) -> object:
         """Keep one ended run's peak under ``key`` (durable once its future resolves)."""
         ...
+
+    def recent_peaks(self, key: str) -> list[int]:
+        """The last :data:`LAST_RUNS` peaks under ``key``, newest first."""
+        ...
+
+
+class KeptSizes:
+    """A run's view of a :class:`SizeBook`: each key's last peaks read once, then kept in step
+    with the peaks this run records, so a batch of a thousand lines of one kind reads the
+    journal once for them, not once a line.  Peaks another process records meanwhile under
+    the same key are seen by the next run.
+    """
+
+    def __init__(self, book: SizeBook) -> None:
+        self._book = book
+        self._peaks: dict[str, deque[int]] = {}
+
+    def learned_size(self, key: str) -> int | None:
+        """The maximum of the last :data:`LAST_RUNS` peaks under ``key``, or None."""
+        peaks = self._peaks.get(key)
+        if peaks is None:
+            peaks = self._peaks[key] = deque(self._book.recent_peaks(key), maxlen=LAST_RUNS)
+        return max(peaks) if peaks else None
+
+    def record_peak(self, key: str, peak_bytes: int) -> object:
+        """Keep one ended run's peak under ``key``, in the book and here."""
+        written = self._book.record_peak(key, peak_bytes)
+        peaks = self._peaks.get(key)
+        if peaks is not None:
+            peaks.appendleft(max(0, int(peak_bytes)))
+        return written

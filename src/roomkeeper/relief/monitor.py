@@ -27,7 +27,9 @@ relieved and the ladder goes on to its next victim.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
+import os
 import select
 import statistics as stats
 import threading
@@ -261,6 +263,8 @@ class PressureMonitor:
         self._wakes_on = "not armed yet" if pace.arm is not None else "polling only (not armed)"
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
+        # Written once by close(): the wait wakes at once instead of at the end of its interval.
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._near = False  # the last reading was near the line: read again sooner
         self._slow_said = float("-inf")  # when a slow reading was last logged
         self._leases: LeaseTarget | None = None
@@ -591,8 +595,9 @@ class PressureMonitor:
         if it did."""
         poller = select.poll()
         self._notifier.register(poller)
+        poller.register(self._wake_r, select.POLLIN)
         events = poller.poll(max(1, int(self.next_wait() * 1000)))
-        if not events:
+        if not events or self._closing.is_set():
             return None
         at = self._clock()
         for fd, _ in events:
@@ -625,9 +630,16 @@ class PressureMonitor:
     def close(self) -> None:
         """Stop the thread and close the notifications."""
         self._closing.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._notifier.close()
+        if self._thread is None or not self._thread.is_alive():
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
 
     def statistics(self) -> MonitorStatistics:
         """Counts of each step, reaction times p50 and max, readings, what wakes it."""
