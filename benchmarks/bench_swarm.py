@@ -31,10 +31,11 @@ given), each in a group of its own drawn size.  On each, ``roomkeeper batch
 --max-running 8`` and ``parallel -j K`` for K = 3, 4, ... up to the first K
 that loses a job or 8 (2 only where 3 loses one).  Per swarm: roomkeeper's
 wall against the fastest K that lost nothing, against the swarm's
-memory-time bound, and OOM kills and lost jobs for everyone; then the
-distribution over the seeds.  ``--keep DIR`` keeps each roomkeeper run's
-stderr (its admission and relief log lines); ``--only-roomkeeper`` leaves
-the sweep out.
+memory-time bound, and OOM kills and lost jobs for everyone; every
+contender's memory slack (``slack.py``: the time-averaged share of the line
+left unused while jobs waited to start); then the distribution over the
+seeds.  ``--keep DIR`` keeps each roomkeeper run's stderr (its admission and
+relief log lines); ``--only-roomkeeper`` leaves the sweep out.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_ladder import machine_oom_kills, oom_kills  # one reader of the counters
+from slack import SlackMeter
 from swarmgen import Swarm, generate
 
 from roomkeeper.guard.rule import memory_line
@@ -86,11 +88,13 @@ def run_in_group(
     stdin: Path,
     stderr: Path | None = None,
     measure: Callable[[Path], None] | None = None,
+    slack: SlackMeter | None = None,
 ) -> tuple[float, int]:
     """Run argv inside a fresh child group with ``limit``; return (wall seconds, OOM kills).
 
     ``stderr``, when given, receives the contender's stderr (the batch's summary);
-    ``measure``, when given, is handed the group once the contender has ended.
+    ``measure``, when given, is handed the group once the contender has ended;
+    ``slack``, when given, samples the group while the contender runs.
     The kills are the larger of the group's own counter and the kernel-wide delta.
     """
     group = parent / f"rkbench-{os.getpid()}-{time.monotonic_ns()}"
@@ -103,6 +107,8 @@ def run_in_group(
         joiner = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
         before = machine_oom_kills()
         start = time.monotonic()
+        if slack is not None:
+            slack.start(group)
         with stdin.open() as f, contextlib.ExitStack() as stack:
             err = stack.enter_context(stderr.open("w")) if stderr else subprocess.DEVNULL
             subprocess.run(
@@ -113,6 +119,8 @@ def run_in_group(
                 check=False,
             )
         wall = time.monotonic() - start
+        if slack is not None:
+            slack.stop()
         if measure is not None:  # the group's own counters, before it is removed
             measure(group)
         return wall, max(oom_kills(group, version), machine_oom_kills() - before)
@@ -139,8 +147,10 @@ def run_swarm(
     tmp: Path,
     name: str,
     env: dict[str, str] | None = None,
-) -> tuple[float, int, int, str]:
-    """One contender on ``swarm`` in a fresh group: (wall s, OOM kills, jobs lost, stderr)."""
+) -> tuple[float, int, int, str, float | None]:
+    """One contender on ``swarm`` in a fresh group: (wall s, OOM kills, jobs lost, stderr,
+    memory slack: the share of the line left unused while jobs waited to start, None when
+    none waited)."""
     done = tmp / f"done-{name}"
     done.mkdir(parents=True)
     commands = tmp / f"{name}.txt"
@@ -150,37 +160,50 @@ def run_swarm(
     err = tmp / f"{name}.err"
     saved = dict(os.environ)
     os.environ.update(env or {})
+    meter = SlackMeter(len(swarm.jobs), memory_line(swarm.limit, 10.0), version)
     try:
-        wall, kills = run_in_group(parent, version, swarm.limit, argv, commands, err)
+        wall, kills = run_in_group(parent, version, swarm.limit, argv, commands, err, slack=meter)
     finally:
         os.environ.clear()
         os.environ.update(saved)
     lost = len(swarm.jobs) - len(list(done.iterdir()))
-    return wall, kills, lost, err.read_text()
+    return wall, kills, lost, err.read_text(), meter.stop()
 
 
-def sweep(swarm: Swarm, parent: Path, version: int, tmp: Path) -> dict[int, float]:
+def sweep(
+    swarm: Swarm, parent: Path, version: int, tmp: Path
+) -> tuple[dict[int, float], dict[int, float | None]]:
     """``parallel -j K`` from K = 3 up to the first K that loses a job (at most 8), and
     K = 2 only where 3 loses one (2 is never faster than a 3 that loses nothing); the
-    walls of the Ks that lost nothing."""
+    walls of the Ks that lost nothing, and every K's slack."""
     safe: dict[int, float] = {}
+    slacks: dict[int, float | None] = {}
 
     def run(k: int) -> bool:
-        wall, kills, lost, _ = run_swarm(
+        wall, kills, lost, _, slacks[k] = run_swarm(
             swarm, ["parallel", "-j", str(k)], parent, version, tmp, f"j{k}"
         )
-        print(f"  parallel -j {k}: wall {wall:6.1f} s  OOM kills {kills}  lost {lost}", flush=True)
+        print(
+            f"  parallel -j {k}: wall {wall:6.1f} s  OOM kills {kills}  lost {lost}  "
+            f"slack {percent(slacks[k])}",
+            flush=True,
+        )
         if not (kills or lost):
             safe[k] = wall
         return k in safe
 
     if not run(3):
         run(2)
-        return safe
+        return safe, slacks
     for k in range(4, 9):
         if not run(k):
             break
-    return safe
+    return safe, slacks
+
+
+def percent(share: float | None) -> str:
+    """A slack in words: a percentage, or why there is none."""
+    return "-- (no job waited)" if share is None else f"{100 * share:.0f} %"
 
 
 def scorecard(
@@ -188,6 +211,8 @@ def scorecard(
 ) -> None:
     """Roomkeeper against a sweep of static K on each seeded swarm; the distribution."""
     ratios, bounds, rk_kills, rk_lost = [], [], 0, 0
+    rk_slacks: list[float] = []
+    best_slacks: list[float] = []  # the fastest safe K's, per swarm
     for seed in seeds:
         swarm = generate(seed)
         print(swarm.describe(), flush=True)
@@ -195,23 +220,28 @@ def scorecard(
             tmpdir = Path(tmp)
             rk = [sys.executable, "-m", "roomkeeper", "batch", "--max-running", "8", "--quiet"]
             env = {"ROOMKEEPER_HOME": str(tmpdir / "home")}
-            wall, kills, lost, err = run_swarm(swarm, rk, parent, version, tmpdir, "rk", env)
+            wall, kills, lost, err, slack = run_swarm(swarm, rk, parent, version, tmpdir, "rk", env)
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
                 (keep / f"seed-{seed}.err").write_text(err)
             rk_kills, rk_lost = rk_kills + kills, rk_lost + lost
             print(
                 f"  roomkeeper batch: wall {wall:6.1f} s  OOM kills {kills}  lost {lost}  "
-                f"({pressure_figures(err)})",
+                f"slack {percent(slack)}  ({pressure_figures(err)})",
                 flush=True,
             )
-            safe = sweep(swarm, parent, version, tmpdir) if sweep_k else {}
+            if slack is not None:
+                rk_slacks.append(slack)
+            safe, slacks = sweep(swarm, parent, version, tmpdir) if sweep_k else ({}, {})
         if not safe:
             if sweep_k:
                 print("  no K lost nothing: no ratio for this swarm", flush=True)
             continue
         best = min(safe, key=lambda k: safe[k])
         ratio, bound = wall / safe[best], wall / swarm.bound_s()
+        best_slack = slacks.get(best)
+        if best_slack is not None:
+            best_slacks.append(best_slack)
         ratios.append(ratio)
         bounds.append(bound)
         print(
@@ -230,6 +260,12 @@ def scorecard(
         print(
             f"roomkeeper / memory-time bound: median {statistics.median(bounds):.2f}x, sorted "
             f"{', '.join(f'{b:.2f}' for b in sorted(bounds))}"
+        )
+    if rk_slacks:
+        print(f"roomkeeper's memory slack: median {percent(statistics.median(rk_slacks))}")
+    if best_slacks:
+        print(
+            f"the fastest safe K's memory slack: median {percent(statistics.median(best_slacks))}"
         )
     print(f"roomkeeper in all: OOM kills {rk_kills}, lost jobs {rk_lost}")
 
