@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ from roomkeeper.jobs.spec import JobState
 from roomkeeper.jobserver.census import parse_stat, parse_statm, take_census
 from roomkeeper.jobserver.flags import Auth, makeflags, prepare_command
 from roomkeeper.jobserver.meter import Jobservers, JobserverSettings
-from roomkeeper.jobserver.pool import JobserverError, TokenPool
+from roomkeeper.jobserver.pool import NEW_LEFT_AFTER_S, JobserverError, TokenPool
 from tests.builds import (
     cargo_workspace,
     makefile,
@@ -212,15 +213,18 @@ def test_fifos_a_crashed_roomkeeper_left_are_removed_and_the_rest_kept(tmp_path:
     """A FIFO whose maker's lock nobody holds is removed as the next pool is made; one a live
     process holds stays, even named for a pid that runs nowhere here (its maker runs in
     another pid namespace that shares the folder), and so do files of other shapes and a
-    FIFO still being made by a live process."""
+    FIFO still being made (``.new``) until it is old: an old unlocked one goes."""
     folder = tmp_path / "pools"
     folder.mkdir(mode=0o700)
     gone = subprocess.Popen(["true"])
     gone.wait()
     crashed = f"7.{gone.pid}.0a1b2c3d.fifo"
     elsewhere = f"7.{gone.pid}.99999999.fifo"  # its maker's pid is no pid of ours
-    for name in (crashed, elsewhere, f"9.{gone.pid}.0a1b2c3d.new", f"9.{os.getpid()}.1.new"):
+    old_new, young_new = f"9.{gone.pid}.0a1b2c3d.new", f"9.{gone.pid}.1.new"
+    for name in (crashed, elsewhere, old_new, young_new):
         os.mkfifo(folder / name, 0o600)
+    long_ago = time.time() - 2 * NEW_LEFT_AFTER_S
+    os.utime(folder / old_new, (long_ago, long_ago))
     (folder / f"notes.{gone.pid}.x.fifo").write_text("not a FIFO")
     (folder / "other").write_text("")
     holder = subprocess.Popen(
@@ -244,7 +248,7 @@ def test_fifos_a_crashed_roomkeeper_left_are_removed_and_the_rest_kept(tmp_path:
     finally:
         holder.kill()
         holder.communicate()
-    expected = [made.name, elsewhere, f"9.{os.getpid()}.1.new", f"notes.{gone.pid}.x.fifo"]
+    expected = [made.name, elsewhere, young_new, f"notes.{gone.pid}.x.fifo"]
     assert left == sorted([*expected, "other"])
 
 
@@ -260,6 +264,55 @@ def test_a_live_pool_keeps_its_fifo_through_another_pools_sweep(tmp_path: Path) 
     first.close()
     second.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_system_without_hard_links_still_gets_a_locked_fifo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where link(2) is refused (some FUSE file systems), the FIFO is renamed to its name
+    instead, still locked by its maker: another pool's sweep leaves it, and no .new is
+    left."""
+
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr("roomkeeper.jobserver.pool.os.link", no_links)
+    first = TokenPool("1", directory=tmp_path)
+    path = Path(first.open().fifo_path)
+    second = TokenPool("2", directory=tmp_path)
+    second.open()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    first.close()
+    second.close()
+    assert path.exists() is False
+    assert path.name in left
+    assert not any(name.endswith(".new") for name in left), left
+
+
+def test_a_fifo_that_cannot_be_removed_still_has_its_descriptor_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close() that cannot remove the FIFO says so and still closes our descriptor, so the
+    lock goes with it and the next pool's sweep removes the FIFO."""
+    pool = TokenPool("1", directory=tmp_path)
+    path = Path(pool.open().fifo_path)
+    ours = pool._ours
+    assert ours is not None
+
+    def refused(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "unlink", refused)
+        with caplog.at_level(logging.WARNING, logger="roomkeeper"):
+            pool.close()
+    assert "cannot remove the jobserver FIFO" in caplog.text
+    with pytest.raises(OSError):
+        os.fstat(ours)
+    after = TokenPool("2", directory=tmp_path)
+    after.open()
+    after.close()
+    assert not path.exists(), "the next pool's sweep took the unlocked FIFO"
 
 
 def test_a_full_tmp_is_said_with_the_way_out(tmp_path: Path) -> None:
@@ -648,23 +701,29 @@ def test_steps_that_could_not_all_finish_below_the_line_are_paused_and_go_on_whe
 
 
 def test_a_step_that_refuses_sigstop_is_not_counted_as_paused(tmp_path: Path) -> None:
-    """A step we may not signal (a setuid program the job started): the rule would pause it,
-    the signal is refused, and it is not taken for paused (which would hold the job's tokens
-    back for good and send it SIGCONT it never needed)."""
+    """A step we may not signal (a setuid program the job started, whose children run as
+    us): the rule would pause it, the signal is refused, and it is not taken for paused
+    (which would hold the job's tokens back for good), nor are its children stopped (none
+    would ever be sent SIGCONT)."""
     guard = _ReadingGuard()
     now = [0.0]
     settings = JobserverSettings(
         round_s=MANUAL, pools_dir=tmp_path / "pools", step_default=500_000_000, lost_after_s=600
     )
     refused: list[tuple[int, int]] = []
+    sent: list[tuple[int, int]] = []
+    steps: set[int] = set()
 
     def kill(pid: int, sig: int) -> None:
-        refused.append((pid, sig))
-        raise PermissionError(1, "Operation not permitted")
+        if pid in steps:
+            refused.append((pid, sig))
+            raise PermissionError(1, "Operation not permitted")
+        sent.append((pid, sig))  # recorded, not sent: the test kills everything at its end
 
     servers = Jobservers(guard, settings, clock=lambda: now[0], kill=kill)
     _, fds = servers.open("r", "o", ["true"], {}, shell=False)
-    code = "import subprocess,sys,time;[subprocess.Popen(['sleep','60']) for _ in range(2)]"
+    step = "['sh','-c','sleep 60 & wait']"
+    code = f"import subprocess,sys,time;[subprocess.Popen({step}) for _ in range(2)]"
     client = subprocess.Popen(
         [sys.executable, "-c", f"{code};print('up',flush=True);time.sleep(60)"],
         pass_fds=(fds[0],),
@@ -673,8 +732,14 @@ def test_a_step_that_refuses_sigstop_is_not_counted_as_paused(tmp_path: Path) ->
     )
     assert client.stdout is not None
     client.stdout.readline()
-    kids = _tree(client.pid)[1:]
+    deadline = time.monotonic() + 30
+    while len(kids := _tree(client.pid)[1:]) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)  # each step's shell forks its child in its own time
+    steps.update(
+        int(p) for p in Path(f"/proc/{client.pid}/task/{client.pid}/children").read_text().split()
+    )
     try:
+        assert len(kids) == 4, "two steps, each with a child"
         servers.attach("r", lambda: _tree(client.pid))
         guard.used = 1_500_000_000
         for _ in range(3):
@@ -689,6 +754,7 @@ def test_a_step_that_refuses_sigstop_is_not_counted_as_paused(tmp_path: Path) ->
     assert any(sig == signal.SIGSTOP for _, sig in refused), "the rule tried to pause a step"
     assert stats.paused == 0, stats
     assert not any(sig == signal.SIGCONT for _, sig in refused), "nothing to let go"
+    assert sent == [], "no child of a step that refused was signalled"
 
 
 def test_a_job_being_stopped_has_its_paused_steps_let_go_so_sigterm_ends_them(

@@ -162,7 +162,7 @@ def _raw_values(env: Mapping[str, str]) -> tuple[str | None, ...]:
     dict of encoded names under ``os.environ`` (CPython's, where it keeps what ``os.environ``
     shows, encoded as :func:`os.fsencode` does) answers the same without one.
     """
-    data = getattr(env, "_data", None) if env is os.environ else None
+    data = getattr(env, "_data", None) if env is os.environ and os.name == "posix" else None
     if isinstance(data, dict):
         return tuple(
             None if (raw := data.get(key)) is None else os.fsdecode(raw)

@@ -329,7 +329,8 @@ class _BatchRun:
         self._options = settings.options
         self._guard = guard
         self._keys: dict[str, str] = {}  # each submitted line's learned-size key
-        self._sizes = KeptSizes(settings.options.sizes) if settings.options.sizes else None
+        book = settings.options.sizes
+        self._sizes = KeptSizes(book) if book is not None else None
         self._line: int | None = None  # the guard's memory line, read once for learned sizes
         self._scheduler = scheduler
         self._events = events

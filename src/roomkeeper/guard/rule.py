@@ -175,27 +175,26 @@ class Ask:
     # generic copy costs more than the rest of the judging.
     def with_estimate(self, estimate: int, *, defaulted: bool | None = None) -> Ask:
         """The same question with another memory estimate."""
-        defaulted = self.defaulted if defaulted is None else defaulted
         return Ask(
-            self.job_id,
-            estimate,
-            self.job_disk,
-            self.reserved,
-            self.young,
-            defaulted,
-            self.disk_defaulted,
+            job_id=self.job_id,
+            estimate=estimate,
+            job_disk=self.job_disk,
+            reserved=self.reserved,
+            young=self.young,
+            defaulted=self.defaulted if defaulted is None else defaulted,
+            disk_defaulted=self.disk_defaulted,
         )
 
     def with_disk(self, job_disk: int) -> Ask:
         """The same question with another disk ask."""
         return Ask(
-            self.job_id,
-            self.estimate,
-            job_disk,
-            self.reserved,
-            self.young,
-            self.defaulted,
-            self.disk_defaulted,
+            job_id=self.job_id,
+            estimate=self.estimate,
+            job_disk=job_disk,
+            reserved=self.reserved,
+            young=self.young,
+            defaulted=self.defaulted,
+            disk_defaulted=self.disk_defaulted,
         )
 
 

@@ -118,7 +118,8 @@ class KeptSizes:
         """The maximum of the last :data:`LAST_RUNS` peaks under ``key``, or None."""
         peaks = self._peaks.get(key)
         if peaks is None:
-            peaks = self._peaks[key] = deque(self._book.recent_peaks(key), maxlen=LAST_RUNS)
+            recent = self._book.recent_peaks(key)[:LAST_RUNS]  # newest first
+            peaks = self._peaks[key] = deque(recent, maxlen=LAST_RUNS)
         return max(peaks) if peaks else None
 
     def record_peak(self, key: str, peak_bytes: int) -> object:

@@ -569,18 +569,21 @@ class Jobservers:
             log.info("job %s: step %d goes on: it can finish beside the rest", job_id, pid)
 
     def _signal_step(self, pid: int, signum: int) -> bool:
-        """Send ``signum`` to a step and every process under it (gone ones are skipped);
-        whether the step itself got it."""
-        pids = [pid]
+        """Send ``signum`` to a step and then every process under it (gone ones are skipped);
+        whether the step got it.  A step that refuses it (a setuid program the job started)
+        has none of its tree signalled: its children stopped while it is not counted as
+        paused would never be sent SIGCONT."""
+        children: list[int] = []
         with contextlib.suppress(psutil.Error):
-            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        reached = False
-        for each in pids:
-            # Gone meanwhile, or a setuid program the job started: not ours to signal.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            children = [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        try:
+            self._kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        for each in children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or not ours
                 self._kill(each, signum)
-                reached = reached or each == pid
-        return reached
+        return True
 
     def _settle(self, meter: _Meter, census: Census) -> int:
         """Take out bytes nobody read, write off tokens lost with dead clients; idle now."""

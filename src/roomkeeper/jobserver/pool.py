@@ -11,8 +11,9 @@ process ends, however it ends: a FIFO whose lock anyone can take was left by
 a crash, and is removed as the next pool is made.  A pid says nothing there,
 since a temporary directory shared between containers holds FIFOs of
 processes in other pid namespaces.  The FIFO is made under a name ending in
-``.new``, locked, and only then renamed to its ``.fifo`` name, so a sweep
-never finds a live FIFO before its lock.
+``.new``, locked, and only then linked to its ``.fifo`` name (renamed where
+the file system has no hard links), so a sweep never finds a live FIFO before
+its lock; a ``.new`` is swept only once it is old and unlocked.
 
 It is opened three times: our end (read and write, non-blocking, so no call
 of ours ever waits on a client), and a read and a write descriptor that the
@@ -36,6 +37,7 @@ import stat
 import struct
 import tempfile
 import termios
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,11 +116,10 @@ class TokenPool:
             self._ours = os.open(making, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
             fcntl.flock(self._ours, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours alone: just made
             try:
-                os.link(making, path)  # unlike a rename, never replaces what is there
+                _publish(making, path)
             except FileExistsError:
                 self.close()
                 raise _taken(self.job_id, path) from None
-            os.unlink(making)
             self.path = path
             read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             os.set_blocking(read_fd, True)  # one flag per open: ours stays non-blocking
@@ -172,14 +173,41 @@ class TokenPool:
         """Remove the FIFO and close every descriptor of ours; safe to call again.  Removed
         while our lock still holds it, so no other process's sweep takes it for a leftover."""
         self.release_client_fds()
-        if self.path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            self.path = None
-        if self._ours is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._ours)
-            self._ours = None
+        try:
+            if self.path is not None:
+                path, self.path = self.path, None
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError as err:  # the lock goes with our descriptor: a sweep takes it
+                    log.warning("cannot remove the jobserver FIFO %s: %s", path, err)
+        finally:
+            if self._ours is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._ours)
+                self._ours = None
+
+
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP, errno.EMLINK})
+
+
+def _publish(making: Path, path: Path) -> None:
+    """Give the locked FIFO at ``making`` its name ``path``; FileExistsError where a file is
+    there already.  A hard link never replaces a file; where the file system has none, a
+    rename after a look does (the name holds our pid and a random part: nothing else
+    makes it)."""
+    try:
+        os.link(making, path)
+    except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from err
+        os.rename(making, path)
+        return
+    with contextlib.suppress(OSError):  # a .new left here is old and unlocked soon: swept
+        os.unlink(making)
 
 
 def _taken(job_id: str, path: Path) -> JobserverError:
@@ -204,22 +232,23 @@ def _private_dir(directory: Path) -> None:
         )
 
 
+NEW_LEFT_AFTER_S = 60.0  # a FIFO still named .new this long after it was made was left
+
+
 def _remove_leftovers(directory: Path) -> None:
     """Remove the FIFOs in ``directory`` whose lock nobody holds: the process that made each
     ended (a crash leaves its pools behind).  Files of other shapes are left alone, and so is
-    a FIFO still being made (``.new``), unless its maker's pid runs nowhere we can see."""
+    a FIFO still being made (``.new``) until it is :data:`NEW_LEFT_AFTER_S` old: its maker
+    locks it an instant after making it, and must find nobody else holding the lock then."""
     for entry in os.scandir(directory):
         parts = entry.name.rsplit(".", 3)
         if len(parts) != 4 or parts[3] not in ("fifo", "new"):
             continue
         with contextlib.suppress(OSError):
-            if not stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode):
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISFIFO(info.st_mode):
                 continue
-            if parts[3] == "new":
-                # Between its mkfifo and its lock, for an instant; one left for good was left
-                # by a crash in that instant, and its maker's pid is all there is to go by.
-                if parts[1].isascii() and parts[1].isdigit() and not _runs(int(parts[1])):
-                    os.unlink(entry.path)
+            if parts[3] == "new" and time.time() - info.st_mtime < NEW_LEFT_AFTER_S:
                 continue
             if _unlocked(entry.path):
                 os.unlink(entry.path)
@@ -236,17 +265,6 @@ def _unlocked(path: str) -> bool:
         return False
     finally:
         os.close(fd)
-    return True
-
-
-def _runs(pid: int) -> bool:
-    """Whether a process of that pid exists (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        return True
     return True
 
 

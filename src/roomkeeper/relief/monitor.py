@@ -263,8 +263,9 @@ class PressureMonitor:
         self._wakes_on = "not armed yet" if pace.arm is not None else "polling only (not armed)"
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
-        # Written once by close(): the wait wakes at once instead of at the end of its interval.
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Made by start(), written once by close(): the wait wakes at once instead of at the
+        # end of its interval.  A monitor never started holds no descriptor.
+        self._wake_r = self._wake_w = -1
         self._near = False  # the last reading was near the line: read again sooner
         self._slow_said = float("-inf")  # when a slow reading was last logged
         self._leases: LeaseTarget | None = None
@@ -572,6 +573,7 @@ class PressureMonitor:
     def start(self) -> None:
         """Read on a thread of its own until :meth:`close`."""
         if self._thread is None:
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             self._thread = threading.Thread(
                 target=self._loop, name="roomkeeper-pressure", daemon=True
             )
@@ -595,7 +597,8 @@ class PressureMonitor:
         if it did."""
         poller = select.poll()
         self._notifier.register(poller)
-        poller.register(self._wake_r, select.POLLIN)
+        if self._wake_r >= 0:
+            poller.register(self._wake_r, select.POLLIN)
         events = poller.poll(max(1, int(self.next_wait() * 1000)))
         if not events or self._closing.is_set():
             return None
