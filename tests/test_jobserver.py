@@ -562,6 +562,20 @@ def test_idle_tokens_are_taken_back_under_pressure_and_none_minted(tmp_path: Pat
     assert (after.reason.value, after.minted, after.idle) == ("minted", 2, 1), after
 
 
+def _client_with_steps(fd: int, code: str) -> subprocess.Popen[str]:
+    """A jobserver client holding ``fd`` that runs ``code`` (which starts its steps), says
+    it is up, and sleeps: returned once its steps are started."""
+    client = subprocess.Popen(
+        [sys.executable, "-c", f"{code};print('up',flush=True);time.sleep(60)"],
+        pass_fds=(fd,),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stdout is not None
+    client.stdout.readline()
+    return client
+
+
 class _ReadingGuard(Guard):
     """A guard that admits everything and reads the memory a test sets (line 1.8 GB of 2 GB)."""
 
@@ -626,14 +640,7 @@ def test_steps_that_could_not_all_finish_below_the_line_are_paused_and_go_on_whe
     )
     _, fds = servers.open("s", "o", ["true"], {}, shell=False)
     code = "import subprocess,sys,time;[subprocess.Popen(['sleep','60']) for _ in range(3)]"
-    client = subprocess.Popen(
-        [sys.executable, "-c", f"{code};print('up',flush=True);time.sleep(60)"],
-        pass_fds=(fds[0],),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert client.stdout is not None
-    client.stdout.readline()
+    client = _client_with_steps(fds[0], code)
     kids = [
         int(p) for p in Path(f"/proc/{client.pid}/task/{client.pid}/children").read_text().split()
     ]
@@ -724,14 +731,7 @@ def test_a_step_that_refuses_sigstop_is_not_counted_as_paused(tmp_path: Path) ->
     _, fds = servers.open("r", "o", ["true"], {}, shell=False)
     step = "['sh','-c','sleep 60 & wait']"
     code = f"import subprocess,sys,time;[subprocess.Popen({step}) for _ in range(2)]"
-    client = subprocess.Popen(
-        [sys.executable, "-c", f"{code};print('up',flush=True);time.sleep(60)"],
-        pass_fds=(fds[0],),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert client.stdout is not None
-    client.stdout.readline()
+    client = _client_with_steps(fds[0], code)
     deadline = time.monotonic() + 30
     while len(kids := _tree(client.pid)[1:]) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)  # each step's shell forks its child in its own time
@@ -771,14 +771,7 @@ def test_a_job_being_stopped_has_its_paused_steps_let_go_so_sigterm_ends_them(
     servers = Jobservers(guard, settings, clock=lambda: now[0])
     _, fds = servers.open("t", "o", ["true"], {}, shell=False)
     code = "import subprocess,sys,time;[subprocess.Popen(['sleep','60']) for _ in range(2)]"
-    client = subprocess.Popen(
-        [sys.executable, "-c", f"{code};print('up',flush=True);time.sleep(60)"],
-        pass_fds=(fds[0],),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert client.stdout is not None
-    client.stdout.readline()
+    client = _client_with_steps(fds[0], code)
     kids = _tree(client.pid)[1:]
     try:
         servers.attach("t", lambda: _tree(client.pid))

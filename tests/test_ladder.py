@@ -595,6 +595,19 @@ def test_a_reading_while_a_stopped_job_is_queued_again_stays_sighted(tmp_path: P
         scheduler.close()
 
 
+def _idle_monitor(read: Callable[[], Reading | None], *, interval: float) -> PressureMonitor:
+    """A started monitor of no jobs that reads with ``read`` every ``interval`` seconds."""
+    monitor = PressureMonitor(
+        target=FakeTarget([]),
+        read=read,
+        cooldown=Cooldown(FakeClock()),
+        settings=lambda: SETTINGS,
+        pace=MonitorPace(interval=interval),
+    )
+    monitor.start()
+    return monitor
+
+
 def test_a_reading_that_fails_is_tried_again_at_the_next_interval() -> None:
     """A reading that raises is logged and the next one comes one interval later, not seconds."""
     times: list[float] = []
@@ -605,14 +618,7 @@ def test_a_reading_that_fails_is_tried_again_at_the_next_interval() -> None:
             raise RuntimeError("a reading failed on purpose")
         return None
 
-    monitor = PressureMonitor(
-        target=FakeTarget([]),
-        read=read,
-        cooldown=Cooldown(FakeClock()),
-        settings=lambda: SETTINGS,
-        pace=MonitorPace(interval=0.05),
-    )
-    monitor.start()
+    monitor = _idle_monitor(read, interval=0.05)
     try:
         deadline = time.monotonic() + 30
         while len(times) < 2 and time.monotonic() < deadline:
@@ -633,14 +639,7 @@ def test_closing_the_monitor_wakes_it_instead_of_waiting_out_its_interval() -> N
         read_once.set()
         return None
 
-    monitor = PressureMonitor(
-        target=FakeTarget([]),
-        read=read,
-        cooldown=Cooldown(FakeClock()),
-        settings=lambda: SETTINGS,
-        pace=MonitorPace(interval=30.0),
-    )
-    monitor.start()
+    monitor = _idle_monitor(read, interval=30.0)
     assert read_once.wait(30)
     time.sleep(0.05)  # into its wait
     started = time.monotonic()
