@@ -327,6 +327,20 @@ def test_a_full_tmp_is_said_with_the_way_out(tmp_path: Path) -> None:
     assert list((tmp_path / "pools").iterdir()) == []
 
 
+def test_no_usable_temporary_directory_is_said_with_the_way_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every temporary directory full or read-only (tempfile finds none it can write in): a
+    clear message naming TMPDIR, not a traceback from the scheduler's thread."""
+
+    def none_usable() -> str:
+        raise FileNotFoundError(errno.ENOENT, "No usable temporary directory found in ['/tmp']")
+
+    monkeypatch.setattr("roomkeeper.jobserver.pool.tempfile.gettempdir", none_usable)
+    with pytest.raises(JobserverError, match=r"no usable temporary directory .* set TMPDIR"):
+        TokenPool("4").open()
+
+
 def test_a_shared_pools_folder_is_refused(tmp_path: Path) -> None:
     """A pools folder others may open is not ours to put a FIFO in."""
     folder = tmp_path / "pools"

@@ -99,7 +99,14 @@ class TokenPool:
             JobserverError: the path exists already, the directory is not ours, or the
                 file system refused (full, read-only); nothing is left behind.
         """
-        directory = self._directory or pools_dir()
+        try:
+            directory = self._directory or pools_dir()
+        except OSError as err:  # tempfile found no directory it could write a file in
+            raise JobserverError(
+                self.job_id,
+                f"no usable temporary directory to make its FIFO in ({err}); set TMPDIR to a "
+                "writable place with room",
+            ) from err
         name = f"{self.job_id.translate(_SAFE_ID)}.{os.getpid()}.{secrets.token_hex(4)}"
         path, making = directory / f"{name}.fifo", directory / f"{name}.new"
         try:
