@@ -168,7 +168,7 @@ def _at_most_alone(
     fits": it ran here before."""
     line = memory_line(limit, settings.memory_headroom_percent) - reserve
     alone = max(0, line - max(0, used - rerun.ours))
-    return ask.with_estimate(min(ask.estimate, max(alone, rerun.peak)), defaulted=True)
+    return ask.resized(estimate=min(ask.estimate, max(alone, rerun.peak)), defaulted=True)
 
 
 def _prepared_job_groups() -> str | None:
@@ -233,8 +233,6 @@ class Guard:
         self._last: Decision | None = None
         self._counts: Counter[str] = Counter()
         self._announced: object = None
-        self._said: object = None  # the reading's parts last announced, and as what
-        self._said_as: object = None
         self._refusals_logged: dict[str, Word] = {}  # the reason last logged, per job
 
     def admit(
@@ -544,7 +542,7 @@ class Guard:
             return decision(ask, admit=False, reason=Reason.UNKNOWN, summary=summary, memory=memory)
         reserve = self._reserve_for(memory.limit_bytes)
         if ask.defaulted:
-            ask = ask.with_estimate(self._default_for(settings, memory.limit_bytes, reserve))
+            ask = ask.resized(estimate=self._default_for(settings, memory.limit_bytes, reserve))
         if rerun is not None:
             ask = _at_most_alone(
                 ask, rerun, settings, memory.used_bytes, memory.limit_bytes, reserve
@@ -554,7 +552,7 @@ class Guard:
             return self._no_room_for_memory(ask, memory, room, disk)
         assert disk is not None
         if ask.disk_defaulted and disk.total_bytes is not None:
-            ask = ask.with_disk(default_disk(settings.job_disk_bytes, disk.total_bytes))
+            ask = ask.resized(job_disk=default_disk(settings.job_disk_bytes, disk.total_bytes))
         reason, summary, never = disk_rule(ask, disk, room, settings.disk_headroom_percent)
         needed = None
         if disk.total_bytes is not None:
@@ -650,14 +648,12 @@ class Guard:
         """
         volume = disk.path if disk else "not read"
         groups = self._job_groups() if self._job_groups is not None else None
-        # What describe() says depends on these alone: its words are built only on a change
-        # (or after another announcement, "off" say, came between).
-        said = (memory.source, memory.limit_bytes, memory.limit_origin, memory.unknown_reason)
-        if (said, volume, groups) == self._said and self._announced == self._said_as:
+        # What describe() says depends on these parts alone: they are the announcement's key,
+        # and its words are built only when it changes.
+        reads = (memory.source, memory.limit_bytes, memory.limit_origin, memory.unknown_reason)
+        if (reads, volume, groups) == self._announced:
             return
-        reads = memory.describe()
-        self._said, self._said_as = (said, volume, groups), (reads, volume, groups)
-        text = f'reads: "{reads}", volume: "{volume}"'
+        text = f'reads: "{memory.describe()}", volume: "{volume}"'
         if groups is not None:
             text += f', job groups: "{groups}"'
-        self._announce(self._said_as, f"roomkeeper guard is on {{{text}}}")
+        self._announce((reads, volume, groups), f"roomkeeper guard is on {{{text}}}")

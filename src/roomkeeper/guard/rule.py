@@ -171,29 +171,23 @@ class Ask:
     defaulted: bool = False  # the estimate is a default, not the job's own: never "never fits"
     disk_defaulted: bool = False  # likewise for the disk ask
 
-    # Built directly, not by dataclasses.replace: a decision makes two of these, and replace's
-    # generic copy costs more than the rest of the judging.
-    def with_estimate(self, estimate: int, *, defaulted: bool | None = None) -> Ask:
-        """The same question with another memory estimate."""
+    def resized(
+        self,
+        *,
+        estimate: int | None = None,
+        job_disk: int | None = None,
+        defaulted: bool | None = None,
+    ) -> Ask:
+        """The same question with another memory estimate or disk ask (None: as it is).
+        Built directly, not by dataclasses.replace: a decision makes two of these, and
+        replace's generic copy costs more than the rest of the judging."""
         return Ask(
             job_id=self.job_id,
-            estimate=estimate,
-            job_disk=self.job_disk,
+            estimate=self.estimate if estimate is None else estimate,
+            job_disk=self.job_disk if job_disk is None else job_disk,
             reserved=self.reserved,
             young=self.young,
             defaulted=self.defaulted if defaulted is None else defaulted,
-            disk_defaulted=self.disk_defaulted,
-        )
-
-    def with_disk(self, job_disk: int) -> Ask:
-        """The same question with another disk ask."""
-        return Ask(
-            job_id=self.job_id,
-            estimate=self.estimate,
-            job_disk=job_disk,
-            reserved=self.reserved,
-            young=self.young,
-            defaulted=self.defaulted,
             disk_defaulted=self.disk_defaulted,
         )
 

@@ -88,11 +88,7 @@ def lease_size(peaks: list[int], line: int | None = None) -> int | None:
 
 
 class SizeBook(Protocol):
-    """What keeps learned sizes (the journal's ``learned_size`` and ``record_peak``)."""
-
-    def learned_size(self, key: str) -> int | None:
-        """The maximum of the last :data:`LAST_RUNS` peaks under ``key``, or None."""
-        ...
+    """What keeps learned sizes (the journal's ``record_peak`` and ``recent_peaks``)."""
 
     def record_peak(self, key: str, peak_bytes: int) -> object:
         """Keep one ended run's peak under ``key`` (durable once its future resolves)."""
