@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -23,12 +24,15 @@ from roomkeeper.kernel.proc import (
 from roomkeeper.processes import process as process_module
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.processes.lifeline import Lifeline, LifelineStatistics
+from roomkeeper.processes.niced import run_at_nice, thread_nice
 from roomkeeper.processes.orphans import become_subreaper
 from roomkeeper.processes.process import ManagedProcess
 from roomkeeper.testing import FakeClock
 from tests.cgroups import cgroup_fs_read_only
 from tests.kernel_files import FIXTURES
 from tests.processes import Reaper, gone, python, read_log
+
+PRINT_NICE = "import os; print(os.nice(0))"
 
 MIB = 1 << 20
 
@@ -129,12 +133,78 @@ def test_shell_true_runs_shell_text(tmp_path: Path, reaper: Reaper) -> None:
     assert log.read_text() == "5\n"
 
 
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_shell_text_joins_its_groups_before_its_first_command(
+    tmp_path: Path, reaper: Reaper, cgroup_ok: bool
+) -> None:
+    """The shell that runs the text is in the job's groups when the text's first command runs,
+    and so is what it forks; no other process runs before it (it is the job's pid)."""
+    if not cgroup_ok:
+        pytest.skip("the cgroup layout here is read-only: a job gets no group to join")
+    log = tmp_path / "job.log"
+    text = "echo shell $$; cat /proc/$$/cgroup; sh -c 'cat /proc/$$/cgroup'"
+    job = reaper.launch("joined", LaunchSpec(text, str(log), shell=True))
+    assert job.wait(10) == 0
+    out = log.read_text().splitlines()
+    assert out[0] == f"shell {job.pid}"
+    own = job_cgroup_parent()
+    assert own is not None
+    mark = ":memory:" if own.version == 1 else "0::"
+    groups = [line for line in out[1:] if mark in line]
+    assert job.cgroup_dir is not None and len(groups) == 2, out
+    assert all(line.endswith("/" + os.path.basename(job.cgroup_dir)) for line in groups), out
+    if job.freezer_dir is not None:
+        frozen = [line for line in out[1:] if ":freezer:" in line]
+        assert len(frozen) == 2, out
+        assert all(line.endswith("/" + os.path.basename(job.freezer_dir)) for line in frozen)
+
+
+def test_shell_text_errors_name_the_texts_own_lines(tmp_path: Path, reaper: Reaper) -> None:
+    """Whatever runs before the text, the shell's messages and status are those of the text
+    run alone: an error on its second line is said to be on line 2."""
+    text = "true\nfi\n"
+    alone = subprocess.run(["/bin/sh", "-c", text], capture_output=True, text=True, check=False)
+    log = tmp_path / "job.log"
+    job = reaper.launch("syntax", LaunchSpec(text, str(log), shell=True))
+    assert job.wait(10) == alone.returncode != 0
+    assert log.read_text() == alone.stderr
+    assert " 2: " in alone.stderr  # the line it names (dash's form)
+
+
 def test_spec_refuses_shell_text_without_shell(tmp_path: Path) -> None:
     """A string argv without shell=True, or several with it, is refused with the way out."""
     with pytest.raises(UsageError, match=r"shell=True runs shell text"):
         LaunchSpec("ls -l", str(tmp_path / "x.log"))
     with pytest.raises(UsageError, match="argv must be one string"):
         LaunchSpec(["ls", "-l"], str(tmp_path / "x.log"), shell=True)
+
+
+def test_run_at_nice_starts_from_a_thread_at_that_nice_and_hands_back_what_it_raised() -> None:
+    """What is started at a lower priority is started by a thread at that priority; the caller
+    keeps its own, an error inside comes out here, and a priority above the caller's is never
+    given (the start runs at the caller's own)."""
+    own = thread_nice()
+    if own > 16:
+        pytest.skip(f"the test runner itself runs at nice {own}; run it below 17")
+    assert run_at_nice(own + 3, thread_nice) == own + 3
+    assert run_at_nice(own + 3, thread_nice) == own + 3  # the same thread, set once
+    assert run_at_nice(own - 1, thread_nice) == own
+    assert thread_nice() == own
+
+    def fails() -> None:
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        run_at_nice(own + 2, fails)
+    child = run_at_nice(
+        own + 2,
+        lambda: subprocess.Popen(
+            [sys.executable, "-c", PRINT_NICE], stdout=subprocess.PIPE, text=True
+        ),
+    )
+    out, _ = child.communicate(timeout=30)
+    assert out.split() == [str(own + 2)]
 
 
 def test_output_lands_in_the_log_and_is_kept_after_stop(tmp_path: Path, reaper: Reaper) -> None:
@@ -160,6 +230,7 @@ def test_own_session_and_nice_reach_a_grandchild(tmp_path: Path, reaper: Reaper)
         "sys.stdout.flush(); subprocess.run([sys.executable, '-c', "
         "'import os; print(\"grandchild\", os.getsid(0), os.getpgid(0), os.nice(0))'])"
     )
+    own = thread_nice()
     job = reaper.launch("nice", LaunchSpec(python(code), str(log), nice=13))
     assert job.wait(10) == 0
     expected_nice = max(13, os.nice(0))  # never raised above the scheduler's own
@@ -169,6 +240,7 @@ def test_own_session_and_nice_reach_a_grandchild(tmp_path: Path, reaper: Reaper)
         ["grandchild", str(job.pid), str(job.pid), str(expected_nice)],
     ]
     assert os.getsid(0) != job.pid
+    assert thread_nice() == own  # the thread that launched keeps its own priority
 
 
 @pytest.mark.kernel

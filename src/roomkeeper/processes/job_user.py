@@ -6,7 +6,7 @@ neither the token, nor the journal, nor other jobs' logs (ROOMKEEPER_HOME and
 ``logs/`` are root's, 0700 and 0600), only its own workspace.
 
 The privileges are dropped by ``setpriv`` as the innermost step of the
-launch command (after the cgroup trampoline and ``nice``), not by
+launch command (after the cgroup trampoline), not by
 ``subprocess``'s ``user=``: joining the job's cgroup writes a root-owned
 ``cgroup.procs``, which the job user could not do itself.
 """

@@ -11,19 +11,22 @@ Where the job has no v2 group but a v1 freezer hierarchy is mounted, it
 also gets a freezer group of its own, so that it can be suspended whole
 (:meth:`~roomkeeper.processes.process.ManagedProcess.suspend`).
 
-The job must join its cgroups and be reniced *before* the real command runs,
-or a fork could escape them.  ``preexec_fn`` is unsafe in a multithreaded
-scheduler, so the command goes through a trampoline::
+The job must join its cgroups *before* the real command runs, or a fork could
+escape them.  ``preexec_fn`` is unsafe in a multithreaded scheduler, so the
+job's own first process joins them: shell text is run as
+``/bin/sh -c 'echo $$ > <cgroup.procs> || exit $?; TEXT'`` (the join on the
+text's first line, so the shell's line numbers stay the text's own), and an
+argv goes through a trampoline::
 
-    /bin/sh -c 'echo $$ > "$0" && exec "$@"' <cgroup.procs> nice -n N argv...
+    /bin/sh -c 'echo $$ > "$0" && exec "$@"' <cgroup.procs> argv...
 
-``sh`` joins the group (``$$`` is the pid the job keeps through both execs;
-with a freezer group too, it writes both files before the exec),
-``nice`` lowers the priority, and each part is left out when it has nothing
-to do.  Because ``nice`` reports a missing command only as exit status 127,
-the executable is looked up first, on the PATH the job will use: a missing
-one is a :class:`LaunchError`, not a job that ran and failed (one removed
-between the look-up and the exec still exits 127).
+``$$`` is the pid the job keeps through the exec; with a freezer group too,
+it writes both files first, and a join that fails runs nothing.  The nice
+value is the forking thread's (:mod:`roomkeeper.processes.niced`), so no
+``nice`` program runs before the command.  The executable of an argv is
+looked up first, on the PATH the job will use: a missing one is a
+:class:`LaunchError`, not a job that ran and failed (one removed between the
+look-up and the exec still exits 127).
 
 :func:`launch` hands back a :class:`~roomkeeper.processes.process.ManagedProcess`,
 which owns the running tree from then on.
@@ -31,8 +34,8 @@ which owns the running tree from then on.
 
 from __future__ import annotations
 
-import functools
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -43,6 +46,7 @@ from roomkeeper.kernel.freezer import FreezerGroup
 from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, create_job_freezer
 from roomkeeper.processes.job_user import JobUser
 from roomkeeper.processes.lifeline import Lifeline
+from roomkeeper.processes.niced import run_at_nice, thread_nice
 from roomkeeper.processes.process import ManagedProcess
 
 __all__ = ["LaunchSpec", "launch"]
@@ -53,6 +57,15 @@ def _trampoline(procs_files: Sequence[str]) -> list[str]:
     joins = " && ".join(f'echo $$ > "${i}"' for i in range(len(procs_files)))
     shift = f" && shift {len(procs_files) - 1}" if len(procs_files) > 1 else ""
     return ["/bin/sh", "-c", f'{joins}{shift} && exec "$@"', *procs_files]
+
+
+def _joined_shell(procs_files: Sequence[str], text: str) -> list[str]:
+    """``sh -c`` that writes its pid into each ``cgroup.procs`` file, then runs ``text`` itself.
+
+    The join shares the text's first line, so an error in the text names the text's own line.
+    """
+    joins = " && ".join(f"echo $$ > {shlex.quote(path)}" for path in procs_files)
+    return ["/bin/sh", "-c", f"{joins} || exit $?; {text}"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +131,6 @@ class LaunchSpec:
         return list(self.argv)
 
 
-@functools.cache
-def _nice_path() -> str:
-    return shutil.which("nice") or "/usr/bin/nice"
-
-
 def _check_launchable(job_id: str, spec: LaunchSpec) -> None:
     if spec.cwd is not None and not os.path.isdir(spec.cwd):
         what = "is not a directory" if os.path.exists(spec.cwd) else "does not exist"
@@ -160,15 +168,21 @@ def launch(job_id: str, spec: LaunchSpec, *, lifeline: Lifeline | None = None) -
         if lifeline is not None:
             lifeline.start()  # before the spawn: nothing may run unwatched
         cgroup, freezer_group = _make_groups(job_id, spec)
-        popen = subprocess.Popen(
-            _argv(spec, cgroup, freezer_group),
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=subprocess.STDOUT,
-            cwd=spec.cwd,
-            env=None if spec.env is None else dict(spec.env),
-            start_new_session=True,
-            pass_fds=spec.pass_fds,
+        argv = _argv(spec, cgroup, freezer_group)
+        env = None if spec.env is None else dict(spec.env)
+        # Niceness is per thread, inherited from the forking one; we lower it, never raise it.
+        popen = run_at_nice(
+            max(spec.nice, thread_nice()),
+            lambda: subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                cwd=spec.cwd,
+                env=env,
+                start_new_session=True,
+                pass_fds=spec.pass_fds,
+            ),
         )
     except (OSError, RoomkeeperError) as err:
         if isinstance(cgroup, JobCgroup):
@@ -209,13 +223,13 @@ def _make_groups(job_id: str, spec: LaunchSpec) -> tuple[JobCgroup | str, Freeze
 def _argv(
     spec: LaunchSpec, cgroup: JobCgroup | str, freezer_group: FreezerGroup | None
 ) -> list[str]:
-    """What to exec: the trampoline into the job's groups, nice, then the command."""
-    argv = spec.command() if spec.user is None else spec.user.command(spec.command())
-    # Niceness is per thread, inherited from the forking one; we lower it, never raise it.
-    increment = max(0, spec.nice - os.getpriority(os.PRIO_PROCESS, 0))
-    if increment:
-        argv = [_nice_path(), "-n", str(increment), *argv]
+    """What to exec: the command, its first process joining the job's groups before it runs."""
     procs = [f"{cgroup.directory}/cgroup.procs"] if isinstance(cgroup, JobCgroup) else []
     if freezer_group is not None:
         procs.append(f"{freezer_group.directory}/cgroup.procs")
-    return [*_trampoline(procs), *argv] if procs else argv
+    if not procs:
+        return spec.command() if spec.user is None else spec.user.command(spec.command())
+    if spec.user is None and spec.shell:
+        return _joined_shell(procs, spec.command()[2])
+    argv = spec.command() if spec.user is None else spec.user.command(spec.command())
+    return [*_trampoline(procs), *argv]

@@ -161,8 +161,8 @@ class ManagedProcess:
         """
         with self._lock:
             if self._cgroup is not None:
-                # Every descendant joined the group before it could fork (the
-                # trampoline), and only a privileged process can move one out.
+                # Every descendant joined the group before it could fork (the job's first
+                # shell joins it), and only a privileged process can move one out.
                 table, pids = {}, cgroup_members(self._cgroup.directory)
             else:
                 table = scan_proc() if table is None else table
