@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from roomkeeper.batch.run import SHOW_EVERY_S, BatchSettings, run_batch
+from roomkeeper.guard.admission import Guard
 from tests.batch_cli import batch
 from tests.fakes import NO_DISK
 
@@ -348,3 +350,40 @@ def test_lines_that_can_never_fit_fail_at_once_and_say_why(tmp_path: Path) -> No
     assert result.stderr.count("refused 2: no room for memory even with nothing else running") == 1
     assert "2 commands, 2 failed" in result.stderr
     assert not list(tmp_path.glob("ran-*"))
+
+
+class _CountingProgress:
+    """A batch reporter that keeps every update it is given."""
+
+    pressure = None
+
+    def __init__(self) -> None:
+        self.updates: list[tuple[int, int, int]] = []
+
+    def output(self, data: bytes) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+    def update(self, *, done: int, running: int, waiting: int, reason: str) -> None:
+        self.updates.append((done, running, waiting))
+
+
+@pytest.mark.kernel
+def test_counts_are_shown_a_few_times_a_second_and_always_at_the_end(tmp_path: Path) -> None:
+    """Hundreds of short lines ending a second are not each counted and shown (the counting
+    holds the scheduler's lock), yet the last counts shown are the batch's end."""
+    lines = 300
+    progress = _CountingProgress()
+    started = time.monotonic()
+    results = run_batch(
+        ["true"] * lines,
+        BatchSettings(logs_dir=tmp_path / "logs", max_running=4, job_memory=1, quiet=True),
+        progress=progress,
+        guard=Guard(env=NO_DISK, workspace=tmp_path),
+    )
+    elapsed = time.monotonic() - started
+    assert len(results) == lines and all(r.succeeded for r in results)
+    assert progress.updates[-1] == (lines, 0, 0)
+    assert len(progress.updates) <= elapsed / SHOW_EVERY_S + 2, (len(progress.updates), elapsed)

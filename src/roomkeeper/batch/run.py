@@ -58,6 +58,7 @@ from roomkeeper.worktrees.request import WorktreeRequest
 from roomkeeper.worktrees.service import BRANCH_PREFIX, Worktrees
 
 STOP_GRACE_ON_INTERRUPT = 2.0
+SHOW_EVERY_S = 0.1  # the counts shown are at most this old (the last ones always shown)
 # A line's own kind: a shell comment at its very end, "#kind=NAME" (or "# kind=NAME").
 _LINE_KIND = re.compile(r"(?:^|\s)#\s*kind=(\S*)\s*$")
 
@@ -338,6 +339,7 @@ class _BatchRun:
         self._results: dict[str, BatchResult] = {}
         self._next_line = 0  # index of the first line not yet submitted
         self._tokens: dict[str, JobserverStatistics] = {}  # each line's jobserver, last seen
+        self._shown_at = -SHOW_EVERY_S  # when the counts were last shown (monotonic)
 
     @property
     def done(self) -> bool:
@@ -346,7 +348,7 @@ class _BatchRun:
 
     def feed(self) -> None:
         """Submit lines as room frees: keep a few lines ready, never the whole file."""
-        waiting = self._scheduler.statistics().waiting
+        waiting = self._scheduler.waiting()
         while self._next_line < len(self._commands) and waiting < max(
             2, self._settings.max_running
         ):
@@ -396,10 +398,19 @@ class _BatchRun:
             self._record(self._events.get())
 
     def show(self) -> None:
-        """Show counts and the guard's current reason; lines not yet fed count as waiting."""
-        stats = self._scheduler.statistics()
+        """Show counts and the guard's current reason; lines not yet fed count as waiting.
+
+        At most every :data:`SHOW_EVERY_S`, and at the end: a batch of short lines ends
+        hundreds a second, and counting them all for each would slow the scheduler that
+        runs them (its lock) more than anyone could read the counts.
+        """
         pools = self._scheduler.jobserver_statistics()
-        self._tokens.update(pools)
+        self._tokens.update(pools)  # every time: a line's pool is gone once it ends
+        now = time.monotonic()
+        if now - self._shown_at < SHOW_EVERY_S and not self.done:
+            return
+        self._shown_at = now
+        stats = self._scheduler.statistics()
         reason = stats.waiting_reason.value if stats.waiting_reason else "ok"
         if pools:
             reason += "; " + "; ".join(f"line {j}: {tokens_text(p)}" for j, p in pools.items())

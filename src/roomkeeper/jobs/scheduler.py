@@ -271,6 +271,11 @@ class Scheduler:
                 suspended=sum(1 for j in running.values() if j.state is JobState.SUSPENDED),
             )
 
+    def waiting(self) -> int:
+        """How many jobs wait, queued or being launched (statistics' ``waiting`` alone: cheap)."""
+        with self._lock:
+            return self._queue.waiting() + len(self._rounds.launching)
+
     def ended_counts(self) -> dict[str, int]:
         """How many jobs ended so far, by final state (statistics' ``ended`` alone: cheap)."""
         with self._lock:
