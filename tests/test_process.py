@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -572,3 +574,31 @@ def test_a_footprint_between_samples_measures_known_members_without_walking_proc
 
     monkeypatch.setattr(process_module, "scan_proc", no_walk)
     assert 90 * MIB <= job.footprint_bytes() <= 200 * MIB
+
+
+def test_a_forked_child_makes_its_own_spawner() -> None:
+    """After a fork, the child has none of the parent's spawner threads: it starts its own
+    instead of waiting forever on one that does not exist there."""
+    own = thread_nice()
+    if own > 16:
+        pytest.skip(f"the test runner itself runs at nice {own}; run it below 17")
+    assert run_at_nice(own + 2, thread_nice) == own + 2  # the parent's spawner exists
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what its own spawner says, then leave at once
+        try:
+            os.write(write, str(run_at_nice(own + 2, thread_nice)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    ready: list[int] = []
+    try:
+        ready = select.select([read], [], [], 30)[0]
+        assert ready, "the forked child never started a process at a lower nice"
+        assert os.read(read, 64).decode() == str(own + 2)
+    finally:
+        os.close(read)
+        with contextlib.suppress(ChildProcessError):
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

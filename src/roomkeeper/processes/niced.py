@@ -66,5 +66,12 @@ def _lower_own_priority(nice: int) -> None:
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
-# A forked child has none of its parent's threads: it makes its own spawners when it needs them.
-os.register_at_fork(after_in_child=_spawners.clear)
+def _forget_after_fork() -> None:
+    """A forked child has none of its parent's threads, and the lock may have been held by
+    one of them: it starts afresh and makes its own spawners when it needs them."""
+    global _lock
+    _lock = threading.Lock()
+    _spawners.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
