@@ -22,8 +22,22 @@ __all__ = ["run_at_nice", "thread_nice"]
 
 T = TypeVar("T")
 
-_lock = threading.Lock()
-_spawners: dict[int, ThreadPoolExecutor] = {}
+
+class _Spawners:
+    """The process's spawner threads, one per nice value, made when first asked for."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_nice: dict[int, ThreadPoolExecutor] = {}
+
+    def forget(self) -> None:
+        """A forked child has none of its parent's threads, and the lock may have been held
+        by one of them: it starts afresh and makes its own spawners when it needs them."""
+        self.lock = threading.Lock()
+        self.by_nice = {}
+
+
+_spawners = _Spawners()
 
 
 def thread_nice() -> int:
@@ -50,10 +64,10 @@ def run_at_nice(nice: int, start: Callable[[], T]) -> T:
 
 
 def _spawner(nice: int) -> ThreadPoolExecutor:
-    with _lock:
-        spawner = _spawners.get(nice)
+    with _spawners.lock:
+        spawner = _spawners.by_nice.get(nice)
         if spawner is None:
-            spawner = _spawners[nice] = ThreadPoolExecutor(
+            spawner = _spawners.by_nice[nice] = ThreadPoolExecutor(
                 max_workers=1,
                 thread_name_prefix=f"roomkeeper-spawn-nice{nice}",
                 initializer=_lower_own_priority,
@@ -66,12 +80,4 @@ def _lower_own_priority(nice: int) -> None:
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
-def _forget_after_fork() -> None:
-    """A forked child has none of its parent's threads, and the lock may have been held by
-    one of them: it starts afresh and makes its own spawners when it needs them."""
-    global _lock
-    _lock = threading.Lock()
-    _spawners.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+os.register_at_fork(after_in_child=_spawners.forget)
