@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -24,17 +21,14 @@ from roomkeeper.kernel.proc import (
     read_stat,
 )
 from roomkeeper.processes import process as process_module
-from roomkeeper.processes.launch import LaunchSpec
+from roomkeeper.processes.launch import LaunchSpec, _joined_shell
 from roomkeeper.processes.lifeline import Lifeline, LifelineStatistics
-from roomkeeper.processes.niced import run_at_nice, thread_nice
 from roomkeeper.processes.orphans import become_subreaper
 from roomkeeper.processes.process import ManagedProcess
 from roomkeeper.testing import FakeClock
 from tests.cgroups import cgroup_fs_read_only
 from tests.kernel_files import FIXTURES
 from tests.processes import Reaper, gone, python, read_log
-
-PRINT_NICE = "import os; print(os.nice(0))"
 
 MIB = 1 << 20
 
@@ -162,16 +156,33 @@ def test_shell_text_joins_its_groups_before_its_first_command(
         assert all(line.endswith("/" + os.path.basename(job.freezer_dir)) for line in frozen)
 
 
-def test_shell_text_errors_name_the_texts_own_lines(tmp_path: Path, reaper: Reaper) -> None:
-    """Whatever runs before the text, the shell's messages and status are those of the text
-    run alone: an error on its second line is said to be on line 2."""
-    text = "true\nfi\n"
+def test_joined_shell_text_says_and_ends_as_the_text_alone(tmp_path: Path) -> None:
+    """Whatever joins the groups before the text, the shell's messages and status are those of
+    the text run alone: an error on its second line is said to be on line 2.  Both groups'
+    files get the shell's pid before the text runs."""
+    procs = [tmp_path / "memory.procs", tmp_path / "freezer.procs"]
+    for path in procs:
+        path.touch()
+    text = "cat " + " ".join(str(p) for p in procs) + "\ntrue\nfi\n"
     alone = subprocess.run(["/bin/sh", "-c", text], capture_output=True, text=True, check=False)
-    log = tmp_path / "job.log"
-    job = reaper.launch("syntax", LaunchSpec(text, str(log), shell=True))
-    assert job.wait(10) == alone.returncode != 0
-    assert log.read_text() == alone.stderr
-    assert " 2: " in alone.stderr  # the line it names (dash's form)
+    joined = subprocess.run(
+        _joined_shell([str(p) for p in procs], text), capture_output=True, text=True, check=False
+    )
+    assert joined.returncode == alone.returncode != 0
+    assert joined.stderr == alone.stderr and " 3: " in alone.stderr  # the line it names
+    pid, again = joined.stdout.split()
+    assert pid == again and int(pid) > 0  # one shell, in both files before the text ran
+
+
+def test_a_join_that_fails_runs_none_of_the_text(tmp_path: Path) -> None:
+    """Where a group cannot be joined (the second here), the text does not run unwatched."""
+    marker = tmp_path / "ran"
+    procs = [str(tmp_path / "ok.procs"), str(tmp_path / "gone" / "cgroup.procs")]
+    joined = subprocess.run(
+        _joined_shell(procs, f"touch {marker}"), capture_output=True, text=True, check=False
+    )
+    assert joined.returncode != 0 and "gone" in joined.stderr
+    assert not marker.exists()
 
 
 def test_spec_refuses_shell_text_without_shell(tmp_path: Path) -> None:
@@ -180,33 +191,6 @@ def test_spec_refuses_shell_text_without_shell(tmp_path: Path) -> None:
         LaunchSpec("ls -l", str(tmp_path / "x.log"))
     with pytest.raises(UsageError, match="argv must be one string"):
         LaunchSpec(["ls", "-l"], str(tmp_path / "x.log"), shell=True)
-
-
-def test_run_at_nice_starts_from_a_thread_at_that_nice_and_hands_back_what_it_raised() -> None:
-    """What is started at a lower priority is started by a thread at that priority; the caller
-    keeps its own, an error inside comes out here, and a priority above the caller's is never
-    given (the start runs at the caller's own)."""
-    own = thread_nice()
-    if own > 16:
-        pytest.skip(f"the test runner itself runs at nice {own}; run it below 17")
-    assert run_at_nice(own + 3, thread_nice) == own + 3
-    assert run_at_nice(own + 3, thread_nice) == own + 3  # the same thread, set once
-    assert run_at_nice(own - 1, thread_nice) == own
-    assert thread_nice() == own
-
-    def fails() -> None:
-        raise ValueError("inside")
-
-    with pytest.raises(ValueError, match="inside"):
-        run_at_nice(own + 2, fails)
-    child = run_at_nice(
-        own + 2,
-        lambda: subprocess.Popen(
-            [sys.executable, "-c", PRINT_NICE], stdout=subprocess.PIPE, text=True
-        ),
-    )
-    out, _ = child.communicate(timeout=30)
-    assert out.split() == [str(own + 2)]
 
 
 def test_output_lands_in_the_log_and_is_kept_after_stop(tmp_path: Path, reaper: Reaper) -> None:
@@ -232,7 +216,6 @@ def test_own_session_and_nice_reach_a_grandchild(tmp_path: Path, reaper: Reaper)
         "sys.stdout.flush(); subprocess.run([sys.executable, '-c', "
         "'import os; print(\"grandchild\", os.getsid(0), os.getpgid(0), os.nice(0))'])"
     )
-    own = thread_nice()
     job = reaper.launch("nice", LaunchSpec(python(code), str(log), nice=13))
     assert job.wait(10) == 0
     expected_nice = max(13, os.nice(0))  # never raised above the scheduler's own
@@ -242,7 +225,6 @@ def test_own_session_and_nice_reach_a_grandchild(tmp_path: Path, reaper: Reaper)
         ["grandchild", str(job.pid), str(job.pid), str(expected_nice)],
     ]
     assert os.getsid(0) != job.pid
-    assert thread_nice() == own  # the thread that launched keeps its own priority
 
 
 @pytest.mark.kernel
@@ -574,31 +556,3 @@ def test_a_footprint_between_samples_measures_known_members_without_walking_proc
 
     monkeypatch.setattr(process_module, "scan_proc", no_walk)
     assert 90 * MIB <= job.footprint_bytes() <= 200 * MIB
-
-
-def test_a_forked_child_makes_its_own_spawner() -> None:
-    """After a fork, the child has none of the parent's spawner threads: it starts its own
-    instead of waiting forever on one that does not exist there."""
-    own = thread_nice()
-    if own > 16:
-        pytest.skip(f"the test runner itself runs at nice {own}; run it below 17")
-    assert run_at_nice(own + 2, thread_nice) == own + 2  # the parent's spawner exists
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report what its own spawner says, then leave at once
-        try:
-            os.write(write, str(run_at_nice(own + 2, thread_nice)).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    ready: list[int] = []
-    try:
-        ready = select.select([read], [], [], 30)[0]
-        assert ready, "the forked child never started a process at a lower nice"
-        assert os.read(read, 64).decode() == str(own + 2)
-    finally:
-        os.close(read)
-        with contextlib.suppress(ChildProcessError):
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)

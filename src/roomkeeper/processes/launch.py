@@ -21,12 +21,21 @@ argv goes through a trampoline::
     /bin/sh -c 'echo $$ > "$0" && exec "$@"' <cgroup.procs> argv...
 
 ``$$`` is the pid the job keeps through the exec; with a freezer group too,
-it writes both files first, and a join that fails runs nothing.  The nice
-value is the forking thread's (:mod:`roomkeeper.processes.niced`), so no
-``nice`` program runs before the command.  The executable of an argv is
-looked up first, on the PATH the job will use: a missing one is a
-:class:`LaunchError`, not a job that ran and failed (one removed between the
-look-up and the exec still exits 127).
+it writes both files first, and a join that fails runs nothing.  A job that
+runs at a lower priority than ours is started as ``nice -n N`` followed by
+all of that (``nice`` forks nothing, so the join still comes before any
+fork).  A shell (bash as ``/bin/sh``) that quotes the line of a syntax error
+shows the join beside an error on the text's first line.
+
+The priority is not lowered from a thread of ours at the job's nice value
+instead of by ``nice``: under a CPU-bound load, such a thread is the last to
+run, and it holds the interpreter lock in the fork, so every other thread
+(the pressure monitor's) waits, and the job runs before the lifeline knows it.
+
+Because ``nice`` reports a missing command only as exit status 127, the
+executable of an argv is looked up first, on the PATH the job will use: a
+missing one is a :class:`LaunchError`, not a job that ran and failed (one
+removed between the look-up and the exec still exits 127).
 
 :func:`launch` hands back a :class:`~roomkeeper.processes.process.ManagedProcess`,
 which owns the running tree from then on.
@@ -34,6 +43,7 @@ which owns the running tree from then on.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
@@ -46,7 +56,6 @@ from roomkeeper.kernel.freezer import FreezerGroup
 from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, create_job_freezer
 from roomkeeper.processes.job_user import JobUser
 from roomkeeper.processes.lifeline import Lifeline
-from roomkeeper.processes.niced import run_at_nice, thread_nice
 from roomkeeper.processes.process import ManagedProcess
 
 __all__ = ["LaunchSpec", "launch"]
@@ -125,10 +134,15 @@ class LaunchSpec:
             raise UsageError(f"argv must be {want} (got {self.argv!r})", name="argv")
 
     def command(self) -> list[str]:
-        """The argv that runs, before the trampoline."""
+        """The argv that runs, before nice and the joining of the job's groups."""
         if self.shell:
             return ["/bin/sh", "-c", self.argv if isinstance(self.argv, str) else self.argv[0]]
         return list(self.argv)
+
+
+@functools.cache
+def _nice_path() -> str:
+    return shutil.which("nice") or "/usr/bin/nice"
 
 
 def _check_launchable(job_id: str, spec: LaunchSpec) -> None:
@@ -168,21 +182,15 @@ def launch(job_id: str, spec: LaunchSpec, *, lifeline: Lifeline | None = None) -
         if lifeline is not None:
             lifeline.start()  # before the spawn: nothing may run unwatched
         cgroup, freezer_group = _make_groups(job_id, spec)
-        argv = _argv(spec, cgroup, freezer_group)
-        env = None if spec.env is None else dict(spec.env)
-        # Niceness is per thread, inherited from the forking one; we lower it, never raise it.
-        popen = run_at_nice(
-            max(spec.nice, thread_nice()),
-            lambda: subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=subprocess.STDOUT,
-                cwd=spec.cwd,
-                env=env,
-                start_new_session=True,
-                pass_fds=spec.pass_fds,
-            ),
+        popen = subprocess.Popen(
+            _argv(spec, cgroup, freezer_group),
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=subprocess.STDOUT,
+            cwd=spec.cwd,
+            env=None if spec.env is None else dict(spec.env),
+            start_new_session=True,
+            pass_fds=spec.pass_fds,
         )
     except (OSError, RoomkeeperError) as err:
         if isinstance(cgroup, JobCgroup):
@@ -223,13 +231,14 @@ def _make_groups(job_id: str, spec: LaunchSpec) -> tuple[JobCgroup | str, Freeze
 def _argv(
     spec: LaunchSpec, cgroup: JobCgroup | str, freezer_group: FreezerGroup | None
 ) -> list[str]:
-    """What to exec: the command, its first process joining the job's groups before it runs."""
+    """What to exec: nice, then the command, its first shell joining the job's groups."""
+    # Niceness is per thread, inherited from the forking one; we lower it, never raise it.
+    increment = max(0, spec.nice - os.getpriority(os.PRIO_PROCESS, 0))
+    nice = [_nice_path(), "-n", str(increment)] if increment else []
     procs = [f"{cgroup.directory}/cgroup.procs"] if isinstance(cgroup, JobCgroup) else []
     if freezer_group is not None:
         procs.append(f"{freezer_group.directory}/cgroup.procs")
-    if not procs:
-        return spec.command() if spec.user is None else spec.user.command(spec.command())
-    if spec.user is None and spec.shell:
-        return _joined_shell(procs, spec.command()[2])
+    if spec.user is None and spec.shell and procs:
+        return [*nice, *_joined_shell(procs, spec.command()[2])]
     argv = spec.command() if spec.user is None else spec.user.command(spec.command())
-    return [*_trampoline(procs), *argv]
+    return [*nice, *_trampoline(procs), *argv] if procs else [*nice, *argv]
