@@ -32,6 +32,9 @@ class FakeHandle(CannotSuspend):
     def poll(self) -> int | None:
         return self.code
 
+    def cpu_seconds(self) -> float | None:
+        return None
+
     def footprint_bytes(self) -> int:
         return self.footprint
 

@@ -57,6 +57,9 @@ class FakeRemote(CannotSuspend):
     def settlement(self) -> Settlement | None:
         return self.settled
 
+    def cpu_seconds(self) -> float | None:
+        return None
+
     def footprint_bytes(self) -> int:
         return 0
 

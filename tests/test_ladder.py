@@ -449,6 +449,9 @@ class Handle(CannotSuspend):
     def poll(self) -> int | None:
         return self.code
 
+    def cpu_seconds(self) -> float | None:
+        return None
+
     def footprint_bytes(self) -> int:
         return self.peak_value
 
@@ -546,6 +549,9 @@ class _Racing(Handle):
     def __init__(self, peak: int) -> None:
         super().__init__(peak)
         self.during_footprint: Callable[[], None] | None = None
+
+    def cpu_seconds(self) -> float | None:
+        return None
 
     def footprint_bytes(self) -> int:
         if self.during_footprint is not None:

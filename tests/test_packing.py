@@ -34,6 +34,8 @@ from roomkeeper.guard.packing import (
     trimmed,
 )
 from roomkeeper.guard.rule import Decision
+from roomkeeper.jobs.scheduler import Scheduler
+from roomkeeper.jobs.settings import SchedulerSettings
 from tests.fakes import NO_DISK, fixture_guard
 
 MB = 10**6
@@ -239,6 +241,59 @@ def test_batch_packs_unless_strict_and_passes_its_kind(
     assert [o.policy for o in seen] == [MemoryPolicy.PACK, MemoryPolicy.STRICT]
     assert [list(o.kinds) for o in seen] == [[None, "own"], ["all", "own"]]
     assert all(o.sizes is not None for o in seen)  # ROOMKEEPER_HOME's journal
+
+
+def test_batch_without_a_count_waits_for_free_cores_and_with_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --max-running and no ROOMKEEPER_MAX_RUNNING: lines also wait for free cores; either
+    one given is the person's own CPU decision, as parallel -j is."""
+    seen: list[BatchSettings] = []
+
+    def fake_run_batch(
+        commands: Sequence[str], settings: BatchSettings, **kw: Any
+    ) -> list[BatchResult]:
+        seen.append(settings)
+        return []
+
+    monkeypatch.setattr(local, "run_batch", fake_run_batch)
+    monkeypatch.delenv("ROOMKEEPER_MAX_RUNNING", raising=False)
+    home = {"ROOMKEEPER_HOME": str(tmp_path / "home")}
+    for args, env in (
+        ([], home),
+        (["--max-running", "3"], home),
+        ([], {**home, "ROOMKEEPER_MAX_RUNNING": "3"}),
+    ):
+        result = CliRunner().invoke(main, ["batch", *args, "-"], input="true\n", env=env)
+        assert result.exit_code == 0, result.output
+    assert [(s.until_cores_free, s.max_running) for s in seen] == [
+        (True, 4),
+        (False, 3),
+        (False, 3),
+    ]
+
+
+@pytest.mark.kernel
+def test_run_batch_hands_its_cores_rule_to_every_round(tmp_path: Path) -> None:
+    """The batch's choice reaches the limits each round reads."""
+    seen: list[bool] = []
+
+    def recording(settings: SchedulerSettings, **kw: Any) -> Scheduler:
+        seen.append(settings.limits().until_cores_free)
+        return Scheduler(settings, **kw)
+
+    progress = BatchProgress(
+        1, console=Console(file=io.StringIO()), on_terminal=False, out=io.BytesIO()
+    )
+    for rule in (True, False):
+        run_batch(
+            ["true"],
+            BatchSettings(logs_dir=tmp_path / "logs", job_memory=MB, until_cores_free=rule),
+            progress=progress,
+            guard=Guard(env=NO_DISK, workspace=tmp_path),
+            scheduler_factory=recording,
+        )
+    assert seen == [True, False]
 
 
 class _RecordingGuard(Guard):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -556,3 +557,26 @@ def test_a_footprint_between_samples_measures_known_members_without_walking_proc
 
     monkeypatch.setattr(process_module, "scan_proc", no_walk)
     assert 90 * MIB <= job.footprint_bytes() <= 200 * MIB
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_a_trees_cpu_seconds_keep_its_ended_childrens_and_a_sleeping_tree_has_few(
+    tmp_path: Path, reaper: Reaper
+) -> None:
+    """A child that used 0.4 s of CPU and was reaped is still counted in its tree's CPU
+    seconds (the job group's count on v2, the reaper's children's times elsewhere); a tree
+    that only sleeps has used almost none."""
+    spin = python(
+        "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"
+    )
+    busy_log = tmp_path / "busy.log"
+    text = f"{shlex.join(spin)}; echo done; sleep 60"
+    busy = reaper.launch("busy", LaunchSpec(text, str(busy_log), shell=True))
+    idle = reaper.launch("idle", LaunchSpec(["sleep", "60"], str(tmp_path / "idle.log")))
+    read_log(busy_log, "done")
+    busy_cpu, idle_cpu = busy.cpu_seconds(), idle.cpu_seconds()
+    assert busy_cpu is not None and busy_cpu >= 0.4, busy_cpu
+    assert idle_cpu is not None and idle_cpu < 0.1, idle_cpu
+    busy.close()
+    assert busy.cpu_seconds() is None  # closed: nothing left to count

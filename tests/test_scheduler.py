@@ -7,8 +7,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -124,6 +125,7 @@ class Rig:
         self.guard = ScriptedGuard()
         self.launcher = FakeLauncher()
         self.cpu: float | None = None
+        self.cores = 2
         self.limits = limits(**over)
         self.events: list[tuple[str, JobState]] = []
         self.scheduler = Scheduler(
@@ -133,7 +135,9 @@ class Rig:
                 on_change=lambda v: self.events.append((v.id, v.state)),
                 before_launch=before_launch,
             ),
-            clocks=SchedulerClocks(cpu_percent=lambda: self.cpu, clock=self.clock),
+            clocks=SchedulerClocks(
+                cpu_percent=lambda: self.cpu, clock=self.clock, cores=lambda: self.cores
+            ),
         )
 
     def submit(self, job_id: str, owner: str = "a", **kw: object) -> None:
@@ -258,6 +262,66 @@ def test_refusals_are_counted_not_recorded_as_state_changes(rig: Rig) -> None:
     assert view.reason is Reason.DISK
     assert rig.scheduler.statistics().refusals == {"disk": 10}
     assert rig.events == [("big", JobState.WAITING)]
+
+
+class _CountedCpu(FakeHandle):
+    """A tree whose CPU seconds the test sets."""
+
+    def __init__(self, job_id: str, footprint: int = 0) -> None:
+        super().__init__(job_id, footprint)
+        self.cpu = 0.0
+
+    def cpu_seconds(self) -> float | None:
+        return self.cpu
+
+
+def test_without_a_count_a_job_waits_while_running_ones_keep_every_core_busy(
+    tmp_path: Path,
+) -> None:
+    """Two jobs each keeping a core busy fill two cores: the third waits (reason cpu) until
+    one of them leaves its core, and a job not yet measured counts as a whole core."""
+    rig = Rig(tmp_path, cpu_pressure_percent=None, max_running_per_owner=None)
+    rig.limits = replace(rig.limits, until_cores_free=True)
+    rig.launcher.make = _CountedCpu
+    for job_id in ("a", "b", "c"):
+        rig.submit(job_id)
+    try:
+        rig.scheduler.tick()
+        assert rig.launcher.order == ["a", "b"]  # two fresh jobs: two cores, taken as busy
+        assert rig.scheduler.get("c").reason is SchedulerReason.CPU
+        a, b = (cast(_CountedCpu, rig.launcher.handles[j]) for j in ("a", "b"))
+        rig.clock.advance(0.6)
+        a.cpu, b.cpu = 0.6, 0.6  # a core each, measured
+        rig.scheduler.tick()
+        assert rig.launcher.order == ["a", "b"]
+        rig.clock.advance(0.6)
+        a.cpu, b.cpu = 1.2, 0.66  # b now waits on something else: a tenth of a core
+        rig.scheduler.tick()
+        assert rig.launcher.order == ["a", "b", "c"]
+    finally:
+        rig.scheduler.close(grace=0)
+
+
+def test_cores_hold_nothing_when_a_count_was_given_or_nothing_runs(tmp_path: Path) -> None:
+    """With a count (the default limits), busy cores hold nothing; with the rule on and one
+    core, the first job starts all the same (nothing of ours runs)."""
+    counted = Rig(tmp_path / "counted", cpu_pressure_percent=None, max_running_per_owner=None)
+    counted.launcher.make = _CountedCpu
+    alone = Rig(tmp_path / "alone", cpu_pressure_percent=None, max_running_per_owner=None)
+    alone.limits = replace(alone.limits, until_cores_free=True)
+    alone.cores = 1
+    alone.launcher.make = _CountedCpu
+    try:
+        for job_id in ("a", "b", "c"):
+            counted.submit(job_id)
+            alone.submit(job_id)
+        counted.scheduler.tick()
+        alone.scheduler.tick()
+        assert counted.launcher.order == ["a", "b", "c"]
+        assert alone.launcher.order == ["a"]
+    finally:
+        counted.scheduler.close(grace=0)
+        alone.scheduler.close(grace=0)
 
 
 def test_cpu_pressure_holds_launches_but_never_below_one_running(rig: Rig) -> None:

@@ -194,6 +194,8 @@ class BatchSettings:
         timeout_s: each line's deadline in seconds; None: none.
         quiet: keep each line's output in its log only, printing none of it.
         options: how the lines are sized (policy, kinds, learned sizes).
+        until_cores_free: hold the next line while the running ones keep every core busy
+            (:mod:`roomkeeper.jobs.cores`): a batch given no count of its own.
     """
 
     logs_dir: Path
@@ -202,6 +204,7 @@ class BatchSettings:
     timeout_s: float | None = None
     quiet: bool = False
     options: BatchOptions = field(default_factory=BatchOptions)
+    until_cores_free: bool = False
 
 
 def run_batch(
@@ -233,9 +236,11 @@ def run_batch(
             parts, prepare=worktrees.service.prepare, reclaim_disk=worktrees.service.reclaim
         )
         listeners = SchedulerListeners(on_change=changed, before_launch=worktrees.register)
-    max_running = settings.max_running
+    max_running, until_cores_free = settings.max_running, settings.until_cores_free
     scheduler = scheduler_factory(
-        SchedulerSettings(logs_dir=settings.logs_dir, limits=lambda: _limits(max_running)),
+        SchedulerSettings(
+            logs_dir=settings.logs_dir, limits=lambda: _limits(max_running, until_cores_free)
+        ),
         parts=parts,
         listeners=listeners,
     )
@@ -305,9 +310,9 @@ def _clear_old_logs(logs_dir: Path, lines: int) -> None:
             (logs_dir / f"{line}.log").unlink()
 
 
-def _limits(max_running: int) -> Limits:
+def _limits(max_running: int, until_cores_free: bool) -> Limits:
     nice, cpu_percent = read_batch_cpu_settings()  # the gateway's two defaults do not apply
-    return batch_limits(max_running, nice, cpu_percent)
+    return batch_limits(max_running, nice, cpu_percent, until_cores_free)
 
 
 class _BatchRun:

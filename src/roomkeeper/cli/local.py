@@ -184,7 +184,10 @@ def probe(as_json: bool, memory: int | None, disk: int | None) -> None:
     "--max-running",
     type=click.IntRange(min=1),
     default=None,
-    help="Run at most N at once; default ROOMKEEPER_MAX_RUNNING (4). Memory may allow fewer.",
+    help=(
+        "Run at most N at once; default ROOMKEEPER_MAX_RUNNING (4), and without either a line "
+        "also waits while the running ones keep every core busy. Memory may allow fewer."
+    ),
 )
 @click.option(
     "--timeout",
@@ -260,6 +263,9 @@ def batch(
         return
     kinds = line_kinds(commands, kind)  # a bad "#kind=" fails here, before anything runs
     read_batch_cpu_settings()  # its words for a bad nice or CPU percentage, before the gateway's
+    # A count given is the person's CPU decision, as parallel -j is; without one, lines also
+    # wait while the running ones keep every core busy.
+    counted = max_running is not None or "ROOMKEEPER_MAX_RUNNING" in os.environ
     max_running = max_running or read_queue_settings().max_running
     logs_dir = writable_dir(
         logs if logs is not None else default_logs_dir(home_dir()),
@@ -281,6 +287,7 @@ def batch(
             timeout_s=timeout_s,
             quiet=quiet,
             options=BatchOptions(policy=policy, kinds=kinds, sizes=journal, jobserver=jobserver),
+            until_cores_free=not counted,
         )
         _run_batch_lines(commands, settings, worktrees)
 

@@ -295,6 +295,10 @@ class RayHandle:
         """Its estimate: the tree is measured on its node, by the node's guard."""
         return self._job.memory_bytes
 
+    def cpu_seconds(self) -> float | None:
+        """None: the tree uses its node's cores, not this machine's."""
+        return None
+
     def peak(self) -> MemoryPeak:
         """The tree's peak, as the node measured it.
 

@@ -37,6 +37,8 @@ class Limits:
     cpu_pressure_percent: float | None
     worker_nice: int
     hold: bool = False  # launch nothing (relief, recovery mode); waiting jobs say "held"
+    # Hold launches while our running jobs keep every core busy (a batch given no count).
+    until_cores_free: bool = False
 
     @classmethod
     def from_settings(cls, s: QueueSettings) -> Limits:
@@ -51,7 +53,12 @@ class Limits:
         )
 
 
-def batch_limits(max_running: int, worker_nice: int, cpu_pressure_percent: float | None) -> Limits:
+def batch_limits(
+    max_running: int,
+    worker_nice: int,
+    cpu_pressure_percent: float | None,
+    until_cores_free: bool = False,
+) -> Limits:
     """A batch is one owner: no per-owner caps, and lines are fed as room frees."""
     return Limits(
         max_waiting=10**9,
@@ -60,6 +67,7 @@ def batch_limits(max_running: int, worker_nice: int, cpu_pressure_percent: float
         max_running_per_owner=None,
         cpu_pressure_percent=cpu_pressure_percent,
         worker_nice=worker_nice,
+        until_cores_free=until_cores_free,
     )
 
 

@@ -59,6 +59,7 @@ from roomkeeper.errors import LaunchError, WorktreeError
 from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.guard.rule import Decision, Reason, Word
 from roomkeeper.jobs.book import JobBook, JobRecord
+from roomkeeper.jobs.cores import CoreUse
 from roomkeeper.jobs.handle import Handle, RemoteEnd, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.reruns import is_last_run, rerun_estimate
@@ -142,6 +143,7 @@ class LaunchRounds:
         self._launcher = launcher
         self._cpu_value: float | None = None
         self._cpu_read_at = float("-inf")
+        self._core_use = CoreUse(self._clocks.clock, self._clocks.cores)
         self._stop_grace = settings.stop_grace
         self.running: dict[str, JobRecord] = {}
         self.launching: dict[str, JobRecord] = {}
@@ -560,8 +562,18 @@ class LaunchRounds:
                 if cpu is not None and cpu > limits.cpu_pressure_percent:
                     self.refusals[SchedulerReason.CPU.value] += 1
                     return None, SchedulerReason.CPU
+            if local and self.running and limits.until_cores_free and self._cores_full():
+                self.refusals[SchedulerReason.CPU.value] += 1
+                return None, SchedulerReason.CPU
             return head, blocked
         return None, blocked
+
+    def _cores_full(self) -> bool:
+        """Whether our running jobs here keep every core busy (:mod:`roomkeeper.jobs.cores`)."""
+        handles = {
+            j.id: j.handle for j in self.running.values() if j.handle is not None and j.handle.local
+        }
+        return self._core_use.full(handles)
 
     def _cpu_now(self) -> float | None:
         """CPU pressure, read at most every CPU_READ_SECONDS.

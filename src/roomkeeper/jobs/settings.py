@@ -27,7 +27,7 @@ from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.handle import Handle
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.spec import JobView
-from roomkeeper.kernel.resources import cpu_pressure_percent
+from roomkeeper.kernel.resources import cpu_pressure_percent, usable_cores
 from roomkeeper.processes.job_user import JobUser
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.relief.cooldown import Cooldown
@@ -142,8 +142,10 @@ class SchedulerClocks:
         clock: monotonic seconds (deadlines).
         wall: wall-clock seconds (timestamps people read).
         cpu_percent: CPU pressure in percent, or None when unknown.
+        cores: the cores our jobs may use.
     """
 
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     cpu_percent: Callable[[], float | None] = cpu_pressure_percent
+    cores: Callable[[], int] = usable_cores

@@ -53,6 +53,19 @@ class JobCgroup:
         except (OSError, KernelFileError):
             return None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the group's processes used so far, the ended ones' included: v2's
+        ``cpu.stat`` ``usage_usec`` (there whether or not the cpu controller is on); None on
+        v1, whose memory group counts no CPU, or where it cannot be read."""
+        if self.version != 2:
+            return None
+        try:
+            raw = _read(f"{self.directory}/cpu.stat")
+            usage = parsers.parse_flat_keyed(raw, "cpu.stat", frozenset({"usage_usec"}))
+        except (OSError, KernelFileError):
+            return None
+        return usage["usage_usec"] / 1e6 if "usage_usec" in usage else None
+
     def remove(self, attempts: int = 100) -> bool:
         """rmdir the group, retrying while its last tasks drain; True once it is gone."""
         return remove_group(self.directory, attempts)

@@ -304,14 +304,19 @@ def _pressure(
     return found, ("machine" if found is not None else "not available")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; a CPU quota is not counted)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1)
+
+
 def load_per_core() -> float | None:
     """One-minute load average per usable core, or None where the platform has none."""
     try:
         load = os.getloadavg()[0]
     except OSError:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return load / max(1, cores or 1)
+    return load / usable_cores()
 
 
 def cpu_pressure_percent() -> float | None:

@@ -243,6 +243,34 @@ class ManagedProcess:
         finally:
             self._lock.release()
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds (user and system) the tree used so far; None once it is closed, or
+        while it is being stopped or closed (never waited for).
+
+        A v2 job group counts every process that was ever in it.  Otherwise the
+        leader and the members found now, each with its reaped children: a member
+        reaped by a process outside the tree takes its seconds with it, so the
+        figure can step down (a rate read from it is never below zero).
+        """
+        if self._closed or not self._lock.acquire(blocking=False):
+            return None  # closed, or being stopped or closed: nothing to wait for
+        try:
+            if self._cgroup is not None:
+                counted = self._cgroup.cpu_seconds()
+                if counted is not None:
+                    return counted
+            procs = self.refresh()
+            with contextlib.suppress(psutil.Error):  # the leader is ours until closed: no reuse
+                procs.append(psutil.Process(self.pid))
+            total = 0.0
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    times = proc.cpu_times()
+                    total += times.user + times.system + times.children_user + times.children_system
+            return total
+        finally:
+            self._lock.release()
+
     def peak(self) -> MemoryPeak:
         """The highest memory the tree held, and how that was taken.
 

@@ -1,0 +1,76 @@
+"""Whether our running jobs keep every core busy, so that one more would only share them.
+
+A job started while the cores are full of our own CPU-bound jobs finishes no
+work sooner: the same cores are shared one more way.  It only holds memory the
+while, and under memory pressure it is the likeliest to be paused or stopped,
+throwing its work away.  A batch given no count of its own holds its next line
+while this says the cores are full; a job whose processes mostly wait (on
+memory, disk or the network) leaves them free, and more start.
+
+Each job's rate is its tree's CPU seconds over at least :data:`WINDOW_S`; a job
+measured for less than that counts as a whole core, as if CPU bound, until
+its rate is known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from roomkeeper.jobs.handle import Handle
+
+__all__ = ["FULL_SHARE", "READ_EVERY_S", "WINDOW_S", "CoreUse"]
+
+WINDOW_S = 0.5  # a job's CPU rate is measured over at least this long
+FULL_SHARE = 0.9  # the cores are full from this share of them busy with our jobs
+READ_EVERY_S = 0.1  # the jobs' CPU is read at most this often while the same jobs run
+
+
+@dataclass(slots=True)
+class _Mark:
+    at: float  # when the job's CPU seconds were read
+    cpu: float | None  # what they were then (None: not readable yet)
+    rate: float  # cores it kept busy over its last window (1.0 until one has passed)
+
+
+class CoreUse:
+    """Our running jobs' use of the cores, read from their trees.
+
+    Args:
+        clock: monotonic seconds.
+        cores: the cores this machine lets us use.
+    """
+
+    def __init__(self, clock: Callable[[], float], cores: Callable[[], int]) -> None:
+        self._clock = clock
+        self._cores = cores
+        self._marks: dict[str, _Mark] = {}
+        self._read_at = float("-inf")
+        self._answer = False
+
+    def busy(self) -> float:
+        """Cores our jobs kept busy at the last reading (each job's latest rate)."""
+        return sum(mark.rate for mark in self._marks.values())
+
+    def full(self, handles: Mapping[str, Handle]) -> bool:
+        """Whether the jobs of ``handles`` (by job id, all on this machine) keep at least
+        :data:`FULL_SHARE` of the cores busy.  Read again at most every
+        :data:`READ_EVERY_S`, and at once when a job came or went."""
+        now = self._clock()
+        if now - self._read_at < READ_EVERY_S and handles.keys() == self._marks.keys():
+            return self._answer
+        self._read_at = now
+        self._marks = {job_id: self._mark(job_id, h, now) for job_id, h in handles.items()}
+        self._answer = bool(handles) and self.busy() >= FULL_SHARE * max(1, self._cores())
+        return self._answer
+
+    def _mark(self, job_id: str, handle: Handle, now: float) -> _Mark:
+        mark = self._marks.get(job_id)
+        cpu = handle.cpu_seconds()
+        if cpu is None:  # not readable now (being stopped): what was last known
+            return mark if mark is not None else _Mark(now, None, 1.0)
+        if mark is None or mark.cpu is None:
+            return _Mark(now, cpu, 1.0 if mark is None else mark.rate)
+        if now - mark.at < WINDOW_S:
+            return mark
+        return _Mark(now, cpu, max(0.0, cpu - mark.cpu) / (now - mark.at))
