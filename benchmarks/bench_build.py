@@ -79,7 +79,13 @@ def compile_lines(project: Path, files: list[str], out: Path) -> str:
 
 
 def one_run(
-    parent: Path, version: int, limit: int, argv: list[str], project: Path, files: list[str]
+    parent: Path,
+    version: int,
+    limit: int,
+    argv: list[str],
+    project: Path,
+    files: list[str],
+    keep: Path | None = None,
 ) -> Run:
     """``argv`` reading the compile lines, in a fresh group and a fresh output folder."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -93,6 +99,8 @@ def one_run(
         os.environ["ROOMKEEPER_HOME"] = str(Path(scratch, "home"))
         wall, kills = run_in_group(parent, version, limit, timed, lines, stderr=stderr)
         done = sum(1 for name in files if (out / f"{name}.o").is_file())
+        if keep is not None:  # the contender's stderr (roomkeeper's admission and relief log)
+            shutil.copyfile(stderr, keep)
         user, system = cpu.read_text().split()[-2:]
         return Run(
             wall, done, kills, float(user) + float(system), pressure_figures(stderr.read_text())
@@ -105,6 +113,8 @@ def main() -> None:
     parser.add_argument("--limit", default="2G", help="the group's memory limit")
     parser.add_argument("--k", default="2,3,4", help="the counts parallel -j runs with")
     parser.add_argument("--files", default=",".join(FILES), help="test files, without .cpp")
+    parser.add_argument("--keep", type=Path, help="keep roomkeeper's stderr in this file")
+    parser.add_argument("--only-roomkeeper", action="store_true", help="leave parallel out")
     args = parser.parse_args()
     project = args.project.resolve()
     files = [f for f in args.files.split(",") if f]
@@ -129,9 +139,11 @@ def main() -> None:
     batch = [sys.executable, "-m", "roomkeeper", "batch", "--quiet", "-"]
     runs: dict[str, Run] = {}
     contenders = [("roomkeeper batch", batch)]
-    contenders += [(f"parallel -j{k}", ["parallel", f"-j{k}"]) for k in args.k.split(",")]
+    if not args.only_roomkeeper:
+        contenders += [(f"parallel -j{k}", ["parallel", f"-j{k}"]) for k in args.k.split(",")]
     for label, argv in contenders:
-        run = runs[label] = one_run(parent, version, limit, argv, project, files)
+        keep = args.keep if label == "roomkeeper batch" else None
+        run = runs[label] = one_run(parent, version, limit, argv, project, files, keep)
         print(
             f"{label:18} wall {run.wall_s:7.1f} s  done {run.done:2}/{len(files)}  "
             f"OOM kills {run.kills:2}  CPU {run.cpu_s:7.1f} s",

@@ -19,10 +19,13 @@ from dataclasses import dataclass
 
 from roomkeeper.jobs.handle import Handle
 
-__all__ = ["FULL_SHARE", "READ_EVERY_S", "WINDOW_S", "CoreUse"]
+__all__ = ["IDLE_SLACK", "READ_EVERY_S", "WINDOW_S", "CoreUse"]
 
 WINDOW_S = 0.5  # a job's CPU rate is measured over at least this long
-FULL_SHARE = 0.9  # the cores are full from this share of them busy with our jobs
+# The cores are full while less than half a core is left idle by our jobs: a CPU-bound job
+# gets a little less than a whole core beside the machine's other work, and two of them on
+# two cores must still count as full.
+IDLE_SLACK = 0.5
 READ_EVERY_S = 0.1  # the jobs' CPU is read at most this often while the same jobs run
 
 
@@ -53,15 +56,15 @@ class CoreUse:
         return sum(mark.rate for mark in self._marks.values())
 
     def full(self, handles: Mapping[str, Handle]) -> bool:
-        """Whether the jobs of ``handles`` (by job id, all on this machine) keep at least
-        :data:`FULL_SHARE` of the cores busy.  Read again at most every
+        """Whether the jobs of ``handles`` (by job id, all on this machine) leave less than
+        :data:`IDLE_SLACK` of a core idle.  Read again at most every
         :data:`READ_EVERY_S`, and at once when a job came or went."""
         now = self._clock()
         if now - self._read_at < READ_EVERY_S and handles.keys() == self._marks.keys():
             return self._answer
         self._read_at = now
         self._marks = {job_id: self._mark(job_id, h, now) for job_id, h in handles.items()}
-        self._answer = bool(handles) and self.busy() >= FULL_SHARE * max(1, self._cores())
+        self._answer = bool(handles) and self.busy() > max(1, self._cores()) - IDLE_SLACK
         return self._answer
 
     def _mark(self, job_id: str, handle: Handle, now: float) -> _Mark:

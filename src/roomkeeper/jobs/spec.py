@@ -49,7 +49,8 @@ class JobState(enum.Enum):
 class SchedulerReason(Word):
     """Why the scheduler holds a job back, or refused or ended it, beside the guard's rule."""
 
-    # Above ROOMKEEPER_CPU_PRESSURE_PERCENT here; on a cluster, no node with room has a CPU free.
+    # Above ROOMKEEPER_CPU_PRESSURE_PERCENT here, or a batch given no count keeps every core
+    # busy (jobs/cores.py); on a cluster, no node with room has a CPU free.
     CPU = "cpu", "CPU under pressure"
     SLOTS = "slots", "all running slots busy"  # ROOMKEEPER_MAX_RUNNING jobs run
     OWNER_SLOTS = "owner_slots", "owner's running slots busy"  # ROOMKEEPER_MAX_RUNNING_PER_OWNER
