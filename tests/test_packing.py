@@ -263,6 +263,7 @@ def test_batch_without_a_count_waits_for_free_cores_and_with_one_does_not(
         ([], home),
         (["--max-running", "3"], home),
         ([], {**home, "ROOMKEEPER_MAX_RUNNING": "3"}),
+        ([], {**home, "ROOMKEEPER_MAX_RUNNING": " "}),  # unset in all but name: the default 4
     ):
         result = CliRunner().invoke(main, ["batch", *args, "-"], input="true\n", env=env)
         assert result.exit_code == 0, result.output
@@ -270,12 +271,13 @@ def test_batch_without_a_count_waits_for_free_cores_and_with_one_does_not(
         (True, 4),
         (False, 3),
         (False, 3),
+        (True, 4),
     ]
 
 
 @pytest.mark.kernel
-def test_run_batch_hands_its_cores_rule_to_every_round(tmp_path: Path) -> None:
-    """The batch's choice reaches the limits each round reads."""
+def test_run_batch_hands_its_cores_rule_to_its_rounds(tmp_path: Path) -> None:
+    """The batch's choice reaches the limits its scheduler's rounds read."""
     seen: list[bool] = []
 
     def recording(settings: SchedulerSettings, **kw: Any) -> Scheduler:

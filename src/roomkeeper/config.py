@@ -73,6 +73,11 @@ def _variable(
         return default
 
 
+def max_running_given(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a person set ROOMKEEPER_MAX_RUNNING to a value the queue uses."""
+    return _usable(os.environ if env is None else env, "ROOMKEEPER_MAX_RUNNING", _AT_LEAST_ONE)
+
+
 def _usable(env: Mapping[str, str], name: str, convert: Callable[[str], object]) -> bool:
     """Whether a person set ``name`` to a value :func:`_variable` would use."""
     raw = env.get(name, "").strip()

@@ -30,7 +30,12 @@ from roomkeeper.batch.run import (
 from roomkeeper.cli.batch_view import BatchProgress, summary_table
 from roomkeeper.cli.options import parse_kind_option, parse_size_option
 from roomkeeper.cli.worktrees import batch_worktrees, prune, reap
-from roomkeeper.config import read_batch_cpu_settings, read_queue_settings, read_settings
+from roomkeeper.config import (
+    max_running_given,
+    read_batch_cpu_settings,
+    read_queue_settings,
+    read_settings,
+)
 from roomkeeper.errors import RoomkeeperError, UsageError
 from roomkeeper.gateway.home import open_journal
 from roomkeeper.guard.admission import Guard
@@ -265,7 +270,7 @@ def batch(
     read_batch_cpu_settings()  # its words for a bad nice or CPU percentage, before the gateway's
     # A count given is the person's CPU decision, as parallel -j is; without one, lines also
     # wait while the running ones keep every core busy.
-    counted = max_running is not None or "ROOMKEEPER_MAX_RUNNING" in os.environ
+    counted = max_running is not None or max_running_given()
     max_running = max_running or read_queue_settings().max_running
     logs_dir = writable_dir(
         logs if logs is not None else default_logs_dir(home_dir()),

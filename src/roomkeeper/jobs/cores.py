@@ -9,7 +9,13 @@ memory, disk or the network) leaves them free, and more start.
 
 Each job's rate is its tree's CPU seconds over at least :data:`WINDOW_S`; a job
 measured for less than that counts as a whole core, as if CPU bound, until
-its rate is known.
+its rate is known.  So does a job not read for :data:`STALE_S` (launches were
+held meanwhile, or it was suspended): a rate averaged over a pause says
+nothing of now.  A counter that steps down (a member reaped outside the tree
+takes its seconds along) keeps the job's last rate and starts a new window.
+
+What is counted is the CPU our jobs got, not what they would take: beside
+other CPU-bound work on the machine they get less, and more of them start.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import dataclass
 
 from roomkeeper.jobs.handle import Handle
 
-__all__ = ["IDLE_SLACK", "READ_EVERY_S", "WINDOW_S", "CoreUse"]
+__all__ = ["IDLE_SLACK", "READ_EVERY_S", "STALE_S", "WINDOW_S", "CoreUse"]
 
 WINDOW_S = 0.5  # a job's CPU rate is measured over at least this long
 # The cores are full while less than half a core is left idle by our jobs: a CPU-bound job
@@ -27,10 +33,12 @@ WINDOW_S = 0.5  # a job's CPU rate is measured over at least this long
 # two cores must still count as full.
 IDLE_SLACK = 0.5
 READ_EVERY_S = 0.1  # the jobs' CPU is read at most this often while the same jobs run
+STALE_S = 2.0  # a reading older than this starts a new window: the job counts as a core again
 
 
 @dataclass(slots=True)
 class _Mark:
+    handle: Handle  # the run read (a re-run of the same job is another)
     at: float  # when the job's CPU seconds were read
     cpu: float | None  # what they were then (None: not readable yet)
     rate: float  # cores it kept busy over its last window (1.0 until one has passed)
@@ -69,11 +77,18 @@ class CoreUse:
 
     def _mark(self, job_id: str, handle: Handle, now: float) -> _Mark:
         mark = self._marks.get(job_id)
-        cpu = handle.cpu_seconds()
+        if mark is not None and (mark.handle is not handle or now - mark.at > STALE_S):
+            mark = None  # another run of the job, or a reading from before a pause
+        try:
+            cpu = handle.cpu_seconds()
+        except Exception:  # one unreadable tree must not stop every round: as not readable
+            cpu = None
         if cpu is None:  # not readable now (being stopped): what was last known
-            return mark if mark is not None else _Mark(now, None, 1.0)
+            return mark if mark is not None else _Mark(handle, now, None, 1.0)
         if mark is None or mark.cpu is None:
-            return _Mark(now, cpu, 1.0 if mark is None else mark.rate)
+            return _Mark(handle, now, cpu, 1.0 if mark is None else mark.rate)
+        if cpu < mark.cpu:  # seconds left with a member reaped elsewhere: a new window
+            return _Mark(handle, now, cpu, mark.rate)
         if now - mark.at < WINDOW_S:
             return mark
-        return _Mark(now, cpu, max(0.0, cpu - mark.cpu) / (now - mark.at))
+        return _Mark(handle, now, cpu, (cpu - mark.cpu) / (now - mark.at))

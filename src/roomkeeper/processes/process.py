@@ -255,11 +255,19 @@ class ManagedProcess:
         if self._closed or not self._lock.acquire(blocking=False):
             return None  # closed, or being stopped or closed: nothing to wait for
         try:
+            if self._closed:
+                return None
             if self._cgroup is not None:
                 counted = self._cgroup.cpu_seconds()
                 if counted is not None:
                     return counted
-            procs = self.refresh()
+            # A group's members are one read away; without a group, those the sampler found
+            # (a walk of /proc for each reading would cost the scheduler's lock too much).
+            procs = (
+                self.refresh()
+                if self._cgroup is not None
+                else [p for p in self._members.values() if p.is_running()]
+            )
             with contextlib.suppress(psutil.Error):  # the leader is ours until closed: no reuse
                 procs.append(psutil.Process(self.pid))
             total = 0.0
