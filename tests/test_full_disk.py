@@ -117,13 +117,17 @@ def test_a_failed_save_undoes_what_it_promised_and_is_saved_once_space_is_back(
             return row is not None and row[0] == "exited"
 
         wait_until(end_saved, "the ended job's end saved")
-        sleeper = [
-            c
-            for c in psutil.Process(gw.proc.pid).children(recursive=True)
-            if c.cmdline()[:2] == ["sleep", "60"]
-        ]
-        assert len(sleeper) == 1
-        pid = sleeper[0].pid
+
+        def sleepers() -> list[psutil.Process]:  # running, the job may still be in nice or sh
+            found = []
+            for child in psutil.Process(gw.proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if child.cmdline()[:2] == ["sleep", "60"]:
+                        found.append(child)
+            return found
+
+        wait_until(lambda: len(sleepers()) == 1, "the running job's sleep exec'd")
+        pid = sleepers()[0].pid
         filler = fill_disk(tiny_disk)
         lease = {"id": "full", "memory_bytes": 10**6}
         for _ in range(2):  # the retry is judged and saved afresh, never a 200 for nothing
