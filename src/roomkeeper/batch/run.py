@@ -236,11 +236,8 @@ def run_batch(
             parts, prepare=worktrees.service.prepare, reclaim_disk=worktrees.service.reclaim
         )
         listeners = SchedulerListeners(on_change=changed, before_launch=worktrees.register)
-    max_running, until_cores_free = settings.max_running, settings.until_cores_free
     scheduler = scheduler_factory(
-        SchedulerSettings(
-            logs_dir=settings.logs_dir, limits=lambda: _limits(max_running, until_cores_free)
-        ),
+        SchedulerSettings(logs_dir=settings.logs_dir, limits=lambda: _limits(settings)),
         parts=parts,
         listeners=listeners,
     )
@@ -310,9 +307,9 @@ def _clear_old_logs(logs_dir: Path, lines: int) -> None:
             (logs_dir / f"{line}.log").unlink()
 
 
-def _limits(max_running: int, until_cores_free: bool) -> Limits:
+def _limits(settings: BatchSettings) -> Limits:
     nice, cpu_percent = read_batch_cpu_settings()  # the gateway's two defaults do not apply
-    return batch_limits(max_running, nice, cpu_percent, until_cores_free)
+    return batch_limits(settings.max_running, nice, cpu_percent, settings.until_cores_free)
 
 
 class _BatchRun:

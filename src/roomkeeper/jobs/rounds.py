@@ -557,19 +557,22 @@ class LaunchRounds:
                 continue
             # Jobs placed elsewhere use other machines' CPUs: our own pressure is no reason.
             local = self._parts.placement is None
-            if local and self.running and limits.cpu_pressure_percent is not None:
-                cpu = self._cpu_now()
-                if cpu is not None and cpu > limits.cpu_pressure_percent:
-                    self.refusals[SchedulerReason.CPU.value] += 1
-                    return None, SchedulerReason.CPU
-            if local and self.running and limits.until_cores_free and self._cores_full():
+            if local and self.running and self._cpu_holds(limits):
                 self.refusals[SchedulerReason.CPU.value] += 1
                 return None, SchedulerReason.CPU
             return head, blocked
         return None, blocked
 
-    def _cores_full(self) -> bool:
-        """Whether our running jobs here keep every core busy (:mod:`roomkeeper.jobs.cores`)."""
+    def _cpu_holds(self, limits: Limits) -> bool:
+        """Whether the CPU holds the next launch while jobs run: pressure past
+        ROOMKEEPER_CPU_PRESSURE_PERCENT, or (a batch given no count) our running jobs here
+        keeping every core busy (:mod:`roomkeeper.jobs.cores`)."""
+        if limits.cpu_pressure_percent is not None:
+            cpu = self._cpu_now()
+            if cpu is not None and cpu > limits.cpu_pressure_percent:
+                return True
+        if not limits.until_cores_free:
+            return False
         handles = {
             j.id: j.handle for j in self.running.values() if j.handle is not None and j.handle.local
         }
