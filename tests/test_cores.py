@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roomkeeper.jobs.cores import STALE_S, WINDOW_S, CoreUse
+from roomkeeper.jobs.cores import READ_EVERY_S, STALE_S, WINDOW_S, CoreUse
 from roomkeeper.testing import FakeClock
 from tests.fakes import FakeHandle
 
@@ -36,23 +36,49 @@ def test_a_job_not_yet_measured_counts_as_a_core_and_then_as_its_rate() -> None:
 
 
 def test_a_rerun_of_the_same_job_and_a_stale_reading_start_a_new_window() -> None:
-    """A job's new run (another handle) or a reading from before a pause never yields a rate
-    averaged over what it did not do now: it counts as a core until measured again."""
+    """A job's new run (another handle) never yields a rate from its old run's counter: it
+    counts as a job not yet measured.  A reading from before a pause (launches held, or the
+    job suspended) starts a new window that keeps the rate measured before it, not one averaged
+    over what the job did not do meanwhile."""
     use, clock = _use()
     first = _Tree("a", cpu=0.2)
     use.full({"a": first})
     clock.advance(1.0)
     rerun = _Tree("a", cpu=0.5)  # the same job id, run again after a stop
     use.full({"a": rerun})
-    assert use.busy() == 1.0  # not (0.5 - 0.2) / 1 s of the first run's counter
+    assert use.busy() == 1.0  # unmeasured, nothing measured before: a core
     clock.advance(1.0)
-    rerun.cpu = 1.5
+    rerun.cpu = 0.8
     use.full({"a": rerun})
-    assert abs(use.busy() - 1.0) < 1e-9  # measured: a core
+    assert abs(use.busy() - 0.3) < 1e-9  # measured: 0.3 of a core
     clock.advance(STALE_S + 1.0)
-    rerun.cpu = 1.6  # it was paused: 0.1 s in three
+    rerun.cpu = 0.9  # it was paused: 0.1 s in three
     use.full({"a": rerun})
-    assert use.busy() == 1.0  # stale: a new window, counted as a core
+    assert abs(use.busy() - 0.3) < 1e-9  # stale: a new window, at the rate before the pause
+    clock.advance(WINDOW_S)
+    rerun.cpu = 0.9 + WINDOW_S  # going on, CPU bound
+    use.full({"a": rerun})
+    assert abs(use.busy() - 1.0) < 1e-9  # measured again in the new window
+
+
+def test_a_job_not_yet_measured_counts_as_the_busiest_recent_window() -> None:
+    """Lines of one batch are alike more often than not: once windows were measured, a new
+    job counts as the busiest of them, so jobs that mostly wait start several at a time, and
+    a CPU-bound kind still counts as a core."""
+    use, clock = _use()
+    a, b = _Tree("a"), _Tree("b")
+    use.full({"a": a, "b": b})
+    clock.advance(WINDOW_S)
+    a.cpu, b.cpu = WINDOW_S * 0.1, WINDOW_S * 0.2  # they wait on memory, not the CPU
+    assert not use.full({"a": a, "b": b})
+    jobs = {"a": a, "b": b, "c": _Tree("c"), "d": _Tree("d"), "e": _Tree("e")}
+    assert not use.full(jobs)  # 0.1 + 0.2 + 3 x 0.2: not a core and a half
+    assert abs(use.busy() - 0.9) < 1e-9
+    clock.advance(WINDOW_S)
+    a.cpu += WINDOW_S  # a became CPU bound: a new job now counts as a core
+    use.full(jobs)
+    assert use.full({**jobs, "f": _Tree("f")})
+    assert abs(use.busy() - 2.0) < 1e-9  # a's core and f's, counted as a's
 
 
 def test_a_counter_stepping_down_or_unreadable_keeps_the_last_rate() -> None:
@@ -80,9 +106,15 @@ def test_a_counter_stepping_down_or_unreadable_keeps_the_last_rate() -> None:
 def test_readings_are_kept_a_moment_unless_a_job_came_or_went() -> None:
     use, clock = _use(cores=1)
     a, b = _Tree("a"), _Tree("b")
-    assert use.full({"a": a})
+    assert use.full({"a": a, "b": b})
     clock.advance(WINDOW_S)
-    a.cpu = 0.0  # it waits on something: no CPU
-    assert not use.full({"a": a})
+    a.cpu = WINDOW_S  # a keeps the core busy; b waits on something
+    assert use.full({"a": a, "b": b})
     clock.advance(0.01)
-    assert use.full({"a": a, "b": b})  # b came: read at once, and b is unmeasured
+    b.cpu = 1.0  # not read again yet: the answer is a moment old
+    assert use.full({"a": a, "b": b})
+    assert not use.full({"b": b})  # a went: read at once, b's window is not over: b idle
+    clock.advance(READ_EVERY_S)
+    assert not use.full({"b": b})  # read again, its window still not over
+    clock.advance(WINDOW_S)
+    assert use.full({"b": b})  # a window later, b was busy

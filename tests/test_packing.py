@@ -13,7 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from roomkeeper.batch.run import BatchOptions, BatchResult, BatchSettings, run_batch
+from roomkeeper.batch.run import (
+    UNCOUNTED_MAX_RUNNING,
+    BatchOptions,
+    BatchResult,
+    BatchSettings,
+    run_batch,
+)
 from roomkeeper.cli import local
 from roomkeeper.cli.app import main
 from roomkeeper.cli.batch_view import BatchProgress
@@ -246,8 +252,8 @@ def test_batch_packs_unless_strict_and_passes_its_kind(
 def test_batch_without_a_count_waits_for_free_cores_and_with_one_does_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No --max-running and no ROOMKEEPER_MAX_RUNNING: lines also wait for free cores; either
-    one given is the person's own CPU decision, as parallel -j is."""
+    """No --max-running and no ROOMKEEPER_MAX_RUNNING: no count caps the lines, and they also
+    wait for free cores; either one given is the person's own CPU decision, as parallel -j is."""
     seen: list[BatchSettings] = []
 
     def fake_run_batch(
@@ -263,15 +269,17 @@ def test_batch_without_a_count_waits_for_free_cores_and_with_one_does_not(
         ([], home),
         (["--max-running", "3"], home),
         ([], {**home, "ROOMKEEPER_MAX_RUNNING": "3"}),
-        ([], {**home, "ROOMKEEPER_MAX_RUNNING": " "}),  # unset in all but name: the default 4
+        ([], {**home, "ROOMKEEPER_MAX_RUNNING": " "}),  # unset in all but name: no count
     ):
         result = CliRunner().invoke(main, ["batch", *args, "-"], input="true\n", env=env)
         assert result.exit_code == 0, result.output
+    # Without a count, memory and the cores decide how many run: no count caps them but the
+    # batch's own bound on open files.
     assert [(s.until_cores_free, s.max_running) for s in seen] == [
-        (True, 4),
+        (True, UNCOUNTED_MAX_RUNNING),
         (False, 3),
         (False, 3),
-        (True, 4),
+        (True, UNCOUNTED_MAX_RUNNING),
     ]
 
 

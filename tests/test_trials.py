@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from roomkeeper.config import PressureSettings
+from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
@@ -12,12 +13,15 @@ from roomkeeper.guard.packing import (
     HORIZON_SECONDS,
     IDLE_OBSERVE_SECONDS,
     MAX_TRIALS,
+    PEAKS_NEEDED,
     TRIAL_RESUME_MARGIN,
     MemoryPolicy,
     Report,
     claim_bytes,
     held_bytes,
     leaves_trial,
+    trial_fits,
+    typical_peak,
 )
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
@@ -243,3 +247,76 @@ def test_nothing_starts_on_trial_beside_strict_work_alone(tmp_path: Path) -> Non
     assert guard.admit("lease", memory_bytes=7 * GB).admit
     assert not guard.admit("pack", memory_bytes=3 * GB, policy=PACK).admit
     assert guard.trials() == []
+
+
+def test_a_trial_that_holds_still_is_not_paused() -> None:
+    """Pausing a trial that did not grow since the last reading takes no room back and keeps
+    what it holds from being given back when it ends: the newest trial that grew is paused,
+    and none while none grew."""
+    jobs = [live("old", 1), live("t1", 2, trial=True), live("t2", 3, trial=True)]
+    over = reading(1 * GB, SUSPEND - GB + 1)
+    t1_grew = LadderState(footprints=(("old", 300 * MB), ("t1", 100 * MB), ("t2", 300 * MB)))
+    plan, _ = decide(t1_grew, over, jobs, SETTINGS, cooling=False)
+    assert [(a.step, a.job_id, a.trial) for a in plan.actions] == [(Step.SUSPEND, "t1", True)]
+    still = LadderState(footprints=(("old", 300 * MB), ("t1", 300 * MB), ("t2", 300 * MB)))
+    plan, _ = decide(still, over, jobs, SETTINGS, cooling=False)
+    assert plan.actions == () and not plan.hold
+
+
+def test_the_typical_peak_is_the_median_of_the_newest_once_enough_are_known() -> None:
+    assert typical_peak([], prior=GB) == GB
+    assert typical_peak([300 * MB] * (PEAKS_NEEDED - 1), prior=GB) == GB
+    assert typical_peak([100 * MB, 900 * MB, 300 * MB], prior=GB) == 300 * MB
+    assert typical_peak([100 * MB, 200 * MB, 300 * MB, 900 * MB], prior=GB) == 300 * MB
+
+
+def test_a_trial_fits_when_the_room_holds_every_trials_rest_and_the_new_one() -> None:
+    """What each trial may still grow by, and all the new one is expected to, under the room."""
+    assert trial_fits(1000 * MB, 400 * MB, [300 * MB, 0])
+    assert trial_fits(700 * MB, 400 * MB, [300 * MB, 0])
+    assert not trial_fits(700 * MB - 1, 400 * MB, [300 * MB, 0])
+    assert not trial_fits(100 * GB, MB, [0] * MAX_TRIALS)  # never more than MAX_TRIALS
+
+
+def _trials_started(guard: Guard) -> int:
+    """Beside a 4 GB pack job (1 GB used of a 9 GB line), how many jobs of unknown size start on
+    trial before one is refused."""
+    assert guard.admit("big", memory_bytes=4 * GB, policy=PACK).admit
+    started = 0
+    while guard.admit(f"t{started}", policy=PACK).admit:
+        started += 1
+    assert guard.trials() == [f"t{n}" for n in range(started)]
+    return started
+
+
+def test_the_number_of_trials_follows_the_room_and_the_work_seen(tmp_path: Path) -> None:
+    """The suspend line (9.5 GB) less 4 GB used leaves 5.5 GB: with nothing seen, each trial is
+    expected to grow to the default (1 GiB), so 5 fit; once two jobs of unknown size ended at
+    200 MB, trials are expected at that, and start up to MAX_TRIALS."""
+    fresh, _ = fixture_guard(tmp_path / "fresh", used=4 * GB)
+    assert _trials_started(fresh) == 5
+    seen, _ = fixture_guard(tmp_path / "seen", used=4 * GB)
+    for n in range(PEAKS_NEEDED):
+        assert seen.admit(f"small{n}", policy=PACK).admit
+        seen.report_measured(f"small{n}", 200 * MB)
+        seen.release(f"small{n}")
+    assert _trials_started(seen) == MAX_TRIALS
+
+
+def test_a_job_of_unknown_size_claims_its_forecast_not_the_rest_of_the_default(
+    tmp_path: Path,
+) -> None:
+    """The default is a guess: once a job of unknown size is seen growing, it claims against
+    the trials what its growth forecasts; a job whose size was given claims all of its rest."""
+    claims = []
+    for name, given in (("guessed", None), ("given", 1 << 30)):
+        guard, clock = fixture_guard(tmp_path / name, used=GB)
+        assert guard.admit(name, memory_bytes=given, policy=PACK).admit
+        for measured in (100 * MB, 300 * MB):
+            clock.advance(1.0)
+            guard.report_measured(name, measured)
+        read = guard.pressure_reading()
+        assert read is not None
+        claims.append(read.claimed)
+    forecast = int(200 * MB * HORIZON_SECONDS) + FLOOR_BYTES  # 200 MB/s over the last second
+    assert claims == [forecast, (1 << 30) - 300 * MB]

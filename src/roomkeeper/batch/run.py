@@ -59,6 +59,12 @@ from roomkeeper.worktrees.service import BRANCH_PREFIX, Worktrees
 
 STOP_GRACE_ON_INTERRUPT = 2.0
 SHOW_EVERY_S = 0.1  # the counts shown are at most this old (the last ones always shown)
+# Lines submitted ahead of their start, at most: enough for one round to start several, few
+# enough that a line is sized (its learned size read) close to when it starts.
+LINES_READY = 8
+# A batch given no count runs as many lines as memory and the cores allow, at most this many
+# (each running line holds a few of the batch's file descriptors).
+UNCOUNTED_MAX_RUNNING = 256
 # A line's own kind: a shell comment at its very end, "#kind=NAME" (or "# kind=NAME").
 _LINE_KIND = re.compile(r"(?:^|\s)#\s*kind=(\S*)\s*$")
 
@@ -351,9 +357,8 @@ class _BatchRun:
     def feed(self) -> None:
         """Submit lines as room frees: keep a few lines ready, never the whole file."""
         waiting = self._scheduler.waiting()
-        while self._next_line < len(self._commands) and waiting < max(
-            2, self._settings.max_running
-        ):
+        ready = max(2, min(self._settings.max_running, LINES_READY))
+        while self._next_line < len(self._commands) and waiting < ready:
             job_id = str(self._next_line + 1)
             self._scheduler.submit(self._spec(self._next_line, job_id), job_id=job_id)
             self._next_line += 1

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from roomkeeper.batch.run import (
+    UNCOUNTED_MAX_RUNNING,
     BatchOptions,
     BatchSettings,
     BatchWorktrees,
@@ -271,7 +272,8 @@ def batch(
     # A count given is the person's CPU decision, as parallel -j is; without one, lines also
     # wait while the running ones keep every core busy.
     counted = max_running is not None or max_running_given()
-    max_running = max_running or read_queue_settings().max_running
+    if max_running is None:
+        max_running = read_queue_settings().max_running if counted else UNCOUNTED_MAX_RUNNING
     logs_dir = writable_dir(
         logs if logs is not None else default_logs_dir(home_dir()),
         what="the logs directory",

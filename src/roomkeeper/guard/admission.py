@@ -36,7 +36,7 @@ import os
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -44,14 +44,16 @@ from roomkeeper.config import Settings, read_settings
 from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
-    MAX_TRIALS,
+    PEAKS_KEPT,
     MemoryPolicy,
     Report,
     claim_bytes,
     growth_now,
     held_bytes,
     leaves_trial,
+    trial_fits,
     trimmed,
+    typical_peak,
 )
 from roomkeeper.guard.rule import (
     Ask,
@@ -110,6 +112,8 @@ class _Reservation:
     started: float
     policy: MemoryPolicy = MemoryPolicy.STRICT
     trial: bool = False  # on trial (packing): it holds nothing, and is paused first
+    guessed: bool = False  # its estimate is the default, not its own or a learned size
+    peak: int = 0  # the most it was measured at
     # The admission is the first report: nothing of the job is in the reading yet.
     reports: list[Report] = field(default_factory=list)
 
@@ -129,11 +133,21 @@ class _Reservation:
     @property
     def claim(self) -> int:
         """What it claims against the jobs on trial (nothing while on trial itself)."""
-        return 0 if self.trial else claim_bytes(self.policy, self.estimate, self.reports)
+        if self.trial:
+            return 0
+        if self.guessed and self.policy is MemoryPolicy.PACK:
+            return self.held
+        return claim_bytes(self.policy, self.estimate, self.reports)
 
     @property
     def measured(self) -> int:
         return self.reports[-1].measured
+
+    @property
+    def learns_typical(self) -> bool:
+        """Whether its peak, when it ends, tells what work of unknown size holds: a pack job
+        admitted on a guess and seen holding memory (a job never measured tells nothing)."""
+        return self.guessed and self.policy is MemoryPolicy.PACK and self.peak > 0
 
     def leave_trial(self, at: float) -> None:
         """Reserve from now on as any pack job does; its growth is judged afresh from here
@@ -144,6 +158,7 @@ class _Reservation:
     def report(self, at: float, measured: int) -> None:
         self.reports.append(Report(at, measured))
         self.reports = trimmed(self.reports)
+        self.peak = max(self.peak, measured)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +249,8 @@ class Guard:
         self._counts: Counter[str] = Counter()
         self._announced: object = None
         self._refusals_logged: dict[str, Word] = {}  # the reason last logged, per job
+        # The peaks of the newest pack jobs that ended on a guessed estimate: what sizes trials.
+        self._guessed_peaks: deque[int] = deque(maxlen=PEAKS_KEPT)
 
     def admit(
         self,
@@ -266,6 +283,7 @@ class Guard:
                 estimate (``strict``, never on trial): the last run of work stopped for
                 pressure, which must not be stopped again by others' growth.
         """
+        guessed = memory_bytes is None
         with self._lock:
             settings = read_settings(self._env)
             decision = self._judge(
@@ -283,10 +301,14 @@ class Guard:
                     summary = f"its last run waits for room for its worst case: {decision.summary}"
                     decision = replace(decision, summary=fit_summary(summary))
             elif policy is MemoryPolicy.PACK:
-                decision, trial = self._on_trial(job_id, settings, disk_bytes, decision)
+                decision, trial = self._on_trial(job_id, settings, disk_bytes, decision, guessed)
             if decision.admit:
                 self._young[job_id] = _Reservation(
-                    decision.estimate_bytes, self._clock(), policy=policy, trial=trial
+                    decision.estimate_bytes,
+                    self._clock(),
+                    policy=policy,
+                    trial=trial,
+                    guessed=guessed,
                 )
                 self._refusals_logged.pop(job_id, None)
             self._counts[decision.reason.value] += 1
@@ -296,10 +318,16 @@ class Guard:
         return decision
 
     def _on_trial(
-        self, job_id: str, settings: Settings, disk_bytes: int | None, judged: Decision
+        self,
+        job_id: str,
+        settings: Settings,
+        disk_bytes: int | None,
+        judged: Decision,
+        guessed: bool,
     ) -> tuple[Decision, bool]:
         """A pack job's decision with trials (:mod:`roomkeeper.guard.packing`): whether it starts
-        on trial instead, or waits for the jobs on trial before it; with the lock held."""
+        on trial instead, or waits for the jobs on trial before it; with the lock held.
+        ``guessed``: its estimate is the default, not its own."""
         others = self._others(job_id)
         on_trial = sum(1 for r in others if r.trial)
         refused_for_memory = judged.reason is Reason.MEMORY and not judged.never_fits
@@ -312,13 +340,34 @@ class Guard:
         if not (judged.admit or refused_for_memory):
             return judged, False  # a refusal for disk or an unknown reading stands
         floor = self._judge(job_id, settings, FLOOR_BYTES, disk_bytes)
-        if floor.admit and on_trial < MAX_TRIALS:
+        if floor.admit and self._trial_fits(floor, others, judged.estimate_bytes, guessed):
             summary = f"on trial, in room nobody reserved, paused first: {floor.summary}"
             return replace(floor, summary=summary, estimate_bytes=judged.estimate_bytes), True
         if judged.admit:  # it fits, but the jobs on trial before it go first
             summary = f"waits for the {on_trial} jobs on trial before it: {judged.summary}"
             return replace(judged, admit=False, reason=Reason.MEMORY, summary=summary), False
         return judged, False
+
+    def _trial_fits(
+        self, floor: Decision, others: list[_Reservation], estimate: int, guessed: bool
+    ) -> bool:
+        """Whether the room under the suspend line holds the jobs on trial and this one, each
+        grown to what it is expected to hold (:func:`~roomkeeper.guard.packing.trial_fits`)."""
+        memory, line = floor.memory, floor.memory_line_bytes
+        if memory is None or memory.used_bytes is None or memory.limit_bytes is None:
+            return False
+        if line is None:
+            return False
+        suspend_line = line + (memory.limit_bytes - line) // 2  # as the relief ladder draws it
+        trials = [r for r in others if r.trial]
+        rests = [max(0, self._expected(r.estimate, r.guessed) - r.measured) for r in trials]
+        expected = self._expected(estimate, guessed)
+        return trial_fits(suspend_line - memory.used_bytes, expected, rests)
+
+    def _expected(self, estimate: int, guessed: bool) -> int:
+        """What a job is expected to hold at most: its estimate or, where that is a guess, the
+        typical peak of the work of unknown size that ended (the guess until enough has)."""
+        return typical_peak(self._guessed_peaks, estimate) if guessed else estimate
 
     def _others(self, job_id: str) -> list[_Reservation]:
         return [r for j, r in self._young.items() if j != job_id]
@@ -407,7 +456,9 @@ class Guard:
     def release(self, job_id: str) -> None:
         """End ``job_id``'s reservation, whatever its outcome; unknown ids are ignored."""
         with self._lock:
-            self._young.pop(job_id, None)
+            ended = self._young.pop(job_id, None)
+            if ended is not None and ended.learns_typical:
+                self._guessed_peaks.append(ended.peak)
 
     def growth_rate(self, job_id: str) -> float:
         """Bytes per second ``job_id`` grows by now, from its reports (the steeper of the

@@ -14,11 +14,22 @@ a job holds what ``strict`` holds, so a burst of launches cannot each count
 as a floor's worth.
 
 *Trials*: a pack job that does not fit with its estimate may start on trial
-when it fits as if it asked :data:`FLOOR_BYTES` (at most :data:`MAX_TRIALS`
-at once).  It reserves nothing; the pressure monitor pauses it when used
-memory plus the other jobs' claims (:func:`claim_bytes`) pass the suspend
-line, and lets it go on :data:`TRIAL_RESUME_MARGIN` below.  It leaves its
-trial once the rest of its estimate fits (:func:`leaves_trial`).
+when it fits as if it asked :data:`FLOOR_BYTES` and the room under the suspend
+line holds what the jobs on trial, it among them, are expected to grow to
+(:func:`trial_fits`: each to its own estimate or, where that is a guess, to
+the typical peak of the work seen so far; at most :data:`MAX_TRIALS` at once).
+It reserves nothing; the pressure monitor pauses it, while it grows, when
+used memory plus the other jobs' claims (:func:`claim_bytes`) pass the
+suspend line, and lets it go on :data:`TRIAL_RESUME_MARGIN` below.  It
+leaves its trial once the rest of its estimate fits (:func:`leaves_trial`).
+
+*Typical peak* (:func:`typical_peak`): the median of the peaks of the last
+:data:`PEAKS_KEPT` pack jobs that ended on a guessed estimate (the default:
+nothing known of them), once :data:`PEAKS_NEEDED` have; the default until
+then.  Jobs of one batch are alike more often than not, so this corrects the
+default's guess within a few lines; it only sizes trials, which are paused
+first.  A job on a guessed estimate, once its growth has been seen, also
+claims only its reservation (its forecast), not the rest of the guess.
 
 What a forecast misses, the relief ladder answers: that is why ``pack`` is
 only for work roomkeeper runs and can suspend, never for leases.  Nothing
@@ -43,7 +54,9 @@ IDLE_OBSERVE_SECONDS = 2.0  # a job still below STARTED_BYTES this long after ad
 RECENT_SECONDS = 0.5  # the short window of the slope: growth that has just begun
 REPORTS_KEPT = 40  # newest per young job (4 s at the monitor's 10 a second: the slope window),
 # besides the two observation dates from (see trimmed)
-MAX_TRIALS = 3  # jobs on trial at once: more paused at once only waits longer, and grows together
+MAX_TRIALS = 8  # jobs on trial at once at most, however much room: more only wait paused
+PEAKS_KEPT = 8  # the newest guessed jobs' peaks whose median is the typical peak
+PEAKS_NEEDED = 2  # peaks known before they say more than the default
 GROWING_WINDOW_SECONDS = 1.0  # a job that grew more than GROWING_BYTES over this still grows
 GROWING_BYTES = 32 * MIB
 TRIAL_RESUME_MARGIN = 32 * MIB  # a paused trial goes on this far below the suspend line
@@ -173,3 +186,21 @@ def leaves_trial(used: int, claimed: int, line: int, estimate: int, measured: in
     """Whether a job on trial may leave it: the rest of its estimate fits under ``line``
     beside ``used`` and the claims of the jobs not on trial."""
     return used + claimed + max(0, estimate - measured) <= line
+
+
+def typical_peak(peaks: Sequence[int], prior: int) -> int:
+    """The median of ``peaks`` (the newest guessed jobs' peaks); ``prior`` while fewer
+    than :data:`PEAKS_NEEDED` are known."""
+    if len(peaks) < PEAKS_NEEDED:
+        return prior
+    return sorted(peaks)[len(peaks) // 2]
+
+
+def trial_fits(room: int, expected: int, rests: Sequence[int]) -> bool:
+    """Whether one more job may start on trial: ``room`` (the suspend line less used memory)
+    holds what each job on trial may still grow by (``rests``) and all that the new one is
+    expected to (``expected``), and fewer than :data:`MAX_TRIALS` are on trial.  The jobs off
+    trial are not counted here: what they claim is what pauses the trials."""
+    if len(rests) >= MAX_TRIALS:
+        return False
+    return sum(rests) + expected <= room

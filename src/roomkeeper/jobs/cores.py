@@ -20,6 +20,7 @@ other CPU-bound work on the machine they get less, and more of them start.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ WINDOW_S = 0.5  # a job's CPU rate is measured over at least this long
 # two cores must still count as full.
 IDLE_SLACK = 0.5
 READ_EVERY_S = 0.1  # the jobs' CPU is read at most this often while the same jobs run
+RATES_KEPT = 8  # the newest windows' rates, whose busiest an unmeasured job counts as
 STALE_S = 2.0  # a reading older than this starts a new window: the job counts as a core again
 
 
@@ -56,6 +58,7 @@ class CoreUse:
         self._clock = clock
         self._cores = cores
         self._marks: dict[str, _Mark] = {}
+        self._rates: deque[float] = deque(maxlen=RATES_KEPT)  # the newest windows' rates
         self._read_at = float("-inf")
         self._answer = False
 
@@ -77,18 +80,29 @@ class CoreUse:
 
     def _mark(self, job_id: str, handle: Handle, now: float) -> _Mark:
         mark = self._marks.get(job_id)
-        if mark is not None and (mark.handle is not handle or now - mark.at > STALE_S):
-            mark = None  # another run of the job, or a reading from before a pause
+        if mark is not None and mark.handle is not handle:
+            mark = None  # another run of the job: nothing known of it yet
+        if mark is not None and now - mark.at > STALE_S:
+            # A reading from before a pause (launches held, or the job suspended): the
+            # average over it says nothing of now, but the rate before it is the best guess.
+            mark = _Mark(handle, now, None, mark.rate)
         try:
             cpu = handle.cpu_seconds()
         except Exception:  # one unreadable tree must not stop every round: as not readable
             cpu = None
         if cpu is None:  # not readable now (being stopped): what was last known
-            return mark if mark is not None else _Mark(handle, now, None, 1.0)
+            return mark if mark is not None else _Mark(handle, now, None, self._unmeasured())
         if mark is None or mark.cpu is None:
-            return _Mark(handle, now, cpu, 1.0 if mark is None else mark.rate)
+            return _Mark(handle, now, cpu, self._unmeasured() if mark is None else mark.rate)
         if cpu < mark.cpu:  # seconds left with a member reaped elsewhere: a new window
             return _Mark(handle, now, cpu, mark.rate)
         if now - mark.at < WINDOW_S:
             return mark
-        return _Mark(handle, now, cpu, (cpu - mark.cpu) / (now - mark.at))
+        rate = (cpu - mark.cpu) / (now - mark.at)
+        self._rates.append(rate)
+        return _Mark(handle, now, cpu, rate)
+
+    def _unmeasured(self) -> float:
+        """What a job not measured yet counts as: the busiest of the newest windows measured
+        (jobs of one batch are alike more often than not), a whole core before any."""
+        return min(1.0, max(self._rates)) if self._rates else 1.0

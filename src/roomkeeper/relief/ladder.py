@@ -215,7 +215,7 @@ def decide(
         actions += _suspend(reading, by_age, grew, rise, newest=True)
     elif by_age and by_age[0].suspended and not by_age[0].stopping:
         actions += [_go_on_oldest(by_age[0])]
-    elif pause := _pause_trial(reading, by_age):
+    elif pause := _pause_trial(reading, by_age, grew):
         actions += pause
     elif not rising and above in (None, Step.HOLD):
         actions += _resume(reading, by_age) or _resume_trial(reading, by_age)
@@ -351,13 +351,17 @@ def _go_on_oldest(job: Live) -> Action:
     return Action(Step.RESUME, job.job_id, "it is the oldest live job now", trial=job.trial)
 
 
-def _pause_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
-    """Pause the newest running job on trial (never the oldest live job): the others'
-    claims need the room it runs in.  Nothing while they do not, or no trial runs."""
+def _pause_trial(reading: Reading, by_age: list[Live], grew: set[str]) -> list[Action]:
+    """Pause the newest job on trial that grew since the last reading (never the oldest live
+    job): the others' claims need the room it grows into.  Nothing while they do not, or no
+    trial grows: a trial that holds still takes no more, and pausing it only keeps what it
+    holds from being given back when it ends."""
     if reading.used + reading.claimed <= reading.suspend_line:
         return []
     running = [
-        j for j in by_age[1:] if j.trial and j.suspendable and not (j.suspended or j.stopping)
+        j
+        for j in by_age[1:]
+        if j.trial and j.job_id in grew and j.suspendable and not (j.suspended or j.stopping)
     ]
     if not running:
         return []
