@@ -104,6 +104,22 @@ def test_while_jobs_are_on_trial_pack_jobs_start_only_on_trial(tmp_path: Path) -
     assert guard.admit("strict", memory_bytes=100 * MB).admit
 
 
+def test_a_job_that_fits_whole_behind_trials_starts_on_trial_paused_first(
+    tmp_path: Path,
+) -> None:
+    """Behind a trial that may still grow by 8 GB, 900 MB fits whole under the line (1 + 7 +
+    0.9 <= 9 GB) though not beside that trial's rest under the suspend line: it starts, but on
+    trial, the newest, so that the trial before it is never paused for it."""
+    guard, clock = fixture_guard(tmp_path, used=GB)
+    assert guard.admit("big", memory_bytes=7 * GB, policy=PACK).admit
+    assert guard.admit("t0", memory_bytes=8 * GB, policy=PACK).admit
+    clock.advance(0.1)
+    behind = guard.admit("behind", memory_bytes=900 * MB, policy=PACK)
+    assert behind.admit and behind.summary.startswith("on trial behind the 1 before it")
+    assert guard.trials() == ["t0", "behind"]
+    assert guard.statistics().reserved_bytes == 7 * GB  # trials hold nothing
+
+
 def test_a_reading_lets_a_trial_go_once_its_rest_fits(tmp_path: Path) -> None:
     """Each pressure reading ends the trials whose rest fits, oldest first, and carries what
     the jobs off trial claim (a growing job: the whole rest of its estimate)."""

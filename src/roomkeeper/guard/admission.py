@@ -44,6 +44,7 @@ from roomkeeper.config import Settings, read_settings
 from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
+    MAX_TRIALS,
     PEAKS_KEPT,
     MemoryPolicy,
     Report,
@@ -343,6 +344,11 @@ class Guard:
         if floor.admit and self._trial_fits(floor, others, judged.estimate_bytes, guessed):
             summary = f"on trial, in room nobody reserved, paused first: {floor.summary}"
             return replace(floor, summary=summary, estimate_bytes=judged.estimate_bytes), True
+        if judged.admit and on_trial < MAX_TRIALS:
+            # It fits whole, but the jobs on trial before it must not be paused for it: it
+            # starts on trial too, the newest, so paused first.
+            summary = f"on trial behind the {on_trial} before it, paused first: {judged.summary}"
+            return replace(judged, summary=summary), True
         if judged.admit:  # it fits, but the jobs on trial before it go first
             summary = f"waits for the {on_trial} jobs on trial before it: {judged.summary}"
             return replace(judged, admit=False, reason=Reason.MEMORY, summary=summary), False
