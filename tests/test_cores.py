@@ -51,12 +51,20 @@ def test_a_rerun_of_the_same_job_and_a_stale_reading_start_a_new_window() -> Non
     rerun.cpu = 0.8
     use.full({"a": rerun})
     assert abs(use.busy() - 0.3) < 1e-9  # measured: 0.3 of a core
-    clock.advance(STALE_S + 1.0)
-    rerun.cpu = 0.9  # it was paused: 0.1 s in three
-    use.full({"a": rerun})
-    assert abs(use.busy() - 0.3) < 1e-9  # stale: a new window, at the rate before the pause
+    busy = _Tree("b", cpu=0.0)  # a CPU-bound job beside it, measured, then gone
+    use.full({"a": rerun, "b": busy})
     clock.advance(WINDOW_S)
-    rerun.cpu = 0.9 + WINDOW_S  # going on, CPU bound
+    rerun.cpu, busy.cpu = 0.8 + 0.3 * WINDOW_S, WINDOW_S
+    use.full({"a": rerun, "b": busy})
+    assert abs(use.busy() - 1.3) < 1e-9
+    clock.advance(STALE_S + 1.0)
+    rerun.cpu += 0.1  # it was paused: 0.1 s in three
+    use.full({"a": rerun})
+    # Stale: a new window, at its own rate before the pause (not a job unmeasured, which
+    # would count as the busiest recent window, b's whole core).
+    assert abs(use.busy() - 0.3) < 1e-9
+    clock.advance(WINDOW_S)
+    rerun.cpu += WINDOW_S  # going on, CPU bound
     use.full({"a": rerun})
     assert abs(use.busy() - 1.0) < 1e-9  # measured again in the new window
 
