@@ -4,7 +4,8 @@ A time-compressed agent session: each of 30 jobs grows steadily to 0.75..0.95
 GB over 20..60 s and then holds it 60..180 s (drawn once with a fixed seed),
 in a 6 GiB memory group.  Contenders, each in a fresh group of its own:
 
-- ``pack``: ``roomkeeper batch --max-running 8``, no sizes given (the default);
+- ``pack``: ``roomkeeper batch``, no sizes and no count given (memory and the
+  cores decide how many run; ``--max-running N`` gives it one);
 - ``strict``: the same with ``--strict`` and the default estimate, a fixed
   reservation per young job for its warm-up window (what a dispatcher without
   measurements would do);
@@ -15,7 +16,7 @@ Reported per contender: jobs done per minute, the group's peak memory used
 
 Needs root and a cgroup memory controller.  Usage:
     python benchmarks/bench_agent_turns.py [--contenders pack,strict,5,6,7] [--jobs 30]
-        [--limit 6G] [--seed 1]
+        [--limit 6G] [--seed 1] [--max-running N]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_swarm import bench_groups, pressure_figures, run_in_group
+from bench_swarm import batch_argv, bench_groups, pressure_figures, run_in_group
 from swarmgen import Job
 
 from roomkeeper.units import parse_size
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=30)
     parser.add_argument("--limit", default="6G")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-running", type=int, help="give roomkeeper this count (none)")
     args = parser.parse_args()
     parent, version = bench_groups()
     limit = parse_size(args.limit)
@@ -73,7 +75,7 @@ def main() -> None:
         f"growing 20..60 s, held 60..180 s (seed {args.seed})",
         flush=True,
     )
-    rk = [sys.executable, "-m", "roomkeeper", "batch", "--max-running", "8", "--quiet"]
+    rk = batch_argv(args.max_running)
     for name in (c.strip() for c in args.contenders.split(",") if c.strip()):
         if name == "pack":
             argv = rk

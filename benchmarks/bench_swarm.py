@@ -27,9 +27,10 @@ small job.
 
 The scorecard, ``--seeds N [--first-seed S]``: N seeded random swarms of
 ``swarmgen.py`` (work nobody has seen: a fresh ROOMKEEPER_HOME each, no sizes
-given), each in a group of its own drawn size.  On each, ``roomkeeper batch
---max-running 8`` and ``parallel -j K`` for K = 3, 4, ... up to the first K
-that loses a job or 8 (2 only where 3 loses one).  Per swarm: roomkeeper's
+given), each in a group of its own drawn size.  On each, ``roomkeeper batch``
+with no count (memory and the cores decide how many run; ``--max-running N``
+gives it one) and ``parallel -j K`` for K = 3, 4, ... up to the first K that
+loses a job (2 only where 3 loses one; every job at once at most).  Per swarm: roomkeeper's
 wall against the fastest K that lost nothing, against the swarm's
 memory-time bound, and OOM kills and lost jobs for everyone; every
 contender's memory slack (``slack.py``: the time-averaged share of the line
@@ -173,7 +174,8 @@ def run_swarm(
 def sweep(
     swarm: Swarm, parent: Path, version: int, tmp: Path
 ) -> tuple[dict[int, float], dict[int, float | None]]:
-    """``parallel -j K`` from K = 3 up to the first K that loses a job (at most 8), and
+    """``parallel -j K`` from K = 3 up to the first K that loses a job (at most every job at
+    once), and
     K = 2 only where 3 loses one (2 is never faster than a 3 that loses nothing); the
     walls of the Ks that lost nothing, and every K's slack."""
     safe: dict[int, float] = {}
@@ -195,10 +197,16 @@ def sweep(
     if not run(3):
         run(2)
         return safe, slacks
-    for k in range(4, 9):
+    for k in range(4, len(swarm.jobs) + 1):
         if not run(k):
             break
     return safe, slacks
+
+
+def batch_argv(count: int | None) -> list[str]:
+    """``roomkeeper batch``, quiet, with ``--max-running count`` when a count is given."""
+    argv = [sys.executable, "-m", "roomkeeper", "batch", "--quiet"]
+    return argv if count is None else [*argv, "--max-running", str(count)]
 
 
 def percent(share: float | None) -> str:
@@ -207,9 +215,16 @@ def percent(share: float | None) -> str:
 
 
 def scorecard(
-    seeds: list[int], parent: Path, version: int, keep: Path | None, *, sweep_k: bool = True
+    seeds: list[int],
+    parent: Path,
+    version: int,
+    keep: Path | None,
+    *,
+    sweep_k: bool = True,
+    count: int | None = None,
 ) -> None:
-    """Roomkeeper against a sweep of static K on each seeded swarm; the distribution."""
+    """Roomkeeper (``count``: its --max-running, none by default) against a sweep of static K
+    on each seeded swarm; the distribution."""
     ratios, bounds, rk_kills, rk_lost = [], [], 0, 0
     rk_slacks: list[float] = []
     best_slacks: list[float] = []  # the fastest safe K's, per swarm
@@ -218,7 +233,7 @@ def scorecard(
         print(swarm.describe(), flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             tmpdir = Path(tmp)
-            rk = [sys.executable, "-m", "roomkeeper", "batch", "--max-running", "8", "--quiet"]
+            rk = batch_argv(count)
             env = {"ROOMKEEPER_HOME": str(tmpdir / "home")}
             wall, kills, lost, err, slack = run_swarm(swarm, rk, parent, version, tmpdir, "rk", env)
             if keep is not None:
@@ -290,6 +305,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=0, help="the scorecard: this many swarms")
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep each scorecard run's stderr here")
+    parser.add_argument(
+        "--max-running",
+        type=int,
+        help="the scorecard: give roomkeeper this count (none by default: memory and the cores "
+        "decide)",
+    )
     return parser.parse_args()
 
 
@@ -309,7 +330,14 @@ def main() -> None:
     parent, version = bench_groups()
     if args.seeds:
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-        scorecard(seeds, parent, version, args.keep, sweep_k=not args.only_roomkeeper)
+        scorecard(
+            seeds,
+            parent,
+            version,
+            args.keep,
+            sweep_k=not args.only_roomkeeper,
+            count=args.max_running,
+        )
         return
     limit = parse_size(args.limit)
     largest = parse_size(args.max_size)
