@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roomkeeper.jobs.cores import READ_EVERY_S, STALE_S, WINDOW_S, CoreUse
+from roomkeeper.jobs.cores import READ_EVERY_S, SETTLED_S, STALE_S, WINDOW_S, CoreUse
 from roomkeeper.testing import FakeClock
 from tests.fakes import FakeHandle
 
@@ -69,17 +69,24 @@ def test_a_rerun_of_the_same_job_and_a_stale_reading_start_a_new_window() -> Non
     assert abs(use.busy() - 1.0) < 1e-9  # measured again in the new window
 
 
-def test_a_job_not_yet_measured_counts_as_the_busiest_recent_window() -> None:
-    """Lines of one batch are alike more often than not: once windows were measured, a new
-    job counts as the busiest of them, so jobs that mostly wait start several at a time, and
-    a CPU-bound kind still counts as a core."""
+def test_a_job_not_yet_measured_counts_as_the_busiest_recent_window_past_a_start() -> None:
+    """Lines of one batch are alike more often than not: once windows were measured past their
+    jobs' first SETTLED_S, a new job counts as the busiest of them, so jobs that mostly wait
+    start several at a time, and a CPU-bound kind still counts as a core.  A start (a shell,
+    an exec, files read) is no guide: until then a new job counts as a core."""
     use, clock = _use()
     a, b = _Tree("a"), _Tree("b")
     use.full({"a": a, "b": b})
     clock.advance(WINDOW_S)
-    a.cpu, b.cpu = WINDOW_S * 0.1, WINDOW_S * 0.2  # they wait on memory, not the CPU
-    assert not use.full({"a": a, "b": b})
-    jobs = {"a": a, "b": b, "c": _Tree("c"), "d": _Tree("d"), "e": _Tree("e")}
+    a.cpu, b.cpu = WINDOW_S * 0.1, WINDOW_S * 0.2  # starting: they read files
+    assert use.full({"a": a, "b": b, "c": _Tree("c"), "d": _Tree("d")})  # 0.3 + 2 cores
+    jobs = {"a": a, "b": b}
+    clock.advance(SETTLED_S)
+    use.full(jobs)
+    clock.advance(WINDOW_S)
+    a.cpu, b.cpu = a.cpu + WINDOW_S * 0.1, b.cpu + WINDOW_S * 0.2  # settled: they wait on memory
+    use.full(jobs)
+    jobs |= {"c": _Tree("c"), "d": _Tree("d"), "e": _Tree("e")}
     assert not use.full(jobs)  # 0.1 + 0.2 + 3 x 0.2: not a core and a half
     assert abs(use.busy() - 0.9) < 1e-9
     clock.advance(WINDOW_S)

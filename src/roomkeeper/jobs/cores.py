@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from roomkeeper.jobs.handle import Handle
 
-__all__ = ["IDLE_SLACK", "READ_EVERY_S", "STALE_S", "WINDOW_S", "CoreUse"]
+__all__ = ["IDLE_SLACK", "READ_EVERY_S", "SETTLED_S", "STALE_S", "WINDOW_S", "CoreUse"]
 
 WINDOW_S = 0.5  # a job's CPU rate is measured over at least this long
 # The cores are full while less than half a core is left idle by our jobs: a CPU-bound job
@@ -34,6 +34,7 @@ WINDOW_S = 0.5  # a job's CPU rate is measured over at least this long
 # two cores must still count as full.
 IDLE_SLACK = 0.5
 READ_EVERY_S = 0.1  # the jobs' CPU is read at most this often while the same jobs run
+SETTLED_S = 2.0  # a job's windows from this long after it was first read count for others
 RATES_KEPT = 8  # the newest windows' rates, whose busiest an unmeasured job counts as
 STALE_S = 2.0  # a reading older than this starts a new window: the job counts as a core again
 
@@ -44,6 +45,7 @@ class _Mark:
     at: float  # when the job's CPU seconds were read
     cpu: float | None  # what they were then (None: not readable yet)
     rate: float  # cores it kept busy over its last window (1.0 until one has passed)
+    seen: float  # when this run was first read: its windows count for others after SETTLED_S
 
 
 class CoreUse:
@@ -85,24 +87,28 @@ class CoreUse:
         if mark is not None and now - mark.at > STALE_S:
             # A reading from before a pause (launches held, or the job suspended): the
             # average over it says nothing of now, but the rate before it is the best guess.
-            mark = _Mark(handle, now, None, mark.rate)
+            mark = _Mark(handle, now, None, mark.rate, mark.seen)
         try:
             cpu = handle.cpu_seconds()
         except Exception:  # one unreadable tree must not stop every round: as not readable
             cpu = None
         if cpu is None:  # not readable now (being stopped): what was last known
-            return mark if mark is not None else _Mark(handle, now, None, self._unmeasured())
-        if mark is None or mark.cpu is None:
-            return _Mark(handle, now, cpu, self._unmeasured() if mark is None else mark.rate)
-        if cpu < mark.cpu:  # seconds left with a member reaped elsewhere: a new window
-            return _Mark(handle, now, cpu, mark.rate)
+            return mark if mark is not None else _Mark(handle, now, None, self._unmeasured(), now)
+        if mark is None:
+            return _Mark(handle, now, cpu, self._unmeasured(), now)
+        if mark.cpu is None or cpu < mark.cpu:
+            # A new window: nothing read before it, or seconds left with a member reaped
+            # elsewhere.  The rate last known stands meanwhile.
+            return _Mark(handle, now, cpu, mark.rate, mark.seen)
         if now - mark.at < WINDOW_S:
             return mark
         rate = (cpu - mark.cpu) / (now - mark.at)
-        self._rates.append(rate)
-        return _Mark(handle, now, cpu, rate)
+        if mark.at - mark.seen >= SETTLED_S:  # a start (a shell, an exec, files read) is no guide
+            self._rates.append(rate)
+        return _Mark(handle, now, cpu, rate, mark.seen)
 
     def _unmeasured(self) -> float:
         """What a job not measured yet counts as: the busiest of the newest windows measured
-        (jobs of one batch are alike more often than not), a whole core before any."""
+        past their jobs' start (jobs of one batch are alike more often than not), a whole
+        core before any."""
         return min(1.0, max(self._rates)) if self._rates else 1.0
