@@ -468,16 +468,6 @@ class Guard:
             settings, memory.limit_bytes, self._reserve_for(memory.limit_bytes)
         )
 
-    def expected_bytes(self, job_id: str) -> int | None:
-        """What ``job_id`` is expected to hold at most: its estimate or, where that is a
-        guess, the typical peak of work of unknown size when it was admitted; None when it
-        holds no reservation."""
-        with self._lock:
-            reservation = self._young.get(job_id)
-            if reservation is None:
-                return None
-            return reservation.expected if reservation.guessed else reservation.estimate
-
     def release(self, job_id: str) -> None:
         """End ``job_id``'s reservation, whatever its outcome; unknown ids are ignored."""
         with self._lock:

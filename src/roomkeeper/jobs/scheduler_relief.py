@@ -127,7 +127,6 @@ class SchedulerRelief:
             # A suspended job's stillness is no settling: it is not reported.
             if not suspended:
                 self._guard.report_measured(job.job_id, footprint)
-        trial = job.job_id in on_trial or (suspended and job.reason is PressureReason.ON_TRIAL)
         return Live(
             job_id=job.job_id,
             started=job.started,
@@ -142,8 +141,7 @@ class SchedulerRelief:
             last_run=job.last_run and footprint <= job.estimate,
             # Paused on trial, it stays the trial rule's to resume even if its
             # trial ended meanwhile: a pause is not a ladder suspension.
-            trial=trial,
-            expected=self._guard.expected_bytes(job.job_id) if trial else None,
+            trial=job.job_id in on_trial or (suspended and job.reason is PressureReason.ON_TRIAL),
         )
 
     def hold_for_pressure(self, hold: bool) -> None:

@@ -93,8 +93,6 @@ class Live:
             when no newer job is left to stop.
         lease: a granted lease with a relieve hook, not a tree: its work runs in another
             process, so it is never suspended; at the stop rung it is relieved instead.
-        expected: what a job on trial is expected to hold at most (the typical peak of work
-            of unknown size, where its estimate is a guess); None: its estimate.
     """
 
     job_id: str
@@ -108,7 +106,6 @@ class Live:
     trial: bool = False
     last_run: bool = False
     lease: bool = False
-    expected: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,24 +351,12 @@ def _go_on_oldest(job: Live) -> Action:
     return Action(Step.RESUME, job.job_id, "it is the oldest live job now", trial=job.trial)
 
 
-def _rest(job: Live) -> int:
-    """What a job on trial may still grow by: to what it is expected to hold at most."""
-    expected = job.estimate if job.expected is None else job.expected
-    return max(0, expected - job.footprint)
-
-
-def _trials_growth(by_age: list[Live]) -> int:
-    """What the running jobs on trial may still grow by together."""
-    return sum(_rest(j) for j in by_age if j.trial and not (j.suspended or j.stopping))
-
-
 def _pause_trial(reading: Reading, by_age: list[Live], grew: set[str]) -> list[Action]:
     """Pause the newest job on trial that grew since the last reading (never the oldest live
-    job) while used, the others' claims and what the running trials may still grow by pass
-    the suspend line.  Nothing while they do not, or no trial grows: a trial that holds still
-    takes no more, and pausing it only keeps what it holds from being given back when it
-    ends."""
-    if reading.used + reading.claimed + _trials_growth(by_age) <= reading.suspend_line:
+    job): the others' claims need the room it grows into.  Nothing while they do not, or no
+    trial grows: a trial that holds still takes no more, and pausing it only keeps what it
+    holds from being given back when it ends."""
+    if reading.used + reading.claimed <= reading.suspend_line:
         return []
     running = [
         j
@@ -381,28 +366,24 @@ def _pause_trial(reading: Reading, by_age: list[Live], grew: set[str]) -> list[A
     if not running:
         return []
     why = (
-        f"used {gb(reading.used)} + claimed {gb(reading.claimed)} + trials' growth "
-        f"{gb(_trials_growth(by_age))} > suspend line {gb(reading.suspend_line)} (GB)"
+        f"used {gb(reading.used)} + claimed {gb(reading.claimed)} > suspend line "
+        f"{gb(reading.suspend_line)} (GB)"
     )
     return [Action(Step.SUSPEND, running[-1].job_id, why, trial=True)]
 
 
 def _resume_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
-    """Let the oldest paused job on trial go on once used, the others' claims, what the
-    running trials and it may still grow by are :data:`TRIAL_RESUME_MARGIN` below the suspend
-    line, and no job off trial is suspended."""
+    """Let the oldest paused job on trial go on once used and the others' claims are
+    :data:`TRIAL_RESUME_MARGIN` below the suspend line, and no job off trial is suspended."""
     if any(j.suspended and not j.trial for j in by_age):
+        return []
+    if reading.used + reading.claimed + TRIAL_RESUME_MARGIN > reading.suspend_line:
         return []
     for job in by_age:
         if job.trial and job.suspended and not job.stopping:
-            growth = _trials_growth(by_age) + _rest(job)
-            total = reading.used + reading.claimed + growth + TRIAL_RESUME_MARGIN
-            if total > reading.suspend_line:
-                return []
             why = (
-                f"used {gb(reading.used)} + claimed {gb(reading.claimed)} + trials' growth "
-                f"{gb(growth)} <= suspend line {gb(reading.suspend_line)} less "
-                f"{gb(TRIAL_RESUME_MARGIN)} (GB)"
+                f"used {gb(reading.used)} + claimed {gb(reading.claimed)} <= suspend line "
+                f"{gb(reading.suspend_line)} less {gb(TRIAL_RESUME_MARGIN)} (GB)"
             )
             return [Action(Step.RESUME, job.job_id, why, trial=True)]
     return []
