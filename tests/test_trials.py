@@ -319,33 +319,20 @@ def test_the_number_of_trials_follows_the_room_and_the_work_seen(tmp_path: Path)
     assert _trials_started(seen) == MAX_TRIALS
 
 
-def _growing_slowly(guard: Guard, clock: FakeClock, name: str) -> tuple[int, int]:
-    """A job of unknown size growing 40 MB a second for 3 s, then still for 4 s: what it holds
-    (and claims) while it grows, and once it has settled."""
-    assert guard.admit(name, policy=PACK).admit
-    for measured in (40 * MB, 80 * MB, 120 * MB):
-        clock.advance(1.0)
-        guard.report_measured(name, measured)
-    growing = guard.statistics().reserved_bytes
-    reading = guard.pressure_reading()
-    assert reading is not None and reading.claimed == growing
-    for _ in range(4):
-        clock.advance(1.0)
-        guard.report_measured(name, 120 * MB)
-    return growing, guard.statistics().reserved_bytes
-
-
-def test_a_job_of_unknown_size_holds_the_rest_of_the_typical_peak_while_it_grows(
+def test_a_job_of_unknown_size_claims_its_forecast_not_the_rest_of_the_default(
     tmp_path: Path,
 ) -> None:
-    """A forecast over a few seconds says nothing of a job that grows for a minute: while it
-    grows, a job of unknown size holds (and claims) the rest of the typical peak, the default
-    until jobs like it have ended; once settled, its forecast (the floor: no growth)."""
-    fresh, clock = fixture_guard(tmp_path / "fresh", used=GB)
-    assert _growing_slowly(fresh, clock, "g") == ((1 << 30) - 120 * MB, FLOOR_BYTES)
-    seen, clock = fixture_guard(tmp_path / "seen", used=GB)
-    for n in range(PEAKS_NEEDED):
-        assert seen.admit(f"small{n}", policy=PACK).admit
-        seen.report_measured(f"small{n}", 400 * MB)
-        seen.release(f"small{n}")
-    assert _growing_slowly(seen, clock, "g") == (400 * MB - 120 * MB, FLOOR_BYTES)
+    """The default is a guess: once a job of unknown size is seen growing, it claims against
+    the trials what its growth forecasts; a job whose size was given claims all of its rest."""
+    claims = []
+    for name, given in (("guessed", None), ("given", 1 << 30)):
+        guard, clock = fixture_guard(tmp_path / name, used=GB)
+        assert guard.admit(name, memory_bytes=given, policy=PACK).admit
+        for measured in (100 * MB, 300 * MB):
+            clock.advance(1.0)
+            guard.report_measured(name, measured)
+        read = guard.pressure_reading()
+        assert read is not None
+        claims.append(read.claimed)
+    forecast = int(200 * MB * HORIZON_SECONDS) + FLOOR_BYTES  # 200 MB/s over the last second
+    assert claims == [forecast, (1 << 30) - 300 * MB]

@@ -52,7 +52,6 @@ from roomkeeper.guard.packing import (
     growth_now,
     held_bytes,
     leaves_trial,
-    still_growing,
     trial_fits,
     trimmed,
     typical_peak,
@@ -115,7 +114,6 @@ class _Reservation:
     policy: MemoryPolicy = MemoryPolicy.STRICT
     trial: bool = False  # on trial (packing): it holds nothing, and is paused first
     guessed: bool = False  # its estimate is the default, not its own or a learned size
-    expected: int = 0  # guessed: the typical peak when it was admitted (what it holds growing)
     peak: int = 0  # the most it was measured at
     # The admission is the first report: nothing of the job is in the reading yet.
     reports: list[Report] = field(default_factory=list)
@@ -126,13 +124,7 @@ class _Reservation:
 
     @property
     def held(self) -> int:
-        if self.trial:
-            return 0
-        held = held_bytes(self.policy, self.estimate, self.reports)
-        if self.guessed and self.policy is MemoryPolicy.PACK and still_growing(self.reports):
-            # A guess says nothing of how long it grows: the rest of what work like it reached.
-            return max(held, self.expected - self.measured)
-        return held
+        return 0 if self.trial else held_bytes(self.policy, self.estimate, self.reports)
 
     @property
     def worst(self) -> int:
@@ -318,7 +310,6 @@ class Guard:
                     policy=policy,
                     trial=trial,
                     guessed=guessed,
-                    expected=self._expected(decision.estimate_bytes, guessed),
                 )
                 self._refusals_logged.pop(job_id, None)
             self._counts[decision.reason.value] += 1

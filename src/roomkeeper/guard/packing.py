@@ -27,12 +27,9 @@ leaves its trial once the rest of its estimate fits (:func:`leaves_trial`).
 :data:`PEAKS_KEPT` pack jobs that ended on a guessed estimate (the default:
 nothing known of them), once :data:`PEAKS_NEEDED` have; the default until
 then.  Jobs of one batch are alike more often than not, so this corrects the
-default's guess within a few lines.  It sizes trials, and what a job on a
-guessed estimate holds while it grows: a forecast over a few seconds says
-nothing of a job that grows for a minute, so while it still grows
-(:func:`still_growing`) such a job holds the rest of the typical peak as of
-its admission, and its forecast once it has settled.  Its claim is what it
-holds, not the rest of the guess.
+default's guess within a few lines; it only sizes trials, which are paused
+first.  A job on a guessed estimate, once its growth has been seen, also
+claims only its reservation (its forecast), not the rest of the guess.
 
 What a forecast misses, the relief ladder answers: that is why ``pack`` is
 only for work roomkeeper runs and can suspend, never for leases.  Nothing
@@ -164,16 +161,6 @@ def observed(reports: Sequence[Report], observe_s: float = OBSERVE_SECONDS) -> b
 def _began(reports: Sequence[Report]) -> int | None:
     """The index of the first report at :data:`STARTED_BYTES` or more: the job's work began."""
     return next((i for i, r in enumerate(reports) if r.measured >= STARTED_BYTES), None)
-
-
-def still_growing(reports: Sequence[Report]) -> bool:
-    """Whether the job grew more than :data:`GROWING_BYTES` over the last
-    :data:`SLOPE_WINDOW_SECONDS`: growth in steps a second or more apart still counts."""
-    if len(reports) < 2:
-        return False
-    newest = reports[-1]
-    start = next((r for r in reports if newest.at - r.at <= SLOPE_WINDOW_SECONDS), newest)
-    return newest.measured - start.measured > GROWING_BYTES
 
 
 def growing(reports: Sequence[Report]) -> bool:
