@@ -252,7 +252,7 @@ def test_batch_packs_unless_strict_and_passes_its_kind(
 def test_batch_without_a_count_waits_for_free_cores_and_with_one_does_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No --max-running and no ROOMKEEPER_MAX_RUNNING: no count caps the lines, and they also
+    """No --max-running and no ROOMKEEPER_MAX_RUNNING: at most 8 lines run, and they also
     wait for free cores; either one given is the person's own CPU decision, as parallel -j is."""
     seen: list[BatchSettings] = []
 
@@ -273,8 +273,8 @@ def test_batch_without_a_count_waits_for_free_cores_and_with_one_does_not(
     ):
         result = CliRunner().invoke(main, ["batch", *args, "-"], input="true\n", env=env)
         assert result.exit_code == 0, result.output
-    # Without a count, memory and the cores decide how many run: no count caps them but the
-    # batch's own bound on open files.
+    # Without a count, memory and the cores decide how many run, within the batch's own bound
+    # on lines of unknown size.
     assert [(s.until_cores_free, s.max_running) for s in seen] == [
         (True, UNCOUNTED_MAX_RUNNING),
         (False, 3),

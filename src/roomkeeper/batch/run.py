@@ -62,9 +62,11 @@ SHOW_EVERY_S = 0.1  # the counts shown are at most this old (the last ones alway
 # Lines submitted ahead of their start, at most: enough for one round to start several, few
 # enough that a line is sized (its learned size read) close to when it starts.
 LINES_READY = 8
-# A batch given no count runs as many lines as memory and the cores allow, at most this many
-# (each running line holds a few of the batch's file descriptors).
-UNCOUNTED_MAX_RUNNING = 256
+# A batch given no count runs as many lines as memory and the cores allow, at most this many.
+# Lines of unknown size that grow for a minute look small to a few seconds' forecast: with no
+# bound, twenty agent turns of 0.85 GB started at once in a 6 GiB group and the relief ladder
+# then suspended and stopped them over and over (a run three times as long as 7 at once).
+UNCOUNTED_MAX_RUNNING = 8
 # A line's own kind: a shell comment at its very end, "#kind=NAME" (or "# kind=NAME").
 _LINE_KIND = re.compile(r"(?:^|\s)#\s*kind=(\S*)\s*$")
 
