@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from roomkeeper.guard.admission import Guard
@@ -84,11 +85,13 @@ class FakeTarget:
         return True
 
 
-def fixture_guard(tmp_path: Path, used: int, limit: int = 10 * GB) -> tuple[Guard, FakeClock]:
+def fixture_guard(
+    tmp_path: Path, used: int, limit: int = 10 * GB, env: Mapping[str, str] = NO_DISK
+) -> tuple[Guard, FakeClock]:
     roots = v2_tree(tmp_path / "tree", "/job", {"/job": Level(limit, used + 12345, 12345)})
     clock = FakeClock()
     guard = Guard(
-        env=NO_DISK,
+        env=env,
         proc_root=roots.proc,
         cgroup_root=roots.cgroup,
         workspace=tmp_path,

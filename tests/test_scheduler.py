@@ -64,6 +64,7 @@ class ScriptedGuard(Guard):
         self.refuse: dict[str, Reason] = {}
         self.asked: list[str] = []
         self.released: list[str] = []
+        self.ended_alone: list[str] = []  # released after running to their own end
         self.measured: dict[str, int] = {}
         self.asked_with: dict[str, tuple[int | None, MemoryPolicy]] = {}
         self.worst_case: dict[str, bool] = {}
@@ -91,8 +92,13 @@ class ScriptedGuard(Guard):
             return Decision(job_id, False, reason, f"no room for {reason.value}")
         return Decision(job_id, True, Reason.OK, "room")
 
-    def release(self, job_id: str) -> None:
+    def release(self, job_id: str, *, ended_alone: bool = False) -> None:
         self.released.append(job_id)
+        if ended_alone:
+            self.ended_alone.append(job_id)
+
+    def growth_rate(self, job_id: str) -> float:
+        return 0.0
 
     def report_measured(self, job_id: str, measured_bytes: int) -> None:
         self.measured[job_id] = measured_bytes
@@ -420,6 +426,8 @@ def test_reservations_are_released_whatever_the_outcome(rig: Rig) -> None:
     rig.scheduler.cancel("stop")
     rig.scheduler.close(grace=0)
     assert {"ok", "bad", "stop"} <= set(rig.guard.released)
+    # Only the job that ran to its own end (exit 3 is its own end) teaches what work holds.
+    assert rig.guard.ended_alone == ["ok"]
     bad = rig.scheduler.get("bad")
     assert bad.state is JobState.FAILED and "does not exist" in (bad.error or "")
     ok = rig.scheduler.get("ok")

@@ -191,8 +191,8 @@ def probe(as_json: bool, memory: int | None, disk: int | None) -> None:
     type=click.IntRange(min=1),
     default=None,
     help=(
-        "Run at most N at once; default ROOMKEEPER_MAX_RUNNING (4), and without either a line "
-        "also waits while the running ones keep every core busy. Memory may allow fewer."
+        "Run at most N at once; default ROOMKEEPER_MAX_RUNNING; without either, at most 8, and "
+        "a line also waits while the running ones keep every core busy. Memory may allow fewer."
     ),
 )
 @click.option(

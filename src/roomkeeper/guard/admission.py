@@ -44,7 +44,6 @@ from roomkeeper.config import Settings, read_settings
 from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
-    MAX_TRIALS,
     PEAKS_KEPT,
     MemoryPolicy,
     Report,
@@ -284,7 +283,7 @@ class Guard:
                 estimate (``strict``, never on trial): the last run of work stopped for
                 pressure, which must not be stopped again by others' growth.
         """
-        guessed = memory_bytes is None
+        guessed = memory_bytes is None and rerun is None and not worst_case  # a re-run ran here
         with self._lock:
             settings = read_settings(self._env)
             decision = self._judge(
@@ -338,32 +337,38 @@ class Guard:
             # No pack job of ours to yield to (a lease or a strict job may be work the
             # monitor cannot see): it would be the oldest live job, never paused.
             return judged, False
-        if not (judged.admit or refused_for_memory):
-            return judged, False  # a refusal for disk or an unknown reading stands
+        if not (judged.admit or refused_for_memory) or judged.reason in (
+            Reason.OFF,
+            Reason.NO_CONTAINER,
+        ):
+            # A refusal for disk or an unknown reading stands; with no container to protect
+            # there is no room to judge a trial by.
+            return judged, False
         floor = self._judge(job_id, settings, FLOOR_BYTES, disk_bytes)
-        if floor.admit and self._trial_fits(floor, others, judged.estimate_bytes, guessed):
+        if floor.admit and self._trial_fits(
+            floor, settings, others, judged.estimate_bytes, guessed
+        ):
             summary = f"on trial, in room nobody reserved, paused first: {floor.summary}"
             return replace(floor, summary=summary, estimate_bytes=judged.estimate_bytes), True
-        if judged.admit and on_trial < MAX_TRIALS:
-            # It fits whole, but the jobs on trial before it must not be paused for it: it
-            # starts on trial too, the newest, so paused first.
-            summary = f"on trial behind the {on_trial} before it, paused first: {judged.summary}"
-            return replace(judged, summary=summary), True
         if judged.admit:  # it fits, but the jobs on trial before it go first
             summary = f"waits for the {on_trial} jobs on trial before it: {judged.summary}"
             return replace(judged, admit=False, reason=Reason.MEMORY, summary=summary), False
         return judged, False
 
     def _trial_fits(
-        self, floor: Decision, others: list[_Reservation], estimate: int, guessed: bool
+        self,
+        floor: Decision,
+        settings: Settings,
+        others: list[_Reservation],
+        estimate: int,
+        guessed: bool,
     ) -> bool:
         """Whether the room under the suspend line holds the jobs on trial and this one, each
         grown to what it is expected to hold (:func:`~roomkeeper.guard.packing.trial_fits`)."""
-        memory, line = floor.memory, floor.memory_line_bytes
+        memory = floor.memory
         if memory is None or memory.used_bytes is None or memory.limit_bytes is None:
             return False
-        if line is None:
-            return False
+        line = memory_line(memory.limit_bytes, settings.memory_headroom_percent)
         suspend_line = line + (memory.limit_bytes - line) // 2  # as the relief ladder draws it
         trials = [r for r in others if r.trial]
         rests = [max(0, self._expected(r.estimate, r.guessed) - r.measured) for r in trials]
@@ -459,12 +464,20 @@ class Guard:
             settings, memory.limit_bytes, self._reserve_for(memory.limit_bytes)
         )
 
-    def release(self, job_id: str) -> None:
-        """End ``job_id``'s reservation, whatever its outcome; unknown ids are ignored."""
+    def release(self, job_id: str, *, ended_alone: bool = False) -> None:
+        """End ``job_id``'s reservation, whatever its outcome; unknown ids are ignored.
+
+        ``ended_alone``: the job ran to its own end (not stopped, cancelled or timed out), so
+        its peak is what work like it holds (see :func:`~roomkeeper.guard.packing.typical_peak`).
+        """
         with self._lock:
             ended = self._young.pop(job_id, None)
-            if ended is not None and ended.learns_typical:
-                self._guessed_peaks.append(ended.peak)
+            if ended is not None and ended_alone:
+                self._learn_peak(ended)
+
+    def _learn_peak(self, reservation: _Reservation) -> None:
+        if reservation.learns_typical:
+            self._guessed_peaks.append(reservation.peak)
 
     def growth_rate(self, job_id: str) -> float:
         """Bytes per second ``job_id`` grows by now, from its reports (the steeper of the
@@ -556,7 +569,7 @@ class Guard:
     def _expire(self, warmup: float) -> None:
         now = self._clock()
         for job_id in [j for j, r in self._young.items() if now - r.started >= warmup]:
-            del self._young[job_id]
+            self._learn_peak(self._young.pop(job_id))  # past its warm-up: it has grown
 
     def _volume(self, settings: Settings) -> str | os.PathLike[str]:
         if self._workspace is not None:

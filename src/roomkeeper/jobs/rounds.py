@@ -208,7 +208,8 @@ class LaunchRounds:
             if job.pidfd >= 0:
                 os.close(job.pidfd)
                 job.pidfd = -1
-            self._guard.release(job.id)
+            # Only a run that ended on its own says what work like it holds.
+            self._guard.release(job.id, ended_alone=job.stop_cause is None)
             if job.spec.jobserver:
                 _say(job.log_path, self.jobservers.close(job.id))
             settled = job.handle.settlement()

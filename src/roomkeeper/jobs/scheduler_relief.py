@@ -27,10 +27,16 @@ from roomkeeper.jobs.rounds import LaunchRounds
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.kernel.freezer import FreezeMethod
 from roomkeeper.relief.ladder import Live, PressureReason, Step
+from roomkeeper.units import MIB
 
 log = logging.getLogger("roomkeeper")
 
 SUSPEND_TIMEOUT_S = 2.0  # a tree that does not freeze in this time is let go on and stopped
+
+
+# A job whose reports rise this fast still grows, though by less than the ladder's noise
+# between two readings (one MiB a tenth of a second, less when it reads faster near the line).
+GROWING_RATE = 1 * MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,7 @@ class SchedulerRelief:
             # Paused on trial, it stays the trial rule's to resume even if its
             # trial ended meanwhile: a pause is not a ladder suspension.
             trial=job.job_id in on_trial or (suspended and job.reason is PressureReason.ON_TRIAL),
+            growing=not suspended and self._guard.growth_rate(job.job_id) >= GROWING_RATE,
         )
 
     def hold_for_pressure(self, hold: bool) -> None:

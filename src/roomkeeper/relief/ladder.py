@@ -93,6 +93,8 @@ class Live:
             when no newer job is left to stop.
         lease: a granted lease with a relieve hook, not a tree: its work runs in another
             process, so it is never suspended; at the stop rung it is relieved instead.
+        growing: its measured growth over the last seconds is still upward (a slow grower
+            may rise less than :data:`RISE_BYTES` between two readings).
     """
 
     job_id: str
@@ -106,6 +108,7 @@ class Live:
     trial: bool = False
     last_run: bool = False
     lease: bool = False
+    growing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,16 +355,19 @@ def _go_on_oldest(job: Live) -> Action:
 
 
 def _pause_trial(reading: Reading, by_age: list[Live], grew: set[str]) -> list[Action]:
-    """Pause the newest job on trial that grew since the last reading (never the oldest live
-    job): the others' claims need the room it grows into.  Nothing while they do not, or no
-    trial grows: a trial that holds still takes no more, and pausing it only keeps what it
-    holds from being given back when it ends."""
+    """Pause the newest job on trial that grew since the last reading or still grows (never the
+    oldest live job): the others' claims need the room it grows into.  Nothing while they do
+    not, or no trial grows: a trial that holds still takes no more, and pausing it only keeps
+    what it holds from being given back when it ends."""
     if reading.used + reading.claimed <= reading.suspend_line:
         return []
     running = [
         j
         for j in by_age[1:]
-        if j.trial and j.job_id in grew and j.suspendable and not (j.suspended or j.stopping)
+        if j.trial
+        and (j.job_id in grew or j.growing)
+        and j.suspendable
+        and not (j.suspended or j.stopping)
     ]
     if not running:
         return []
