@@ -36,7 +36,7 @@ IDLE_SLACK = 0.5
 READ_EVERY_S = 0.1  # the jobs' CPU is read at most this often while the same jobs run
 SETTLED_S = 2.0  # a job's windows from this long after it was first read count for others
 RATES_KEPT = 8  # the newest windows' rates, whose busiest an unmeasured job counts as
-STALE_S = 2.0  # a reading older than this starts a new window: the job counts as a core again
+STALE_S = 2.0  # a reading older than this starts a new window, at the rate measured before it
 
 
 @dataclass(slots=True)
@@ -44,7 +44,7 @@ class _Mark:
     handle: Handle  # the run read (a re-run of the same job is another)
     at: float  # when the job's CPU seconds were read
     cpu: float | None  # what they were then (None: not readable yet)
-    rate: float  # cores it kept busy over its last window (1.0 until one has passed)
+    rate: float  # cores it kept busy over its last window (as unmeasured until one has passed)
     seen: float  # when this run was first read: its windows count for others after SETTLED_S
 
 
