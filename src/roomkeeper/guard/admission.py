@@ -70,6 +70,7 @@ from roomkeeper.guard.rule import (
     gb,
     memory_line,
     memory_room,
+    suspend_line,
 )
 from roomkeeper.kernel.delegation import JobGroupPlace, prepared_place
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT, Platform
@@ -368,12 +369,11 @@ class Guard:
         memory = floor.memory
         if memory is None or memory.used_bytes is None or memory.limit_bytes is None:
             return False
-        line = memory_line(memory.limit_bytes, settings.memory_headroom_percent)
-        suspend_line = line + (memory.limit_bytes - line) // 2  # as the relief ladder draws it
+        line = suspend_line(memory.limit_bytes, settings.memory_headroom_percent)
         trials = [r for r in others if r.trial]
         rests = [max(0, self._expected(r.estimate, r.guessed) - r.measured) for r in trials]
         expected = self._expected(estimate, guessed)
-        return trial_fits(suspend_line - memory.used_bytes, expected, rests)
+        return trial_fits(line - memory.used_bytes, expected, rests)
 
     def _expected(self, estimate: int, guessed: bool) -> int:
         """What a job is expected to hold at most: its estimate or, where that is a guess, the

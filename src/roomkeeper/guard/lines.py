@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roomkeeper.guard.rule import memory_line
+from roomkeeper.guard.rule import memory_line, suspend_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class Reading:
     @property
     def suspend_line(self) -> int:
         """Past the line by half the headroom."""
-        return memory_line(self.limit, self.headroom_percent) + self.headroom // 2
+        return suspend_line(self.limit, self.headroom_percent)
 
     @property
     def stop_line(self) -> int:

@@ -126,6 +126,12 @@ def memory_line(limit: int, headroom_percent: float) -> int:
     return limit - min(int(limit * headroom_percent / 100), MEMORY_HEADROOM_CAP)
 
 
+def suspend_line(limit: int, headroom_percent: float) -> int:
+    """Where the relief ladder suspends: past :func:`memory_line` by half the headroom."""
+    line = memory_line(limit, headroom_percent)
+    return line + (limit - line) // 2
+
+
 DEFAULT_SHARE_OF_LINE = 4  # with nothing stated or learned, a job is at most a quarter of the line
 
 

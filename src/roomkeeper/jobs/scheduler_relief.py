@@ -133,6 +133,7 @@ class SchedulerRelief:
             # A suspended job's stillness is no settling: it is not reported.
             if not suspended:
                 self._guard.report_measured(job.job_id, footprint)
+        trial = job.job_id in on_trial or (suspended and job.reason is PressureReason.ON_TRIAL)
         return Live(
             job_id=job.job_id,
             started=job.started,
@@ -147,8 +148,9 @@ class SchedulerRelief:
             last_run=job.last_run and footprint <= job.estimate,
             # Paused on trial, it stays the trial rule's to resume even if its
             # trial ended meanwhile: a pause is not a ladder suspension.
-            trial=job.job_id in on_trial or (suspended and job.reason is PressureReason.ON_TRIAL),
-            growing=not suspended and self._guard.growth_rate(job.job_id) >= GROWING_RATE,
+            trial=trial,
+            # Only a trial's growth is asked of the guard: the ladder judges no other by it.
+            growing=trial and not suspended and self._guard.growth_rate(job.job_id) >= GROWING_RATE,
         )
 
     def hold_for_pressure(self, hold: bool) -> None:
