@@ -86,6 +86,26 @@ def test_a_logs_directory_used_again_prints_only_this_runs_output(tmp_path: Path
     assert (logs / "1.log").read_text() == "second\n"
 
 
+def test_an_old_log_that_is_a_link_is_replaced_and_what_it_names_kept(tmp_path: Path) -> None:
+    """A line's old log that is a symlink or a second name of another file is replaced by a
+    fresh log; the file it named keeps its text (an emptied log is only ever our own file)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    named = tmp_path / "notes.txt"
+    linked = tmp_path / "other.txt"
+    named.write_text("keep me\n")
+    linked.write_text("keep me too\n")
+    (logs / "1.log").symlink_to(named)
+    os.link(linked, logs / "2.log")
+    (logs / "3.log").write_text("old output\n")
+    result = batch(tmp_path, "--logs", str(logs), stdin="echo one\necho two\necho three\n")
+    assert result.returncode == 0, result.stderr
+    assert named.read_text() == "keep me\n"
+    assert linked.read_text() == "keep me too\n"
+    assert not (logs / "1.log").is_symlink()
+    assert [(logs / f"{n}.log").read_text() for n in (1, 2, 3)] == ["one\n", "two\n", "three\n"]
+
+
 def test_exit_code_is_zero_only_when_every_command_succeeded(tmp_path: Path) -> None:
     """One failing line makes the batch exit 1; the summary names each exit code."""
     result = batch(tmp_path, stdin="true\nexit 7\n\necho fine\n")
