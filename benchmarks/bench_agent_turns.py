@@ -16,7 +16,10 @@ Reported per contender: jobs done per minute, the group's peak memory used
 
 Needs root and a cgroup memory controller.  Usage:
     python benchmarks/bench_agent_turns.py [--contenders pack,strict,5,6,7] [--jobs 30]
-        [--limit 6G] [--seed 1] [--max-running N]
+        [--limit 6G] [--seed 1] [--max-running N] [--keep DIR]
+
+``--keep DIR`` keeps each roomkeeper run's stderr (its admission and relief log
+lines, the summary) as ``DIR/agent-turns-CONTENDER.err``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -65,6 +69,7 @@ def main() -> None:
     parser.add_argument("--limit", default="6G")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-running", type=int, help="give roomkeeper this count (none)")
+    parser.add_argument("--keep", type=Path, help="keep each roomkeeper run's stderr here")
     args = parser.parse_args()
     parent, version = bench_groups()
     limit = parse_size(args.limit)
@@ -115,6 +120,9 @@ def main() -> None:
             )
             if "roomkeeper" in argv:
                 print(f"  {pressure_figures(err.read_text())}", flush=True)
+                if args.keep is not None:
+                    args.keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(err, args.keep / f"agent-turns-{name}.err")
 
 
 if __name__ == "__main__":
