@@ -52,3 +52,39 @@ def test_batch_prints_each_suspension_and_stop_and_counts_them(tmp_path: Path) -
     holds, suspensions, stops, reruns = map(int, counts.groups())
     assert holds >= 1 and suspensions >= 1 and (stops, reruns) == (1, 1)
     assert "3 commands, 0 failed" in err
+
+
+def test_frozen_lines_waiting_on_each_other_are_unblocked_by_stopping_the_newest(
+    tmp_path: Path,
+) -> None:
+    """Rent or buy on the real kernel: two lines frozen together past the suspend line wait
+    for a long first line's end.  Once the newest has waited as long as it had run, it is
+    stopped (and run again later), the other goes on at once, and nothing is killed."""
+    commands = tmp_path / "commands.txt"
+    commands.write_text(
+        f"{sys.executable} {GROW} 500000000 1 20\n"  # the oldest: small, long
+        + f"{sys.executable} {GROW} 800000000 8 1\n" * 2  # together past the suspend line
+    )
+    env = batch_env(tmp_path, ROOMKEEPER_PRESSURE_COOLDOWN="2")
+    with memory_box(2_000_000_000) as box, machine_kills_counted() as machine_kills:
+        argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--max-running", "3"]
+        done = subprocess.run(
+            box.argv([*argv, "--job-memory", "100M", "--quiet"]),
+            capture_output=True,
+            text=True,
+            env={**env, **box.env()},
+            timeout=600,
+            check=False,
+        )
+        kills = (box.oom_kills(), machine_kills())
+    err = done.stderr
+    assert (done.returncode, *kills) == (0, 0, 0), err[-3000:]
+    frozen = re.findall(r"^roomkeeper batch: line (\d) suspended for memory pressure", err, re.M)
+    assert sorted(set(frozen)) == ["2", "3"], err
+    stopped = re.search(
+        r"job 3 stopped \(output kept\).*: suspended (\d+) s after running (\d+) s", err
+    )
+    assert stopped is not None, err
+    assert int(stopped[1]) >= int(stopped[2]), err
+    assert err.index("line 2 resumed") > stopped.start(), err  # it went on once 3 was gone
+    assert "3 commands, 0 failed" in err

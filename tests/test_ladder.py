@@ -15,7 +15,7 @@ from roomkeeper.config import PressureSettings
 from roomkeeper.guard.lines import Reading
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
-from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
+from roomkeeper.jobs.settings import SchedulerClocks, SchedulerParts, SchedulerSettings
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState
 from roomkeeper.processes.launch import LaunchSpec
 from roomkeeper.processes.peaks import MemoryPeak, PeakMethod
@@ -270,6 +270,62 @@ def test_resumes_oldest_first_once_it_fits_and_holds_until_then() -> None:
     assert plans[0].hold  # still held while anything is suspended
     rising = run([reading(1000 * MB), reading(1600 * MB)], live)
     assert (Step.RESUME, "middle") not in steps(rising[1])
+
+
+def _frozen_three(**newest: object) -> list[Live]:
+    """The oldest runs; two trees frozen together wait: the middle's rest does not fit beside
+    1.85 GB used, and the newest's 0.2 GB back would let it go on (1.65 + 0.1 <= 1.8)."""
+    over: dict[str, object] = {
+        "suspended": True,
+        "footprint": 200 * MB,
+        "runs_again": True,
+        "ran_s": 30.0,
+        "suspended_s": 30.0,
+        **newest,
+    }
+    return [
+        job("oldest", 1),
+        job("middle", 2, suspended=True, estimate=400 * MB, runs_again=True),
+        job("newest", 3, **over),
+    ]
+
+
+def test_a_frozen_tree_that_waited_as_long_as_it_ran_is_stopped_to_let_an_older_one_go_on() -> None:
+    """Rent or buy: trees frozen together wait for a running job's end; once the newest has
+    waited suspended as long as it ran, it is stopped (it runs again later) when its memory
+    back lets the oldest frozen tree go on; one victim at a time."""
+    plans = run([reading(1850 * MB), reading(1850 * MB)], _frozen_three())
+    assert (Step.STOP, "newest") in steps(plans[0])
+    why = next(a.why for a in plans[0].actions if a.step is Step.STOP)
+    assert "suspended 30 s after running 30 s; its 0.20 lets job middle go on" in why
+    stopping = [replace(j, stopping=j.job_id == "newest") for j in _frozen_three()]
+    plan, _ = decide(LadderState(), reading(1850 * MB), stopping, SETTINGS, cooling=False)
+    assert not any(a.step is Step.STOP for a in plan.actions)
+    plan, _ = decide(
+        LadderState(), reading(1850 * MB), _frozen_three(), SETTINGS, cooling=False, stopping=True
+    )
+    assert not any(a.step is Step.STOP for a in plan.actions)
+
+
+@pytest.mark.parametrize(
+    ("why", "newest", "used"),
+    [
+        ("it has waited less than it ran", {"suspended_s": 29.0}, 1850 * MB),
+        ("a stop would not queue it again", {"runs_again": False}, 1850 * MB),
+        ("its memory back would not let the older one go on", {"footprint": 40 * MB}, 1850 * MB),
+        ("the older one goes on by itself", {}, 1700 * MB),
+        ("used still rises", {}, None),
+    ],
+)
+def test_a_frozen_tree_is_not_stopped_while_waiting_costs_less(
+    why: str, newest: dict[str, object], used: int | None
+) -> None:
+    """No stop while it has waited less than it ran, would not run again, would not free
+    enough, is not needed, or while used still rises (the rungs above act then)."""
+    # Rising: from 1.83 to 1.85 GB (the suspend rung's business, not this one's).
+    readings = [reading(1830 * MB), reading(1850 * MB)] if used is None else [reading(used)] * 2
+    plan = run(readings, _frozen_three(**newest))[-1]
+    assert not any(a.step is Step.STOP for a in plan.actions), why
 
 
 def test_cooling_holds_launches_without_any_pressure() -> None:
@@ -798,5 +854,38 @@ def test_a_last_run_is_protected_only_while_it_keeps_to_what_it_reserved(
         assert scheduler.relief.live_jobs()[0].last_run
         handles[-1].peak_value = admitted + 1  # outgrowing it
         assert not scheduler.relief.live_jobs()[0].last_run
+    finally:
+        scheduler.close()
+
+
+def test_the_live_jobs_say_how_long_each_ran_and_waited_and_whether_it_would_run_again(
+    tmp_path: Path,
+) -> None:
+    """What the rent-or-buy rule weighs, from the scheduler's own records on a fake clock: a
+    tree frozen at 20 s and looked at 15 s later ran 20 s and waited 15 s; one that is not
+    restartable would not run again."""
+    calls: list[tuple[str, str]] = []
+    wall = FakeClock(1000.0)
+    scheduler = Scheduler(
+        SchedulerSettings(
+            logs_dir=tmp_path,
+            limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
+            pressure=False,
+            pressure_settings=lambda: SETTINGS,
+        ),
+        parts=SchedulerParts(launcher=lambda job_id, spec: _Freezable(job_id, calls)),
+        clocks=SchedulerClocks(clock=wall, wall=wall, cpu_percent=lambda: None),
+    )
+    try:
+        again = scheduler.submit(JobSpec(argv=["x"], owner="a", memory_bytes=MB, restartable=True))
+        once = scheduler.submit(JobSpec(argv=["x"], owner="b", memory_bytes=MB))
+        scheduler.tick()
+        wall.advance(20.0)
+        assert scheduler.relief.suspend_all_for_pressure([again.id]) == [again.id]
+        wall.advance(15.0)
+        seen = {j.job_id: j for j in scheduler.relief.live_jobs()}
+        assert (seen[again.id].ran_s, seen[again.id].suspended_s) == (20.0, 15.0)
+        assert (seen[once.id].ran_s, seen[once.id].suspended_s) == (35.0, 0.0)
+        assert seen[again.id].runs_again and not seen[once.id].runs_again
     finally:
         scheduler.close()

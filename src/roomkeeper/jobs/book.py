@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from roomkeeper.errors import UnknownJobError
@@ -62,6 +62,35 @@ class JobRecord:
     admitted_bytes: int | None = None  # the estimate its run was admitted with (reserved)
     history: list[Transition] = field(default_factory=list)
     worktree: Worktree | None = None
+
+
+def run_times(history: Sequence[Transition], now: float) -> tuple[float, float]:
+    """Seconds the current run has spent running, and seconds it has been suspended now
+    (0 while it runs), from a job's ``history`` at wall-clock ``now``.
+
+    The current run begins at the last move to ``running`` that is not a resumption (a
+    re-run after a stop begins afresh: what the stop threw away is not counted).
+    """
+    begun = next(
+        (
+            i
+            for i in range(len(history) - 1, -1, -1)
+            if history[i].state is JobState.RUNNING
+            and (i == 0 or history[i - 1].state is not JobState.SUSPENDED)
+        ),
+        None,
+    )
+    if begun is None:
+        return 0.0, 0.0
+    ran = 0.0
+    run = history[begun:]
+    for this, after in zip(run, [*run[1:], None], strict=True):
+        until = now if after is None else after.at
+        if this.state is JobState.RUNNING:
+            ran += max(0.0, until - this.at)
+    last = run[-1]
+    suspended = max(0.0, now - last.at) if last.state is JobState.SUSPENDED else 0.0
+    return ran, suspended
 
 
 class JobBook:
@@ -216,6 +245,11 @@ class JobBook:
             return False
         del self._jobs[job_id]
         return True
+
+    def run_times(self, job: JobRecord) -> tuple[float, float]:
+        """How long the job's current run has run, its suspensions left out, and how long
+        it has been suspended now (:func:`run_times`)."""
+        return run_times(job.history, self._wall())
 
     def view(self, job: JobRecord) -> JobView:
         """A frozen snapshot of the record."""

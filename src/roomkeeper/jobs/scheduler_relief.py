@@ -52,6 +52,9 @@ class _Seen:
     restartable: bool
     stopping: bool
     last_run: bool
+    runs_again: bool
+    ran_s: float
+    suspended_s: float
 
 
 class SchedulerRelief:
@@ -108,6 +111,8 @@ class SchedulerRelief:
                     j.spec.restartable,
                     j.stop_cause is not None,
                     is_last_run(j.reruns, retries),
+                    j.spec.restartable and j.reruns < retries,
+                    *self._book.run_times(j),
                 )
                 for j in self._rounds.running.values()
                 if j.handle is not None and j.handle.local
@@ -151,6 +156,9 @@ class SchedulerRelief:
             trial=trial,
             # Only a trial's growth is asked of the guard: the ladder judges no other by it.
             growing=trial and not suspended and self._guard.growth_rate(job.job_id) >= GROWING_RATE,
+            runs_again=job.runs_again,
+            ran_s=job.ran_s,
+            suspended_s=job.suspended_s,
         )
 
     def hold_for_pressure(self, hold: bool) -> None:

@@ -21,12 +21,25 @@ memory pressure::
              trial claim > the suspend line; go on, oldest first, once it is
              TRIAL_RESUME_MARGIN below and no job off trial waits suspended
              (launches wait meanwhile; not counted as a hold)
+    unblock  when the oldest suspended tree cannot go on, stop the newest suspended
+             tree that would run again, once it has waited suspended as long as it
+             had run, and only if its memory lets the oldest go on
 
 The progress guarantee: the oldest live job is never suspended or stopped for
 newer ones, and one that became the oldest while suspended goes on at once;
 when it is the only one left and the stop rule still holds, it alone
 outgrows the container and is stopped as one that can never fit here.
 One victim at a time: while a stopped tree is still going, no other is chosen.
+
+Why unblock: a suspended tree keeps its memory, so trees frozen together can
+wait for one another until a running job ends, minutes for long work, every
+one of them idle.  Stopping the newest gives its memory to the older ones at
+the cost of what it had done; waiting costs its idle time.  Waiting until
+the idle time equals the work a stop would throw away, then stopping, never
+costs more than twice the better of the two choices made knowing when memory
+comes back (the rent-or-buy rule).  The other suspended trees idle meanwhile
+too; counting their time as well stopped sooner and more often, and measured
+slower on long work.
 
 Why every growing tree at once, and why the last rise counts: where the
 monitor reads slowly (a busy or emulated machine, no kernel notification),
@@ -95,6 +108,9 @@ class Live:
             process, so it is never suspended; at the stop rung it is relieved instead.
         growing: its measured growth over the last seconds is still upward (a slow grower
             may rise less than :data:`RISE_BYTES` between two readings).
+        runs_again: a stop for pressure would queue it again (restartable, re-runs left).
+        ran_s: seconds this run of it has run, its suspensions left out.
+        suspended_s: seconds it has been suspended now (0 while it runs).
     """
 
     job_id: str
@@ -109,6 +125,9 @@ class Live:
     last_run: bool = False
     lease: bool = False
     growing: bool = False
+    runs_again: bool = False
+    ran_s: float = 0.0
+    suspended_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +239,14 @@ def decide(
         actions += [_go_on_oldest(by_age[0])]
     elif pause := _pause_trial(reading, by_age, grew):
         actions += pause
-    elif not rising and above in (None, Step.HOLD):
-        actions += _resume(reading, by_age) or _resume_trial(reading, by_age)
+    elif (
+        not rising
+        and above in (None, Step.HOLD)
+        and (going_on := _resume(reading, by_age) or _resume_trial(reading, by_age))
+    ):
+        actions += going_on
+    elif not rising and not stopping:
+        actions += _unblock(reading, by_age)
     pressure = above is not None or cooling or any(j.suspended and not j.trial for j in live)
     acting = (Step.SUSPEND, Step.STOP, Step.RELIEVE)
     pressure = pressure or any(a.step in acting and not a.trial for a in actions)
@@ -393,6 +418,27 @@ def _resume_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
             )
             return [Action(Step.RESUME, job.job_id, why, trial=True)]
     return []
+
+
+def _unblock(reading: Reading, by_age: list[Live]) -> list[Action]:
+    """Stop the newest suspended tree when the oldest suspended one cannot go on, the newest
+    has waited suspended as long as it had run, it would run again, and its memory back
+    lets the oldest go on (see the module's rent-or-buy note)."""
+    waiting = [j for j in by_age if j.suspended and not j.trial and not j.stopping]
+    if len(waiting) < 2:
+        return []  # one alone waits for running work, not for another suspended tree
+    oldest, newest = waiting[0], waiting[-1]
+    rest = max(0, oldest.estimate - oldest.footprint)  # it does not fit: else it went on
+    if not newest.runs_again or newest.suspended_s < newest.ran_s:
+        return []
+    if reading.used - newest.footprint + rest > reading.hold_line:
+        return []  # its memory alone would not let the oldest go on: waiting costs less
+    why = (
+        f"suspended {newest.suspended_s:.0f} s after running {newest.ran_s:.0f} s; its "
+        f"{gb(newest.footprint)} lets job {oldest.job_id} go on: used {gb(reading.used)} - "
+        f"{gb(newest.footprint)} + its rest {gb(rest)} <= line {gb(reading.hold_line)} (GB)"
+    )
+    return [Action(Step.STOP, newest.job_id, why)]
 
 
 def _resume(reading: Reading, by_age: list[Live]) -> list[Action]:
