@@ -759,11 +759,11 @@ class _Freezable(Handle):
         return "fake"
 
 
-def test_the_suspensions_of_one_reading_halt_every_tree_before_any_walk(tmp_path: Path) -> None:
-    """Three trees suspended by one reading: each is halted (its known processes stopped)
-    before the first one is suspended in full, which walks /proc (slow on a busy machine)."""
-    calls: list[tuple[str, str]] = []
-    scheduler = Scheduler(
+def _freezing_scheduler(
+    tmp_path: Path, calls: list[tuple[str, str]], clocks: SchedulerClocks | None = None
+) -> Scheduler:
+    """A scheduler whose trees are :class:`_Freezable`, its own monitor off."""
+    return Scheduler(
         SchedulerSettings(
             logs_dir=tmp_path,
             limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
@@ -771,7 +771,15 @@ def test_the_suspensions_of_one_reading_halt_every_tree_before_any_walk(tmp_path
             pressure_settings=lambda: SETTINGS,
         ),
         parts=SchedulerParts(launcher=lambda job_id, spec: _Freezable(job_id, calls)),
+        clocks=clocks or SchedulerClocks(),
     )
+
+
+def test_the_suspensions_of_one_reading_halt_every_tree_before_any_walk(tmp_path: Path) -> None:
+    """Three trees suspended by one reading: each is halted (its known processes stopped)
+    before the first one is suspended in full, which walks /proc (slow on a busy machine)."""
+    calls: list[tuple[str, str]] = []
+    scheduler = _freezing_scheduler(tmp_path, calls)
     try:
         ids = [scheduler.submit(JobSpec(argv=["x"], owner=o, memory_bytes=MB)).id for o in "abc"]
         scheduler.tick()
@@ -866,16 +874,8 @@ def test_the_live_jobs_say_how_long_each_ran_and_waited_and_whether_it_would_run
     restartable would not run again."""
     calls: list[tuple[str, str]] = []
     wall = FakeClock(1000.0)
-    scheduler = Scheduler(
-        SchedulerSettings(
-            logs_dir=tmp_path,
-            limits=lambda: Limits(32, 8, 4, 2, 100.0, 10),
-            pressure=False,
-            pressure_settings=lambda: SETTINGS,
-        ),
-        parts=SchedulerParts(launcher=lambda job_id, spec: _Freezable(job_id, calls)),
-        clocks=SchedulerClocks(clock=wall, wall=wall, cpu_percent=lambda: None),
-    )
+    clocks = SchedulerClocks(clock=wall, wall=wall, cpu_percent=lambda: None)
+    scheduler = _freezing_scheduler(tmp_path, calls, clocks)
     try:
         again = scheduler.submit(JobSpec(argv=["x"], owner="a", memory_bytes=MB, restartable=True))
         once = scheduler.submit(JobSpec(argv=["x"], owner="b", memory_bytes=MB))
