@@ -98,12 +98,43 @@ def test_an_old_log_that_is_a_link_is_replaced_and_what_it_names_kept(tmp_path: 
     (logs / "1.log").symlink_to(named)
     os.link(linked, logs / "2.log")
     (logs / "3.log").write_text("old output\n")
-    result = batch(tmp_path, "--logs", str(logs), stdin="echo one\necho two\necho three\n")
+    plain = (logs / "3.log").stat().st_ino
+    os.mkfifo(logs / "4.log")  # opened, it would wait for a reader for ever
+    lines = "echo one\necho two\necho three\necho four\n"
+    result = batch(tmp_path, "--logs", str(logs), stdin=lines)
     assert result.returncode == 0, result.stderr
     assert named.read_text() == "keep me\n"
     assert linked.read_text() == "keep me too\n"
     assert not (logs / "1.log").is_symlink()
-    assert [(logs / f"{n}.log").read_text() for n in (1, 2, 3)] == ["one\n", "two\n", "three\n"]
+    assert (logs / "3.log").stat().st_ino == plain  # our own old log: emptied in place
+    logged = [(logs / f"{n}.log").read_text() for n in (1, 2, 3, 4)]
+    assert logged == ["one\n", "two\n", "three\n", "four\n"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_an_old_log_of_another_user_is_replaced_not_written_into(tmp_path: Path) -> None:
+    """Someone else's file by a line's log name is removed and a log of ours made: our
+    output never goes into an inode they can read."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "1.log").write_text("someone else's\n")
+    os.chown(logs / "1.log", 65534, 65534)
+    result = batch(tmp_path, "--logs", str(logs), stdin="echo one\n")
+    assert result.returncode == 0, result.stderr
+    assert (logs / "1.log").stat().st_uid == os.geteuid()  # a new file, not theirs emptied
+    assert (logs / "1.log").read_text() == "one\n"
+
+
+def test_an_old_log_that_cannot_be_replaced_is_a_clear_error(tmp_path: Path) -> None:
+    """A folder named like a line's log: the batch says which and what to do, starts nothing,
+    and prints no traceback."""
+    logs = tmp_path / "logs"
+    (logs / "1.log").mkdir(parents=True)
+    result = batch(tmp_path, "--logs", str(logs), stdin="touch started\n")
+    assert result.returncode != 0
+    assert "cannot replace the old log" in result.stderr and "--logs" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "started").exists()
 
 
 def test_exit_code_is_zero_only_when_every_command_succeeded(tmp_path: Path) -> None:

@@ -16,12 +16,13 @@ pytestmark = [pytest.mark.kernel, pytest.mark.cgroups]
 GROW = Path(__file__).resolve().parents[1] / "benchmarks" / "grow.py"
 
 
-def _three_lines_in_2_gb(tmp_path: Path, lines: str) -> tuple[str, MemoryBox]:
-    """Run ``lines`` (three) at once in a fresh 2 GB group, each stated at 100M: its stderr
-    and the group, once it exited 0 with no OOM kill anywhere."""
+def _three_lines_in_2_gb(tmp_path: Path, lines: str, **settings: str) -> tuple[str, MemoryBox]:
+    """Run ``lines`` (three) at once in a fresh 2 GB group, each stated at 100M, with
+    ``settings`` (ROOMKEEPER_* variables): its stderr and the group, once it exited 0 with no
+    OOM kill anywhere."""
     commands = tmp_path / "commands.txt"
     commands.write_text(lines)
-    env = batch_env(tmp_path, ROOMKEEPER_PRESSURE_COOLDOWN="2")
+    env = batch_env(tmp_path, ROOMKEEPER_PRESSURE_COOLDOWN="2", **settings)
     with memory_box(2_000_000_000) as box, machine_kills_counted() as machine_kills:
         argv = [sys.executable, "-m", "roomkeeper", "batch", str(commands), "--max-running", "3"]
         done = subprocess.run(
@@ -65,12 +66,14 @@ def test_frozen_lines_waiting_on_each_other_are_unblocked_by_stopping_the_newest
     """Rent or buy on the real kernel: two lines frozen together past the suspend line wait
     for a long first line's end.  Once the newest has waited as long as it had run, it is
     stopped (and run again later), the other goes on at once, and nothing is killed."""
+    # 30 % headroom: 0.3 GB between the line and the suspend line.  Frozen there, the lines
+    # stay blocked even when the kernel turns file pages inactive (0.2 GB on a cgroup v2
+    # kernel), which lowers used and would let them go on unstopped.
     err, _ = _three_lines_in_2_gb(
         tmp_path,
-        f"{sys.executable} {GROW} 500000000 1 20\n"  # the oldest: small, long
-        # Together past the suspend line, soon: the longer they wait frozen, the likelier
-        # the kernel turns file pages inactive and lets them go on unstopped.
-        + f"{sys.executable} {GROW} 800000000 5 1\n" * 2,
+        f"{sys.executable} {GROW} 400000000 1 20\n"  # the oldest: small, long
+        + f"{sys.executable} {GROW} 800000000 5 1\n" * 2,  # together past the suspend line
+        ROOMKEEPER_MEMORY_HEADROOM_PERCENT="30",
     )
     frozen = re.findall(r"^roomkeeper batch: line (\d) suspended for memory pressure", err, re.M)
     assert sorted(set(frozen)) == ["2", "3"], err

@@ -307,12 +307,21 @@ def test_a_frozen_tree_that_waited_as_long_as_it_ran_is_stopped_to_let_an_older_
     assert not any(a.step is Step.STOP for a in plan.actions)
 
 
+def test_the_newest_frozen_tree_that_would_run_again_is_the_one_stopped() -> None:
+    """A tree frozen newest that a stop would not queue again is passed over: the newest
+    that would run again is stopped in its place."""
+    live = [*_frozen_three(), job("once", 4, suspended=True, ran_s=30.0, suspended_s=30.0)]
+    plan = run([reading(1850 * MB)], live)[0]
+    assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]
+
+
 @pytest.mark.parametrize(
     ("why", "newest", "used"),
     [
         ("it has waited less than it ran", {"suspended_s": 29.0}, 1850 * MB),
         ("a stop would not queue it again", {"runs_again": False}, 1850 * MB),
         ("its memory back would not let the older one go on", {"footprint": 40 * MB}, 1850 * MB),
+        ("a run of no length: the clock went back", {"ran_s": 0.0, "suspended_s": 0.0}, 1850 * MB),
         ("the older one goes on by itself", {}, 1700 * MB),
         ("used still rises", {}, None),
     ],

@@ -311,34 +311,64 @@ def _clear_old_logs(logs_dir: Path, lines: int) -> None:
     print the earlier batch's output as this one's.  Like ``parallel
     --results``, a new run of line N replaces line N's log.
 
-    A log of ours (a plain file with no other name) is emptied, not removed:
-    removing and creating an inode per line is the dearer path on file
-    systems that delay reusing freed inodes (ext4 without a journal took
+    A log of ours (a plain file we own, with no other name) is emptied, not
+    removed: removing and creating an inode per line is the dearer path on
+    file systems that delay reusing freed inodes (ext4 without a journal took
     about 1 ms a line).  Anything else by that name (a link, a pipe, a file
-    linked elsewhere) is removed, never followed or emptied.
+    linked elsewhere or someone else's) is removed, never followed or emptied.
+    Two batches given one ``--logs`` at once write into each other's logs.
+
+    Raises:
+        UsageError: an ``N.log`` could not be removed (a folder by that name, no
+            write access to the folder); nothing has started.
     """
     for line in range(1, lines + 1):
         path = logs_dir / f"{line}.log"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            facts = os.lstat(path)
         except FileNotFoundError:
             continue
-        except OSError:  # a link (ELOOP), a pipe without a reader (ENXIO), no write access
+        except OSError as err:
+            raise _unusable_log(path, err) from err
+        if not _emptied_in_place(path, facts):
             _remove_log(path)
-            continue
-        try:
-            facts = os.fstat(fd)
-            if stat.S_ISREG(facts.st_mode) and facts.st_nlink == 1:
-                os.ftruncate(fd, 0)
-                continue
-        finally:
-            os.close(fd)
-        _remove_log(path)
+
+
+def _emptied_in_place(path: Path, facts: os.stat_result) -> bool:
+    """Truncate ``path`` when it is a plain file of ours with no other name (``facts``, its
+    ``lstat``) and still the same file once open; whether it was."""
+    if not (stat.S_ISREG(facts.st_mode) and facts.st_nlink == 1 and facts.st_uid == os.geteuid()):
+        return False
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # gone, replaced meanwhile, or not writable: removed instead
+        return False
+    try:
+        if not os.path.samestat(os.fstat(fd), facts):
+            return False
+        os.ftruncate(fd, 0)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _remove_log(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    try:
         path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise _unusable_log(path, err) from err
+
+
+def _unusable_log(path: Path, err: OSError) -> UsageError:
+    return UsageError(
+        f"cannot replace the old log {str(path)!r}: {err.strerror}; remove it, or give "
+        "another folder with --logs DIR",
+        name="--logs",
+        value=str(path.parent),
+    )
 
 
 def _limits(settings: BatchSettings) -> Limits:

@@ -421,16 +421,18 @@ def _resume_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
 
 
 def _unblock(reading: Reading, by_age: list[Live]) -> list[Action]:
-    """Stop the newest suspended tree when the oldest suspended one cannot go on, the newest
-    has waited suspended as long as it had run, it would run again, and its memory back
-    lets the oldest go on (see the module's rent-or-buy note)."""
+    """Stop the newest suspended tree that would run again when the oldest suspended one
+    cannot go on, the newest has waited suspended as long as it had run, and its memory
+    back lets the oldest go on (see the module's rent-or-buy note)."""
     waiting = [j for j in by_age if j.suspended and not j.trial and not j.stopping]
     if len(waiting) < 2:
         return []  # one alone waits for running work, not for another suspended tree
-    oldest, newest = waiting[0], waiting[-1]
-    rest = max(0, oldest.estimate - oldest.footprint)  # it does not fit: else it went on
-    if not newest.runs_again or newest.suspended_s < newest.ran_s:
+    oldest = waiting[0]
+    newest = next((j for j in reversed(waiting[1:]) if j.runs_again), None)
+    # A run of no length is a clock that went back, not a free stop.
+    if newest is None or newest.ran_s <= 0 or newest.suspended_s < newest.ran_s:
         return []
+    rest = max(0, oldest.estimate - oldest.footprint)  # it does not fit: else it went on
     if reading.used - newest.footprint + rest > reading.hold_line:
         return []  # its memory alone would not let the oldest go on: waiting costs less
     why = (
