@@ -46,6 +46,12 @@ def rerun_estimate(*, failed: int, peak: int, rate: float, ran_s: float, line: i
     return estimate
 
 
+def queued_again(*, restartable: bool, reruns: int, retries: int) -> bool:
+    """Whether a stop for pressure queues the job again: restartable work with re-runs left
+    (``reruns`` of ``retries`` used)."""
+    return restartable and reruns < retries
+
+
 def is_last_run(reruns: int, retries: int) -> bool:
     """Whether a job queued again ``reruns`` times, of ``retries`` allowed, runs for the last
     time: no stop for pressure would queue it again."""

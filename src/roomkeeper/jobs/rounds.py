@@ -62,7 +62,7 @@ from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.cores import CoreUse
 from roomkeeper.jobs.handle import Handle, RemoteEnd, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.reruns import is_last_run, rerun_estimate
+from roomkeeper.jobs.reruns import is_last_run, queued_again, rerun_estimate
 from roomkeeper.jobs.settings import (
     SchedulerClocks,
     SchedulerListeners,
@@ -287,9 +287,12 @@ class LaunchRounds:
         if (
             job.stop_reason is not PressureReason.MEMORY_PRESSURE
             or job.stop_cause is not JobState.STOPPED
-            or not job.spec.restartable
             or job.error is not None  # it alone outgrows the container: never again
-            or job.reruns >= self._settings.retries()
+            or not queued_again(
+                restartable=job.spec.restartable,
+                reruns=job.reruns,
+                retries=self._settings.retries(),
+            )
         ):
             return False
         ran_s = 0.0 if job.started is None else max(0.0, self._clocks.wall() - job.started)

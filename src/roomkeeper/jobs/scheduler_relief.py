@@ -22,7 +22,7 @@ from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.rule import Word
 from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.handle import Handle
-from roomkeeper.jobs.reruns import is_last_run
+from roomkeeper.jobs.reruns import is_last_run, queued_again
 from roomkeeper.jobs.rounds import LaunchRounds
 from roomkeeper.jobs.spec import JobState
 from roomkeeper.kernel.freezer import FreezeMethod
@@ -111,7 +111,7 @@ class SchedulerRelief:
                     j.spec.restartable,
                     j.stop_cause is not None,
                     is_last_run(j.reruns, retries),
-                    j.spec.restartable and j.reruns < retries,
+                    queued_again(restartable=j.spec.restartable, reruns=j.reruns, retries=retries),
                     *self._book.run_times(j),
                 )
                 for j in self._rounds.running.values()
