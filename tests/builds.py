@@ -82,8 +82,11 @@ _BUILD_RS = """
 use std::io::Write;
 fn note(what: &str) {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    // One write per line: writeln! on a File writes each formatted piece apart, and the
+    // pieces of build scripts running at once would interleave in the shared trace.
+    let line = format!("{} NAME {:.3}\n", what, t.as_secs_f64());
     let mut f = std::fs::OpenOptions::new().append(true).create(true).open("TRACE").unwrap();
-    writeln!(f, "{} NAME {:.3}", what, t.as_secs_f64()).unwrap();
+    f.write_all(line.as_bytes()).unwrap();
 }
 fn main() {
     note("start");
