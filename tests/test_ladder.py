@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from roomkeeper.config import PressureSettings
+from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.lines import Reading
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.scheduler import Scheduler
@@ -23,7 +24,8 @@ from roomkeeper.relief.cooldown import Cooldown, CooldownCause
 from roomkeeper.relief.ladder import LadderState, Live, Plan, PressureReason, Step, decide
 from roomkeeper.relief.monitor import MonitorPace, PressureMonitor
 from roomkeeper.testing import CannotSuspend, FakeClock
-from tests.fakes import FakeTarget
+from tests.fakes import NO_DISK, FakeTarget
+from tests.kernel_files import Level, v2_tree
 
 GB = 10**9
 MB = 10**6
@@ -535,6 +537,10 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
     """Stopped for pressure, restartable work is queued again with a grown estimate, three
     times at most."""
     launched: list[int] = []
+    # A container of its own, read on the real clock (its growth rate is timed): estimates
+    # are capped at the line, which must not be the machine's (a 3 GiB box caps 5.6 GB).
+    roots = v2_tree(tmp_path / "tree", "/job", {"/job": Level(32 * GB, 1 * GB)})
+    guard = Guard(env=NO_DISK, proc_root=roots.proc, cgroup_root=roots.cgroup, workspace=tmp_path)
 
     def launcher(job_id: str, spec: LaunchSpec) -> Handle:
         launched.append(1)
@@ -547,7 +553,7 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
             pressure=False,
             pressure_settings=lambda: SETTINGS,
         ),
-        parts=SchedulerParts(launcher=launcher),
+        parts=SchedulerParts(guard=guard, launcher=launcher),
     )
     view = scheduler.submit(JobSpec(argv=["x"], memory_bytes=100 * MB, restartable=True))
     plain = scheduler.submit(JobSpec(argv=["y"], owner="b", memory_bytes=100 * MB))

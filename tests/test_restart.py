@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from roomkeeper.kernel.job_cgroups import stale_job_cgroups
 from tests.gateways import (
     free_port,
     gateway_env,
@@ -28,23 +29,29 @@ HEALTHY_WITHIN_S = 30.0
 
 def test_serve_restarts_at_once_on_the_same_port_after_a_kill(tmp_path: Path) -> None:
     """5 times: real traffic, SIGKILL of the whole tree, ``serve`` at once on the same port,
-    healthy well before a TIME_WAIT would let go, every acknowledged job still known."""
+    healthy well before a TIME_WAIT would let go, every acknowledged job still known; the
+    job groups each killed gateway left are gone once the next one is up."""
     port = free_port()
     acknowledged: list[str] = []
+    killed: list[int] = []
     slowest = 0.0
-    for cycle in range(CYCLES):
+    for cycle in range(CYCLES + 1):
         started = time.monotonic()
         with running_gateway(tmp_path, port=port, supervised=True) as gw:
             slowest = max(slowest, time.monotonic() - started)
             for job_id in acknowledged:
                 assert gw.client.get(f"/v1/jobs/{job_id}").status_code == 200, job_id
+            left = [g for pid in killed for g in stale_job_cgroups(pid)]
+            assert not left, f"cycle {cycle}: the killed gateway's groups remain: {left}"
+            if cycle == CYCLES:  # the last start only recovers, and stops as asked
+                break
             for _ in range(3):  # traffic that leaves connections behind on the port
                 assert gw.anonymous.get("/health").status_code == 200
                 answer = gw.client.post("/v1/jobs", json={"argv": ["sleep", "30"]})
                 assert answer.status_code == 201, answer.text
                 acknowledged.append(answer.json()["id"])
             assert gw.client.get("/v1/jobs").status_code == 200
-            kill_whole_tree(gw)
+            killed = kill_whole_tree(gw)
         assert slowest < HEALTHY_WITHIN_S, f"cycle {cycle}: healthy after {slowest:.1f} s"
 
 
