@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
 
 from roomkeeper.cluster import backend as backend_module
-from roomkeeper.cluster.backend import RayBackend
+from roomkeeper.cluster.backend import RayBackend, node_job
 from roomkeeper.cluster.watch import ray_acts_first
 from roomkeeper.guard.lines import Reading
 from roomkeeper.jobs.reruns import rerun_estimate
+from roomkeeper.processes.launch import LaunchSpec
 
 MB = 1_000_000
 GIB = 1 << 30
@@ -229,3 +230,28 @@ def test_a_node_whose_warm_ups_are_refused_is_said_once_and_tried_again(
     assert "node table could not be read" not in caplog.text
     ray.refusing.clear()
     assert warmed(ray, 8) == sorted([BIG, BIG, SMALL, SMALL, OTHER, OTHER, LATE, LATE])
+
+
+def test_a_node_is_sent_what_its_ladder_needs_to_judge_the_job() -> None:
+    """Restartable, its last run or not, whether a stop would queue it again, a re-run's
+    peak: each reaches the node as the scheduler launched it."""
+    spec = LaunchSpec(
+        argv=["make"],
+        log_path="/dev/null",
+        memory_bytes=700,
+        restartable=True,
+        last_run=False,
+        rerun_peak=600,
+        runs_again=True,
+        deadline_s=30.0,
+    )
+    job = node_job("j", spec, watched=True)
+    assert (job.restartable, job.last_run, job.runs_again, job.rerun_peak) == (
+        True,
+        False,
+        True,
+        600,
+    )
+    assert (job.memory_bytes, job.deadline_s, job.watched, job.argv) == (700, 30.0, True, ("make",))
+    last = node_job("j", replace(spec, last_run=True, runs_again=False), watched=False)
+    assert (last.last_run, last.runs_again, last.watched) == (True, False, False)

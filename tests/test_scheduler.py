@@ -40,6 +40,7 @@ class FakeLauncher:
 
     def __init__(self) -> None:
         self.handles: dict[str, FakeHandle] = {}
+        self.specs: dict[str, LaunchSpec] = {}  # each job's last launch
         self.order: list[str] = []
         self.fail: set[str] = set()
         self.make: type[FakeHandle] = FakeHandle
@@ -49,6 +50,7 @@ class FakeLauncher:
             raise LaunchError(job_id, "executable 'nope' does not exist or cannot be run")
         handle = self.make(job_id)
         self.handles[job_id] = handle
+        self.specs[job_id] = spec
         self.order.append(job_id)
         return handle
 
@@ -602,6 +604,26 @@ def test_a_rerun_asks_with_its_forecast_and_its_last_run_with_the_worst_case(
         rig.scheduler.tick()
     assert asked == [(False, False), (True, False), (True, True)]
     assert rig.scheduler.get("j").state is JobState.STOPPED  # no fourth run
+
+
+def test_each_launch_says_whether_a_stop_would_queue_the_job_again(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launcher whose nodes run the ladder is told whether a stop for pressure would queue
+    the job again: restartable work with re-runs left (ROOMKEEPER_PRESSURE_RETRIES=2), not
+    its last run, never work that is not restartable."""
+    monkeypatch.setenv("ROOMKEEPER_PRESSURE_RETRIES", "2")
+    rig.submit("j", memory_bytes=100, restartable=True)
+    rig.submit("once", owner="b", memory_bytes=100)
+    runs_again = []
+    for _ in range(3):
+        rig.scheduler.tick()
+        runs_again.append(rig.launcher.specs["j"].runs_again)
+        rig.scheduler.relief.stop_for_pressure("j", "test", never_fits=False)
+        rig.launcher.end("j", -15)
+        rig.scheduler.tick()
+    assert runs_again == [True, True, False]
+    assert rig.launcher.specs["once"].runs_again is False
 
 
 class HeldSave:

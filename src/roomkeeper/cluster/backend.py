@@ -142,6 +142,27 @@ def _gb(value: int) -> str:
     return f"{value / GB:.2f} GB"
 
 
+def node_job(job_id: str, spec: LaunchSpec, *, watched: bool) -> NodeJob:
+    """What a node is sent of a launch: the command, its estimates, the time it has left, and
+    what its node's ladder needs to judge it (``watched``: the node runs a watch)."""
+    return NodeJob(
+        job_id=job_id,
+        argv=tuple(spec.argv) if not isinstance(spec.argv, str) else (spec.argv,),
+        shell=spec.shell,
+        cwd=spec.cwd,
+        env=None if spec.env is None else dict(spec.env),
+        nice=spec.nice,
+        memory_bytes=spec.memory_bytes,
+        disk_bytes=spec.disk_bytes,
+        deadline_s=spec.deadline_s,
+        restartable=spec.restartable,
+        last_run=spec.last_run,
+        rerun_peak=spec.rerun_peak,
+        runs_again=spec.runs_again,
+        watched=watched,
+    )
+
+
 class RayBackend:
     """The cluster connection, the placement check and the per-node table.
 
@@ -421,21 +442,7 @@ class RayBackend:
 
     def launch(self, job_id: str, spec: LaunchSpec) -> RayHandle:
         """Send the job to the cluster: one runner task with its estimate and CPU need."""
-        job = NodeJob(
-            job_id=job_id,
-            argv=tuple(spec.argv) if not isinstance(spec.argv, str) else (spec.argv,),
-            shell=spec.shell,
-            cwd=spec.cwd,
-            env=None if spec.env is None else dict(spec.env),
-            nice=spec.nice,
-            memory_bytes=spec.memory_bytes,
-            disk_bytes=spec.disk_bytes,
-            deadline_s=spec.deadline_s,
-            restartable=spec.restartable,
-            last_run=spec.last_run,
-            rerun_peak=spec.rerun_peak,
-            watched=self._watches is not None,
-        )
+        job = node_job(job_id, spec, watched=self._watches is not None)
         options = self._task.options(
             memory=max(1, spec.memory_bytes),
             num_cpus=self._job_cpus,

@@ -80,6 +80,8 @@ class NodeJob:
         rerun_peak: a re-run's peak in its run stopped for memory pressure (None: a first
             run): its grown estimate is asked at most at the room it would have on the node
             with none of our jobs running there, never below that peak.
+        runs_again: a stop for pressure queues it again: its node's ladder may stop it,
+            frozen, to let an older frozen tree go on.
         watched: its node must run a watch (:mod:`roomkeeper.cluster.watch`) before
             the job may start there; False when the gateway turned node monitors off.
     """
@@ -97,6 +99,7 @@ class NodeJob:
     restartable: bool = False
     last_run: bool = False
     rerun_peak: int | None = None
+    runs_again: bool = False
     watched: bool = False
 
 
@@ -265,6 +268,7 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
                 job.memory_bytes,
                 job.restartable,
                 job.last_run,
+                job.runs_again,
             )
             yield Begun(
                 node_id,

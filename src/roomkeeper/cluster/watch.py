@@ -9,7 +9,10 @@ it first sees the node.  In that one process the gateway's own
 the way the gateway reads its container's (the node's cgroup in any layout,
 else the machine; :meth:`roomkeeper.guard.admission.Guard.pressure_reading`)
 and climbs the same ladder over every tree running there: hold, suspend the
-newest, resume, stop restartable work first, never the oldest.
+newest, resume, stop restartable work first, never the oldest, and stop a
+frozen tree that would run again (the gateway says so at the launch) once it
+has waited as long as it ran, to let an older frozen one go on.  The watch
+times each tree's run and suspensions itself, on its monotonic clock.
 
 A runner tells its watch of its tree once it runs (:meth:`NodeWatch.track`)
 and asks it, when the tree has ended, whether the watch stopped it
@@ -132,7 +135,8 @@ class PressureStop:
 
 @dataclass
 class _Tree:
-    """One job's tree on this node, as the watch follows it from outside."""
+    """One job's tree on this node, as the watch follows it from outside (times in the
+    watch's monotonic seconds)."""
 
     job_id: str
     pid: int
@@ -140,11 +144,29 @@ class _Tree:
     estimate: int
     restartable: bool
     last_run: bool
+    runs_again: bool = False
     seen: dict[int, psutil.Process] = field(default_factory=dict)
     history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
     suspension: Suspension | None = None
     suspended: bool = False
+    suspended_at: float | None = None  # when its suspension now began
+    suspended_before_s: float = 0.0  # its earlier suspensions, together
     stopped: PressureStop | None = None
+
+    def run_times(self, now: float) -> tuple[float, float]:
+        """Seconds it has run, its suspensions left out, and seconds suspended now."""
+        waiting = 0.0 if self.suspended_at is None else max(0.0, now - self.suspended_at)
+        ran = max(0.0, now - self.started - self.suspended_before_s - waiting)
+        return ran, waiting
+
+    def mark_suspended(self, now: float) -> None:
+        self.suspended, self.suspended_at = True, now
+
+    def mark_running(self, now: float) -> None:
+        """Going on (or stopped): its suspension now counts with the earlier ones."""
+        if self.suspended_at is not None:
+            self.suspended_before_s += max(0.0, now - self.suspended_at)
+        self.suspended, self.suspended_at = False, None
 
 
 def ray_acts_first(env: Mapping[str, str], reading: Reading) -> str | None:
@@ -254,6 +276,7 @@ class NodeTrees:
                 continue  # ended: its runner forgets it soon
             footprint = tree_footprint(tree.seen.values())
             tree.history.append((now, footprint))
+            ran_s, suspended_s = tree.run_times(now)
             live.append(
                 Live(
                     job_id=tree.job_id,
@@ -263,6 +286,9 @@ class NodeTrees:
                     suspended=tree.suspended,
                     restartable=tree.restartable,
                     last_run=tree.last_run and footprint <= tree.estimate,
+                    runs_again=tree.runs_again,
+                    ran_s=ran_s,
+                    suspended_s=suspended_s,
                 )
             )
         return live
@@ -292,7 +318,7 @@ class NodeTrees:
             except SuspendError as err:
                 log.warning("memory pressure: job %s could not be suspended: %s", tree.job_id, err)
                 continue
-            tree.suspended = True
+            tree.mark_suspended(self._clock())
             done.append(tree.job_id)
         return done
 
@@ -307,7 +333,7 @@ class NodeTrees:
         except SuspendError as err:
             log.warning("job %s could not be resumed: %s", job_id, err)
             return False
-        tree.suspended = False
+        tree.mark_running(self._clock())
         return True
 
     def stop_in_progress(self) -> bool:
@@ -329,7 +355,7 @@ class NodeTrees:
         self._signal(tree, signal.SIGTERM)
         if tree.suspension is not None:
             tree.suspension.resume_quietly(listed=members)
-        tree.suspended = False
+        tree.mark_running(self._clock())
         timer = threading.Timer(self._grace_s, self._signal, (tree, signal.SIGKILL))
         timer.daemon = True
         timer.start()
@@ -443,11 +469,26 @@ class NodeWatch:
         return cooling if left > 0 else None
 
     def track(
-        self, job_id: str, pid: int, estimate: int, restartable: bool, last_run: bool
+        self,
+        job_id: str,
+        pid: int,
+        estimate: int,
+        restartable: bool,
+        last_run: bool,
+        runs_again: bool = False,
     ) -> None:
-        """A runner's tree began: follow it from now on."""
+        """A runner's tree began: follow it from now on (``runs_again``: a stop for pressure
+        queues it again, so the ladder may stop it, frozen, to let an older one go on)."""
         self._trees.track(
-            _Tree(job_id, pid, self._clock(), max(0, estimate), restartable, last_run)
+            _Tree(
+                job_id,
+                pid,
+                self._clock(),
+                max(0, estimate),
+                restartable,
+                last_run,
+                runs_again=runs_again,
+            )
         )
 
     def ended(self, job_id: str) -> PressureStop | None:

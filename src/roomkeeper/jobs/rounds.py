@@ -632,6 +632,11 @@ class LaunchRounds:
             restartable=job.spec.restartable,
             last_run=is_last_run(job.reruns, self._settings.retries()),
             rerun_peak=(job.peak_bytes or 0) if job.reruns else None,
+            runs_again=queued_again(
+                restartable=job.spec.restartable,
+                reruns=job.reruns,
+                retries=self._settings.retries(),
+            ),
             deadline_s=None
             if job.deadline is None
             else max(0.0, job.deadline - self._clocks.clock()),

@@ -102,6 +102,9 @@ class LaunchSpec:
         last_run: its last allowed run (the ladder there stops it last); unused here.
         rerun_peak: a re-run's peak in the run stopped for pressure (None: a first run), for
             a launcher whose nodes judge it; unused here.
+        runs_again: a stop for pressure queues it again (restartable, with re-runs left),
+            for a launcher whose nodes may stop a frozen tree to let an older one go on;
+            unused here.
         pass_fds: descriptors the job inherits beside stdin, stdout and stderr (its
             jobserver's, :mod:`roomkeeper.jobserver`).
     """
@@ -121,6 +124,7 @@ class LaunchSpec:
     restartable: bool = False
     last_run: bool = False
     rerun_peak: int | None = None
+    runs_again: bool = False
     pass_fds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
