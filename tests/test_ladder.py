@@ -885,19 +885,22 @@ def test_the_live_jobs_say_how_long_each_ran_and_waited_and_whether_it_would_run
     tmp_path: Path,
 ) -> None:
     """What the rent-or-buy rule weighs, from the scheduler's own records on a fake clock: a
-    tree frozen at 20 s and looked at 15 s later ran 20 s and waited 15 s; one that is not
+    tree frozen at 20 s and looked at 15 s later ran 20 s and waited 15 s, though the wall
+    clock jumped an hour meanwhile (times come from the monotonic clock); one that is not
     restartable would not run again."""
     calls: list[tuple[str, str]] = []
-    wall = FakeClock(1000.0)
-    clocks = SchedulerClocks(clock=wall, wall=wall, cpu_percent=lambda: None)
+    clock, wall = FakeClock(1000.0), FakeClock(1_700_000_000.0)
+    clocks = SchedulerClocks(clock=clock, wall=wall, cpu_percent=lambda: None)
     scheduler = _freezing_scheduler(tmp_path, calls, clocks)
     try:
         again = scheduler.submit(JobSpec(argv=["x"], owner="a", memory_bytes=MB, restartable=True))
         once = scheduler.submit(JobSpec(argv=["x"], owner="b", memory_bytes=MB))
         scheduler.tick()
-        wall.advance(20.0)
+        for fake in (clock, wall):
+            fake.advance(20.0)
         assert scheduler.relief.suspend_all_for_pressure([again.id]) == [again.id]
-        wall.advance(15.0)
+        clock.advance(15.0)
+        wall.advance(3600.0 + 15.0)  # the wall clock set forward meanwhile
         seen = {j.job_id: j for j in scheduler.relief.live_jobs()}
         assert (seen[again.id].ran_s, seen[again.id].suspended_s) == (20.0, 15.0)
         assert (seen[once.id].ran_s, seen[once.id].suspended_s) == (35.0, 0.0)

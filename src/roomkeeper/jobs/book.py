@@ -61,12 +61,16 @@ class JobRecord:
     line_bytes: int | None = None  # the guard's memory line at its last admission
     admitted_bytes: int | None = None  # the estimate its run was admitted with (reserved)
     history: list[Transition] = field(default_factory=list)
+    # Monotonic seconds of each transition in ``history``: run times a wall clock's jump
+    # cannot stretch (a frozen tree must not look as if it waited for hours).
+    moments: list[float] = field(default_factory=list)
     worktree: Worktree | None = None
 
 
 def run_times(history: Sequence[Transition], now: float) -> tuple[float, float]:
     """Seconds the current run has spent running, and seconds it has been suspended now
-    (0 while it runs), from a job's ``history`` at wall-clock ``now``.
+    (0 while it runs), from a job's ``history`` at ``now`` (seconds on the clock of its
+    transitions' times).
 
     The current run begins at the last move to ``running`` that is not a resumption (a
     re-run after a stop begins afresh: what the stop threw away is not counted).
@@ -103,6 +107,7 @@ class JobBook:
         lock: the scheduler's lock.
         wall: wall-clock seconds (timestamps people read).
         on_change: called with a job's view after each state change, outside the lock.
+        clock: monotonic seconds (how long a run has run and waited).
     """
 
     def __init__(
@@ -111,8 +116,10 @@ class JobBook:
         *,
         wall: Callable[[], float],
         on_change: Callable[[JobView], None] | None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lock = lock
+        self._clock = clock
         self._changed = threading.Condition(lock)
         self._flush_lock = threading.Lock()
         self._wall = wall
@@ -197,6 +204,7 @@ class JobBook:
         """Move the job to ``state``: a transition in its history and a change event."""
         job.state, job.reason = state, reason
         job.history.append(Transition(state, self._wall(), reason))
+        job.moments.append(self._clock())
         self._pending_events.append(self.view(job))
         self._changed.notify_all()
 
@@ -248,8 +256,12 @@ class JobBook:
 
     def run_times(self, job: JobRecord) -> tuple[float, float]:
         """How long the job's current run has run, its suspensions left out, and how long
-        it has been suspended now (:func:`run_times`)."""
-        return run_times(job.history, self._wall())
+        it has been suspended now (:func:`run_times`), on the monotonic clock."""
+        timed = [
+            Transition(t.state, at, t.reason)
+            for t, at in zip(job.history, job.moments, strict=True)
+        ]
+        return run_times(timed, self._clock())
 
     def view(self, job: JobRecord) -> JobView:
         """A frozen snapshot of the record."""

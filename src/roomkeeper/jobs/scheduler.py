@@ -110,7 +110,9 @@ class Scheduler:
         self._on_end = listeners.on_end
         self._lock = threading.Lock()
         self._round = threading.Lock()  # one round at a time
-        self._book = JobBook(self._lock, wall=clocks.wall, on_change=listeners.on_change)
+        self._book = JobBook(
+            self._lock, wall=clocks.wall, on_change=listeners.on_change, clock=clocks.clock
+        )
         self._queue: FairQueue[JobRecord] = FairQueue()
         self._rounds = LaunchRounds(
             lock=self._lock,
