@@ -21,24 +21,31 @@ pytestmark = pytest.mark.kernel
 # Five kill-and-restart cycles on one port leave connections in TIME_WAIT at each start;
 # twenty took 82 s beside a CPU hog for no more proof.
 CYCLES = 5
-# A port held in TIME_WAIT would block the start for the kernel's 60 s; a busy machine's
-# slow start never comes near that, so the bound tells the two apart on any machine (how
-# fast a restart is belongs in benchmarks/bench_crash.py, not in an assertion).
-HEALTHY_WITHIN_S = 30.0
+# A port held in TIME_WAIT would block a restart for the kernel's 60 s; a slow machine (an
+# emulated VM takes about a minute for any start) slows the first start on a fresh port as
+# much as a restart, so a restart may take at most this much longer than the first start:
+# the bound tells the two apart on any machine (how fast a restart is belongs in
+# benchmarks/bench_crash.py, not in an assertion).
+SLOWER_THAN_FIRST_S = 30.0
 
 
 def test_serve_restarts_at_once_on_the_same_port_after_a_kill(tmp_path: Path) -> None:
     """5 times: real traffic, SIGKILL of the whole tree, ``serve`` at once on the same port,
-    healthy well before a TIME_WAIT would let go, every acknowledged job still known; the
-    job groups each killed gateway left are gone once the next one is up."""
+    healthy about as soon as the first start (long before a TIME_WAIT would let go), every
+    acknowledged job still known; the job groups each killed gateway left are gone once the
+    next one is up."""
     port = free_port()
     acknowledged: list[str] = []
     killed: list[int] = []
-    slowest = 0.0
+    first = slowest = 0.0
     for cycle in range(CYCLES + 1):
         started = time.monotonic()
         with running_gateway(tmp_path, port=port, supervised=True) as gw:
-            slowest = max(slowest, time.monotonic() - started)
+            took = time.monotonic() - started
+            if cycle:  # a restart, on a port the killed one left connections on
+                slowest = max(slowest, took)
+            else:
+                first = took
             for job_id in acknowledged:
                 assert gw.client.get(f"/v1/jobs/{job_id}").status_code == 200, job_id
             left = [g for pid in killed for g in stale_job_cgroups(pid)]
@@ -52,7 +59,9 @@ def test_serve_restarts_at_once_on_the_same_port_after_a_kill(tmp_path: Path) ->
                 acknowledged.append(answer.json()["id"])
             assert gw.client.get("/v1/jobs").status_code == 200
             killed = kill_whole_tree(gw)
-        assert slowest < HEALTHY_WITHIN_S, f"cycle {cycle}: healthy after {slowest:.1f} s"
+        assert slowest < first + SLOWER_THAN_FIRST_S, (
+            f"cycle {cycle}: healthy after {slowest:.1f} s, the first start after {first:.1f} s"
+        )
 
 
 def test_serve_names_the_process_that_listens_on_its_port(tmp_path: Path) -> None:
