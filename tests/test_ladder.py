@@ -323,7 +323,7 @@ def test_the_newest_frozen_tree_that_would_run_again_is_the_one_stopped() -> Non
         ("it has waited less than it ran", {"suspended_s": 29.0}, 1850 * MB),
         ("a stop would not queue it again", {"runs_again": False}, 1850 * MB),
         ("its memory back would not let the older one go on", {"footprint": 40 * MB}, 1850 * MB),
-        ("a run of no length: the clock went back", {"ran_s": 0.0, "suspended_s": 0.0}, 1850 * MB),
+        ("a run of no length: frozen as it began", {"ran_s": 0.0, "suspended_s": 0.0}, 1850 * MB),
         ("the older one goes on by itself", {}, 1700 * MB),
         ("used still rises", {}, None),
     ],

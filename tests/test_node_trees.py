@@ -93,16 +93,20 @@ def test_a_node_tree_counts_its_run_and_its_suspension_apart(
 def test_a_node_stops_its_newest_frozen_tree_once_it_waited_as_long_as_it_ran(
     trees: tuple[NodeTrees, FakeClock, list[subprocess.Popen[bytes]]],
 ) -> None:
-    """Two trees frozen together on a node, the newest holding 200 MB: once it has waited as
-    long as it ran, the node's ladder stops it (SIGTERM, then SIGKILL), since its memory back
-    lets the older one go on; not a moment before."""
+    """Trees frozen together on a node, the newest that would run again holding 200 MB: once
+    it has waited as long as it ran, the node's ladder stops it (SIGTERM, then SIGKILL), since
+    its memory back lets the older one go on; not a moment before, and never the newer tree a
+    stop would not queue again."""
     node, clock, _ = trees
     _follow(trees, "running", ["sleep", "60"], 10 * MB)
     older = _follow(trees, "older", ["sleep", "60"], 100 * MB)
     newest = _follow(trees, "newest", [sys.executable, "-c", HOLDER], 250 * MB)
+    # Newer still, but a stop would not queue it again: passed over.
+    _follow(trees, "once", ["sleep", "60"], 10 * MB, runs_again=False)
     assert newest.stdout is not None and newest.stdout.readline() == b"held\n"
     clock.advance(30)
-    assert node.suspend_all_for_pressure(["older", "newest"]) == ["older", "newest"]
+    frozen = ["older", "newest", "once"]
+    assert node.suspend_all_for_pressure(frozen) == frozen
     live = node.live_jobs()
     footprint = next(j.footprint for j in live if j.job_id == "newest")
     assert footprint > 150 * MB, footprint

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from roomkeeper.jobs.book import run_times
-from roomkeeper.jobs.spec import JobState, Transition
+from roomkeeper.jobs.spec import JobState
 
 RUNNING, SUSPENDED, WAITING = JobState.RUNNING, JobState.SUSPENDED, JobState.WAITING
 
 
-def history(*moves: tuple[JobState, float]) -> list[Transition]:
-    return [Transition(state, at, None) for state, at in moves]
+def history(*moves: tuple[JobState, float]) -> list[tuple[JobState, float]]:
+    return list(moves)
 
 
 def test_a_job_never_started_has_run_nothing() -> None:

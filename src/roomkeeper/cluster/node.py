@@ -268,7 +268,7 @@ def run_job(job: NodeJob) -> Iterator[Begun | Output | Finished]:
                 job.memory_bytes,
                 job.restartable,
                 job.last_run,
-                job.runs_again,
+                runs_again=job.runs_again,
             )
             yield Begun(
                 node_id,
@@ -358,13 +358,13 @@ def _held(watch: Any) -> str | None:
     return None if why is None else f"memory pressure on the node: {why}"
 
 
-def _tell(watch: Any, method: str, *args: Any, wait: bool = True) -> Any:
+def _tell(watch: Any, method: str, *args: Any, wait: bool = True, **named: Any) -> Any:
     """Call the node's watch (None: none watches, so nothing to tell); its answer."""
     if watch is None:
         return None
     from roomkeeper.cluster.ray_import import load_ray
 
-    ref = getattr(watch, method).remote(*args)
+    ref = getattr(watch, method).remote(*args, **named)
     return load_ray().get(ref, timeout=WATCH_CALL_S) if wait else None
 
 

@@ -67,10 +67,10 @@ class JobRecord:
     worktree: Worktree | None = None
 
 
-def run_times(history: Sequence[Transition], now: float) -> tuple[float, float]:
+def run_times(moves: Sequence[tuple[JobState, float]], now: float) -> tuple[float, float]:
     """Seconds the current run has spent running, and seconds it has been suspended now
-    (0 while it runs), from a job's ``history`` at ``now`` (seconds on the clock of its
-    transitions' times).
+    (0 while it runs), from a job's ``moves`` (each state it entered, and when) at ``now``
+    (seconds on the clock of the moves' times).
 
     The current run begins at the last move to ``running`` that is not a resumption (a
     re-run after a stop begins afresh: what the stop threw away is not counted).
@@ -78,22 +78,22 @@ def run_times(history: Sequence[Transition], now: float) -> tuple[float, float]:
     begun = next(
         (
             i
-            for i in range(len(history) - 1, -1, -1)
-            if history[i].state is JobState.RUNNING
-            and (i == 0 or history[i - 1].state is not JobState.SUSPENDED)
+            for i in range(len(moves) - 1, -1, -1)
+            if moves[i][0] is JobState.RUNNING
+            and (i == 0 or moves[i - 1][0] is not JobState.SUSPENDED)
         ),
         None,
     )
     if begun is None:
         return 0.0, 0.0
     ran = 0.0
-    run = history[begun:]
-    for this, after in zip(run, [*run[1:], None], strict=True):
-        until = now if after is None else after.at
-        if this.state is JobState.RUNNING:
-            ran += max(0.0, until - this.at)
-    last = run[-1]
-    suspended = max(0.0, now - last.at) if last.state is JobState.SUSPENDED else 0.0
+    run = moves[begun:]
+    for (state, at), after in zip(run, [*run[1:], None], strict=True):
+        until = now if after is None else after[1]
+        if state is JobState.RUNNING:
+            ran += max(0.0, until - at)
+    last_state, last_at = run[-1]
+    suspended = max(0.0, now - last_at) if last_state is JobState.SUSPENDED else 0.0
     return ran, suspended
 
 
@@ -116,7 +116,7 @@ class JobBook:
         *,
         wall: Callable[[], float],
         on_change: Callable[[JobView], None] | None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float],
     ) -> None:
         self._lock = lock
         self._clock = clock
@@ -257,11 +257,8 @@ class JobBook:
     def run_times(self, job: JobRecord) -> tuple[float, float]:
         """How long the job's current run has run, its suspensions left out, and how long
         it has been suspended now (:func:`run_times`), on the monotonic clock."""
-        timed = [
-            Transition(t.state, at, t.reason)
-            for t, at in zip(job.history, job.moments, strict=True)
-        ]
-        return run_times(timed, self._clock())
+        moves = [(t.state, at) for t, at in zip(job.history, job.moments, strict=True)]
+        return run_times(moves, self._clock())
 
     def view(self, job: JobRecord) -> JobView:
         """A frozen snapshot of the record."""

@@ -295,7 +295,7 @@ class LaunchRounds:
             )
         ):
             return False
-        ran_s = 0.0 if job.started is None else max(0.0, self._clocks.wall() - job.started)
+        ran_s, _ = self._book.run_times(job)  # its growth's time: suspensions left out
         rate, peak = job.stop_rate, job.peak_bytes or 0
         estimate = rerun_estimate(
             failed=job.estimate.bytes,

@@ -429,7 +429,8 @@ def _unblock(reading: Reading, by_age: list[Live]) -> list[Action]:
         return []  # one alone waits for running work, not for another suspended tree
     oldest = waiting[0]
     newest = next((j for j in reversed(waiting[1:]) if j.runs_again), None)
-    # A run of no length is a clock that went back, not a free stop.
+    # A run of no length (frozen as it began) throws nothing away, but it is no evidence
+    # either: waiting has cost nothing yet.
     if newest is None or newest.ran_s <= 0 or newest.suspended_s < newest.ran_s:
         return []
     rest = max(0, oldest.estimate - oldest.footprint)  # it does not fit: else it went on
