@@ -23,7 +23,7 @@ MB, GB = 10**6, 10**9
 SETTINGS = PressureSettings(full_percent=20.0, full_seconds=5.0, cooldown_s=60.0, retries=3)
 # Writes every page of 200 MB, says so, and sleeps: a tree whose memory a stop gives back.
 HOLDER = (
-    "import sys, time\n"
+    "import time\n"
     "b = bytearray(200 * 10**6)\n"
     "for i in range(0, len(b), 4096): b[i] = 1\n"
     "print('held', flush=True)\n"
