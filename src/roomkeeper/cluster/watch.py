@@ -148,10 +148,14 @@ class _Tree:
     seen: dict[int, psutil.Process] = field(default_factory=dict)
     history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
     suspension: Suspension | None = None
-    suspended: bool = False
-    suspended_at: float | None = None  # when its suspension now began
+    suspended_at: float | None = None  # when its suspension now began; None while it runs
     suspended_before_s: float = 0.0  # its earlier suspensions, together
     stopped: PressureStop | None = None
+
+    @property
+    def suspended(self) -> bool:
+        """Frozen now."""
+        return self.suspended_at is not None
 
     def run_times(self, now: float) -> tuple[float, float]:
         """Seconds it has run, its suspensions left out, and seconds suspended now."""
@@ -160,13 +164,13 @@ class _Tree:
         return ran, waiting
 
     def mark_suspended(self, now: float) -> None:
-        self.suspended, self.suspended_at = True, now
+        self.suspended_at = now
 
     def mark_running(self, now: float) -> None:
         """Going on (or stopped): its suspension now counts with the earlier ones."""
         if self.suspended_at is not None:
             self.suspended_before_s += max(0.0, now - self.suspended_at)
-        self.suspended, self.suspended_at = False, None
+        self.suspended_at = None
 
 
 def ray_acts_first(env: Mapping[str, str], reading: Reading) -> str | None:
