@@ -22,6 +22,12 @@ https://github.com/pybind/pybind11``; measured at 22bf5b6): its ``include/`` and
 ``tests/``. Needs root, a cgroup memory controller, g++, Python's headers
 (python3-dev), GNU parallel and GNU time. Usage:
     python benchmarks/bench_build.py --project DIR [--limit 2G] [--k 2,3,4] [--files a,b,...]
+        [--rounds N]
+
+Two runs of the same compiles minutes apart can differ by many seconds of CPU on a
+shared machine, so one round tells little: ``--rounds N`` runs every contender N
+times, every other round in the reverse order, and adds the median of the rounds'
+ratios.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ import argparse
 import os
 import shlex
 import shutil
+import statistics
 import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,8 +121,13 @@ def main() -> None:
     parser.add_argument("--limit", default="2G", help="the group's memory limit")
     parser.add_argument("--k", default="2,3,4", help="the counts parallel -j runs with")
     parser.add_argument("--files", default=",".join(FILES), help="test files, without .cpp")
-    parser.add_argument("--keep", type=Path, help="keep roomkeeper's stderr in this file")
+    parser.add_argument(
+        "--keep", type=Path, help="keep roomkeeper's stderr in this file (FILE.N for round N)"
+    )
     parser.add_argument("--only-roomkeeper", action="store_true", help="leave parallel out")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run every contender this many times, in turn"
+    )
     args = parser.parse_args()
     project = args.project.resolve()
     files = [f for f in args.files.split(",") if f]
@@ -127,6 +140,8 @@ def main() -> None:
     own = job_cgroup_parent()
     if own is None or os.geteuid() != 0:
         sys.exit("needs root and a cgroup memory controller")
+    if args.rounds < 1:
+        sys.exit(f"--rounds {args.rounds}: give 1 or more")
     limit = parse_size(args.limit)
     parent, version = Path(own.directory), own.version
     for name in ("ROOMKEEPER_JOB_DISK_MB", "ROOMKEEPER_DISK_HEADROOM_PERCENT"):
@@ -137,34 +152,93 @@ def main() -> None:
         flush=True,
     )
     batch = [sys.executable, "-m", "roomkeeper", "batch", "--quiet", "-"]
-    runs: dict[str, Run] = {}
     contenders = [("roomkeeper batch", batch)]
     if not args.only_roomkeeper:
         contenders += [(f"parallel -j{k}", ["parallel", f"-j{k}"]) for k in args.k.split(",")]
-    for label, argv in contenders:
-        keep = args.keep if label == "roomkeeper batch" else None
-        run = runs[label] = one_run(parent, version, limit, argv, project, files, keep)
+
+    def run(argv: list[str], keep: Path | None) -> Run:
+        return one_run(parent, version, limit, argv, project, files, keep)
+
+    rounds = [
+        run_round(number, args.rounds, contenders, run, args.keep, len(files))
+        for number in range(args.rounds)
+    ]
+    if args.rounds > 1:
+        print(f"over {args.rounds} rounds:")
+    judge(rounds, len(files))
+
+
+def run_round(
+    number: int,
+    total: int,
+    contenders: list[tuple[str, list[str]]],
+    run: Callable[[list[str], Path | None], Run],
+    keep: Path | None,
+    count: int,
+) -> dict[str, Run]:
+    """One run of every contender; every other round the other way round, so that
+    neither side always runs first (cold caches) or last (a machine that got busier)."""
+    order = contenders if number % 2 == 0 else contenders[::-1]
+    if total > 1:
+        print(f"round {number + 1} of {total}: {', '.join(label for label, _ in order)}")
+    runs: dict[str, Run] = {}
+    for label, argv in order:
+        ours = label == "roomkeeper batch"
+        if ours and keep is not None and total > 1:
+            keep = keep.with_name(f"{keep.name}.{number + 1}")  # one log a round
+        done = runs[label] = run(argv, keep if ours else None)
         print(
-            f"{label:18} wall {run.wall_s:7.1f} s  done {run.done:2}/{len(files)}  "
-            f"OOM kills {run.kills:2}  CPU {run.cpu_s:7.1f} s",
+            f"{label:18} wall {done.wall_s:7.1f} s  done {done.done:2}/{count}  "
+            f"OOM kills {done.kills:2}  CPU {done.cpu_s:7.1f} s",
             flush=True,
         )
-        if label == "roomkeeper batch":
-            print(f"{'':18} {run.pressure}", flush=True)
-    clean = [(r.wall_s, label) for label, r in runs.items() if label != "roomkeeper batch"]
-    clean = [(w, label) for w, label in clean if runs[label].done == len(files)]
-    clean = [(w, label) for w, label in clean if not runs[label].kills]
-    ours = runs["roomkeeper batch"]
-    if not clean:
-        print(f"every fixed count lost compiles; roomkeeper {ours.wall_s:.1f} s, done {ours.done}")
+        if ours:
+            print(f"{'':18} {done.pressure}", flush=True)
+    if total > 1:
+        judge([runs], count)
+    return runs
+
+
+def judge(rounds: list[dict[str, Run]], count: int) -> None:
+    """The fastest count that was safe in every round, and roomkeeper against it, round by round.
+
+    Safe: every compile done and no OOM kill.  Fastest: the least median wall.  The
+    ratio and the CPU beyond are each round's own (the same machine, minutes apart),
+    then their medians.
+    """
+    labels = [label for label in rounds[0] if label != "roomkeeper batch"]
+    safe = [
+        label
+        for label in labels
+        if all(runs[label].done == count and not runs[label].kills for runs in rounds)
+    ]
+    ours = [runs["roomkeeper batch"] for runs in rounds]
+    if not labels:
+        return  # roomkeeper alone: its lines above are all there is
+    if not safe:
+        walls = ", ".join(f"{run.wall_s:.1f} s" for run in ours)
+        print(f"every fixed count lost compiles; roomkeeper {walls}, done {ours[-1].done}")
         return
-    best, label = min(clean)
-    least_cpu = min(runs[label_].cpu_s for _, label_ in clean)
+    label = min(safe, key=lambda k: statistics.median(runs[k].wall_s for runs in rounds))
+    ratios = [runs["roomkeeper batch"].wall_s / runs[label].wall_s for runs in rounds]
+    beyond = [runs["roomkeeper batch"].cpu_s - min(runs[k].cpu_s for k in safe) for runs in rounds]
+    if len(rounds) == 1:
+        best = rounds[0][label].wall_s
+        print(
+            f"fastest safe count: {label}, {best:.1f} s; roomkeeper {ours[0].wall_s:.1f} s = "
+            f"{ratios[0]:.2f}x, done {ours[0].done}/{count}, OOM kills {ours[0].kills}; "
+            f"CPU beyond the least of the safe counts' "
+            f"({min(rounds[0][k].cpu_s for k in safe):.1f} s): {beyond[0]:+.1f} s"
+        )
+        return
     print(
-        f"fastest safe count: {label}, {best:.1f} s; roomkeeper {ours.wall_s:.1f} s = "
-        f"{ours.wall_s / best:.2f}x, done {ours.done}/{len(files)}, OOM kills {ours.kills}; "
-        f"CPU beyond the least of the safe counts' ({least_cpu:.1f} s): "
-        f"{ours.cpu_s - least_cpu:+.1f} s"
+        f"fastest count safe in every round: {label}, median "
+        f"{statistics.median(runs[label].wall_s for runs in rounds):.1f} s; roomkeeper median "
+        f"{statistics.median(run.wall_s for run in ours):.1f} s; ratio by round "
+        f"{', '.join(f'{r:.2f}x' for r in ratios)}, median {statistics.median(ratios):.2f}x; "
+        f"done {min(run.done for run in ours)}/{count} or more, OOM kills "
+        f"{sum(run.kills for run in ours)}; CPU beyond the least safe count's, by round "
+        f"{', '.join(f'{b:+.1f}' for b in beyond)} s, median {statistics.median(beyond):+.1f} s"
     )
 
 
