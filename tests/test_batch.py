@@ -19,6 +19,7 @@ from roomkeeper.batch.run import SHOW_EVERY_S, BatchSettings, run_batch
 from roomkeeper.guard.admission import Guard
 from tests.batch_cli import batch
 from tests.fakes import NO_DISK
+from tests.gateways import zombie_or_gone
 
 pytestmark = pytest.mark.kernel
 # The test whose outcome is the kernel's (the peak) is marked `cgroups` too
@@ -269,11 +270,7 @@ def test_ctrl_c_stops_every_running_tree(tmp_path: Path) -> None:
             assert proc.returncode == 130, err
             assert "interrupted" in err
             time.sleep(0.2)
-            survivors = [
-                p
-                for p in started
-                if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-            ]
+            survivors = [p for p in started if not zombie_or_gone(p)]
             assert survivors == []
         finally:
             if proc.poll() is None:

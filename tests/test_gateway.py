@@ -24,6 +24,7 @@ from tests.gateways import (
     roomkeeper_cli,
     running_gateway,
     wait_until,
+    zombie_or_gone,
 )
 
 pytestmark = pytest.mark.kernel
@@ -364,7 +365,7 @@ def test_shutdown_stops_managed_trees_and_the_process(tmp_path: Path) -> None:
         assert gw.client.post("/v1/shutdown").json() == {"state": "stopping"}
         assert gw.proc.wait(timeout=15) == 0
         time.sleep(0.2)
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        alive = [p for p in pids if not zombie_or_gone(p)]
         assert alive == []
     with running_gateway(tmp_path) as gw:
         assert gw.client.get(f"/v1/jobs/{job_id}").json()["state"] == "stopped"

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.gateways import free_port, gateway_env, stop_process, wait_until
+from tests.gateways import free_port, gateway_env, stop_process, wait_until, zombie_or_gone
 
 pytestmark = pytest.mark.kernel
 
@@ -215,7 +215,7 @@ def test_losing_the_supervisor_shuts_the_gateway_down_with_its_trees(
     supervised.sock.close()
     assert supervised.proc.wait(timeout=20) == 0
     time.sleep(0.3)
-    alive = [p for p in trees if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    alive = [p for p in trees if not zombie_or_gone(p)]
     assert alive == []
 
 

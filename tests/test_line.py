@@ -114,6 +114,14 @@ def alive(process: psutil.Process) -> bool:
         return False
 
 
+def command(process: psutil.Process) -> list[str]:
+    """The process's command line; none once it has gone (a child may end while listed)."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 def journal_rows(home: Path, sql: str) -> list[tuple[object, ...]]:
     conn = sqlite3.connect(home / "journal.db")
     try:
@@ -140,7 +148,7 @@ def test_a_hung_journal_answers_503_in_time_and_saves_everything_once_it_answers
         sleeper = [
             p
             for p in psutil.Process(gw.proc.pid).children(recursive=True)
-            if p.cmdline()[:2] == ["sleep", "60"]
+            if command(p)[:2] == ["sleep", "60"]
         ]
         assert gw.client.post("/v1/leases", json={"id": "held", "memory_bytes": 10**6}).is_success
         gw.client.post("/test-stall")
