@@ -48,6 +48,14 @@ def test_batch_prints_each_suspension_and_stop_and_counts_them(tmp_path: Path) -
     assert re.search(rf"^roomkeeper: INFO job 3 frozen by {way}$", err, re.M), err
     stopped = re.findall(r"^roomkeeper batch: line (\d) stopped for memory pressure", err, re.M)
     assert stopped == ["3"], err
+    # The line names the estimate the scheduler queued it again with, grown from its run
+    # (at least twice the 100M it ran with), not the run's peak.
+    said = re.search(r"line 3 stopped .*; it runs again with an estimate of ([\d.]+) ([MG])B", err)
+    queued = re.search(r"job 3 queued again .*, estimate ([\d.]+) GB \(peak", err)
+    assert said is not None and queued is not None, err
+    estimate = float(said[1]) * (1e9 if said[2] == "G" else 1e6)  # as people count, decimal
+    assert estimate >= 200_000_000, err
+    assert abs(estimate - float(queued[1]) * 1e9) <= 60_000_000, err
     counts = re.search(
         r"^memory pressure: holds (\d+), suspensions (\d+), stops (\d+), "
         r"re-runs (\d+), reaction p50 [\d.]+ ms, max [\d.]+ ms; trial pauses \d+$",

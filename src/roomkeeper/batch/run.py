@@ -540,9 +540,10 @@ class _BatchRun:
             self._progress.note(f"{line} resumed")
         elif view.state is JobState.WAITING and view.reason is PressureReason.MEMORY_PRESSURE:
             peak = format_bytes(view.peak_bytes) if view.peak_bytes is not None else "unknown"
+            estimate = format_bytes(view.estimate_bytes or 0)  # the re-run's, grown from the run
             self._progress.note(
-                f"{line} stopped for memory pressure (output kept); it runs again with its "
-                f"peak {peak} as its estimate"
+                f"{line} stopped for memory pressure (output kept); it runs again with an "
+                f"estimate of {estimate} (its peak: {peak})"
             )
         elif view.state is JobState.STOPPED and view.reason is PressureReason.MEMORY_PRESSURE:
             why = view.error or "it has no runs left"
