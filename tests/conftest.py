@@ -4,6 +4,8 @@
   one for a whole module (tests that only read or add their own records).
 - ``reaper``: every process tree and job group a test launched, killed and
   removed whatever the test's outcome.
+- every test, after it ends: the job groups of gateways it SIGKILLed and did not
+  start again are removed.
 - ``tiny_disk``: a real 2 MiB tmpfs, to fill (``gateways.fill_disk``) as a full disk.
 - ``browser``: headless Debian chromium, or a skip that names what is missing.
 
@@ -23,10 +25,19 @@ from typing import Any
 
 import pytest
 
-from tests.gateways import RunningGateway, running_gateway
+from tests.gateways import RunningGateway, remove_groups_left_by_kills, running_gateway
 from tests.hook_servers import SlowHooks
 from tests.pages import CHROMIUM, CHROMIUM_ARGS
 from tests.processes import Reaper
+
+
+@pytest.fixture(autouse=True)
+def _no_job_groups_left_by_kills() -> Iterator[None]:
+    """A test that SIGKILLs a gateway and starts none after it leaves that gateway's job
+    groups behind (the next start would remove them): they are removed when it ends."""
+    yield
+    left = remove_groups_left_by_kills()
+    assert not left, f"job groups of killed gateways that could not be removed: {left}"
 
 
 @pytest.fixture

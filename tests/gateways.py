@@ -20,8 +20,16 @@ import psutil
 
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.journal.database import Journal
+from roomkeeper.kernel.cgroup_hierarchy import remove_group
+from roomkeeper.kernel.freezer import FreezerGroup
+from roomkeeper.kernel.job_cgroups import stale_job_cgroups
 from tests.cgroups import MemoryBox
 from tests.ports import free_port
+
+# The pids of every process kill_whole_tree killed in this test. Their job groups are the
+# next gateway's to remove (and some tests check that it does); where the test starts
+# none after its last kill, its teardown removes them (remove_groups_left_by_kills).
+_killed: list[int] = []
 
 
 @contextlib.contextmanager
@@ -187,7 +195,26 @@ def kill_whole_tree(gw: RunningGateway) -> list[int]:
         with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGKILL)
     gw.proc.wait()
+    _killed.extend(p.pid for p in procs)
     return [p.pid for p in procs]
+
+
+def remove_groups_left_by_kills() -> list[str]:
+    """Remove the job groups (memory, v1 freezer) of the processes kill_whole_tree killed
+    that no gateway started since has removed; the groups it could not remove."""
+    left = []
+    while _killed:
+        pid = _killed.pop()
+        if psutil.pid_exists(pid):
+            continue  # the pid went to a new process since: its groups are not ours
+        for directory in stale_job_cgroups(pid):
+            if os.path.exists(os.path.join(directory, "freezer.state")):
+                gone = FreezerGroup(directory).remove()  # thawed first: frozen tasks cannot die
+            else:
+                gone = remove_group(directory)
+            if not gone:
+                left.append(directory)
+    return left
 
 
 @contextlib.contextmanager

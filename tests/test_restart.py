@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -12,8 +13,10 @@ from tests.gateways import (
     free_port,
     gateway_env,
     kill_whole_tree,
+    remove_groups_left_by_kills,
     roomkeeper_cli,
     running_gateway,
+    wait_until,
 )
 
 pytestmark = pytest.mark.kernel
@@ -73,3 +76,18 @@ def test_serve_names_the_process_that_listens_on_its_port(tmp_path: Path) -> Non
         assert done.returncode == 2
         assert f"port {port} on 127.0.0.1 is in use by pid {gw.proc.pid}" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_test_that_starts_no_gateway_after_its_kill_leaves_no_job_group(tmp_path: Path) -> None:
+    """The kill leaves the gateway's job groups (the next start's to remove); with no next
+    start, the tests' own teardown removes them (tests/conftest.py), so no run of the suite
+    leaves groups in the machine's hierarchy."""
+    with running_gateway(tmp_path) as gw:
+        job = gw.client.post("/v1/jobs", json={"argv": ["sleep", "60"]}).json()["id"]
+        wait_until(lambda: gw.client.get(f"/v1/jobs/{job}").json()["state"] == "running", "a job")
+        killed = kill_whole_tree(gw)
+    left = [g for pid in killed for g in stale_job_cgroups(pid)]
+    if not left:
+        pytest.skip("this container gives jobs no groups of their own (read-only cgroupfs)")
+    assert remove_groups_left_by_kills() == []
+    assert [g for g in left if os.path.isdir(g)] == []
