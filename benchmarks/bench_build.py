@@ -216,8 +216,8 @@ def judge(rounds: list[dict[str, Run]], count: int) -> None:
     if not labels:
         return  # roomkeeper alone: its lines above are all there is
     if not safe:
-        walls = ", ".join(f"{run.wall_s:.1f} s" for run in ours)
-        print(f"every fixed count lost compiles; roomkeeper {walls}, done {ours[-1].done}")
+        walls = ", ".join(f"{run.wall_s:.1f} s ({run.done} done)" for run in ours)
+        print(f"every fixed count lost compiles; roomkeeper {walls}")
         return
     label = min(safe, key=lambda k: statistics.median(runs[k].wall_s for runs in rounds))
     ratios = [runs["roomkeeper batch"].wall_s / runs[label].wall_s for runs in rounds]

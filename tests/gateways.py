@@ -18,18 +18,17 @@ from typing import Any
 import httpx
 import psutil
 
+from roomkeeper.gateway.recovery import kill_stale_groups
 from roomkeeper.gateway.service import Gateway
 from roomkeeper.journal.database import Journal
-from roomkeeper.kernel.cgroup_hierarchy import remove_group
-from roomkeeper.kernel.freezer import FreezerGroup
 from roomkeeper.kernel.job_cgroups import stale_job_cgroups
 from tests.cgroups import MemoryBox
 from tests.ports import free_port
 
-# The pids of every process kill_whole_tree killed in this test. Their job groups are the
-# next gateway's to remove (and some tests check that it does); where the test starts
-# none after its last kill, its teardown removes them (remove_groups_left_by_kills).
-_killed: list[int] = []
+# Every process kill_whole_tree killed in this test. Their job groups are the next
+# gateway's to remove (and some tests check that it does); where the test starts none
+# after its last kill, its teardown removes them (remove_groups_left_by_kills).
+_killed: list[psutil.Process] = []
 
 
 @contextlib.contextmanager
@@ -195,7 +194,7 @@ def kill_whole_tree(gw: RunningGateway) -> list[int]:
         with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGKILL)
     gw.proc.wait()
-    _killed.extend(p.pid for p in procs)
+    _killed.extend(procs)
     return [p.pid for p in procs]
 
 
@@ -204,17 +203,23 @@ def remove_groups_left_by_kills() -> list[str]:
     that no gateway started since has removed; the groups it could not remove."""
     left = []
     while _killed:
-        pid = _killed.pop()
-        if psutil.pid_exists(pid):
-            continue  # the pid went to a new process since: its groups are not ours
-        for directory in stale_job_cgroups(pid):
-            if os.path.exists(os.path.join(directory, "freezer.state")):
-                gone = FreezerGroup(directory).remove()  # thawed first: frozen tasks cannot die
-            else:
-                gone = remove_group(directory)
-            if not gone:
-                left.append(directory)
+        proc = _killed.pop()
+        if not _dead(proc):
+            continue  # its pid went to a new process since: the groups it names are not ours
+        # As the next gateway would: members killed, freezer groups thawed first.
+        kill_stale_groups(proc.pid)
+        left += stale_job_cgroups(proc.pid)
     return left
+
+
+def _dead(proc: psutil.Process) -> bool:
+    """The process is gone, or a zombie nobody reaped (not a new one with its pid)."""
+    if not psutil.pid_exists(proc.pid):
+        return True
+    with contextlib.suppress(psutil.Error):
+        # is_running() compares start times: False once the pid is another process's.
+        return proc.is_running() and proc.status() == psutil.STATUS_ZOMBIE
+    return True  # gone between the two looks
 
 
 @contextlib.contextmanager

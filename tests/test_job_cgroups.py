@@ -294,12 +294,12 @@ def _a_dead_pid() -> int:
 @pytest.mark.cgroups
 def test_recovery_removes_a_dead_runs_suspended_job_groups_and_kills_their_tree() -> None:
     """A crashed run's job group holding a frozen tree is thawed, emptied and removed at start."""
-    from roomkeeper.gateway.recovery import _kill_stale_groups
+    from roomkeeper.gateway.recovery import kill_stale_groups
     from roomkeeper.kernel.freezer import FreezerGroup, freezer_parent, set_v2_frozen
 
     dead = _a_dead_pid()
     if read_only_layout_makes_no_group_and_moves_nothing():
-        assert _kill_stale_groups(dead) == (0, 0)  # no group to look for, and no error
+        assert kill_stale_groups(dead) == (0, 0)  # no group to look for, and no error
         return
     version, folder = job_group_folder()
     name = f"roomkeeper-{dead}-suspended"
@@ -319,7 +319,7 @@ def test_recovery_removes_a_dead_runs_suspended_job_groups_and_kills_their_tree(
         assert (
             Path(f"/proc/{child.pid}/stat").read_text().split(") ")[1][0] in "DSt"
         )  # frozen, not dead
-        pids, removed = _kill_stale_groups(dead)
+        pids, removed = kill_stale_groups(dead)
         assert child.wait(timeout=10) == -9  # the SIGKILL landed: the group was thawed
         assert (pids, removed) == (1, len(groups))
         assert not any(g.exists() for g in groups)

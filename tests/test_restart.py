@@ -88,6 +88,6 @@ def test_a_test_that_starts_no_gateway_after_its_kill_leaves_no_job_group(tmp_pa
         killed = kill_whole_tree(gw)
     left = [g for pid in killed for g in stale_job_cgroups(pid)]
     if not left:
-        pytest.skip("this container gives jobs no groups of their own (read-only cgroupfs)")
+        pytest.skip("jobs get no groups of their own here")
     assert remove_groups_left_by_kills() == []
     assert [g for g in left if os.path.isdir(g)] == []

@@ -540,7 +540,9 @@ class _BatchRun:
             self._progress.note(f"{line} resumed")
         elif view.state is JobState.WAITING and view.reason is PressureReason.MEMORY_PRESSURE:
             peak = format_bytes(view.peak_bytes) if view.peak_bytes is not None else "unknown"
-            estimate = format_bytes(view.estimate_bytes or 0)  # the re-run's, grown from the run
+            estimate = (  # the re-run's, grown from the stopped run
+                format_bytes(view.estimate_bytes) if view.estimate_bytes is not None else "unknown"
+            )
             self._progress.note(
                 f"{line} stopped for memory pressure (output kept); it runs again with an "
                 f"estimate of {estimate} (its peak: {peak})"

@@ -88,7 +88,7 @@ def _kill_recorded_leader(pid: int, started: float) -> int:
     return len(members)
 
 
-def _kill_stale_groups(previous_pid: int | None) -> tuple[int, int]:
+def kill_stale_groups(previous_pid: int | None) -> tuple[int, int]:
     """Empty and remove the job cgroups the previous gateway process (by its pid) left behind.
 
     Its memory groups and, on cgroup v1, its freezer groups: a job suspended
@@ -150,7 +150,7 @@ def _stop_orphans(journal: Journal, previous_pid: int | None) -> tuple[int, int]
     """Stop the previous run's surviving trees: by recorded leader, then by its job cgroups."""
     leaders = journal.running_leaders()
     orphan_pids = sum(_kill_recorded_leader(r.pid, r.started or 0) for r in leaders)
-    group_pids, groups = _kill_stale_groups(previous_pid)
+    group_pids, groups = kill_stale_groups(previous_pid)
     return orphan_pids + group_pids, groups
 
 

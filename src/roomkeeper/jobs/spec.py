@@ -292,7 +292,8 @@ class JobView:
     pid: int | None = None
     peak_method: PeakMethod | None = None
     worktree: Worktree | None = None  # the job's git worktree, once made
-    estimate_bytes: int | None = None  # the memory estimate it was resolved with at submission
+    # The memory estimate it runs with: resolved at submission, grown for a re-run after a stop.
+    estimate_bytes: int | None = None
     estimate_source: EstimateSource = EstimateSource.DEFAULT  # where that estimate came from
 
     @property
