@@ -205,7 +205,7 @@ def remove_groups_left_by_kills() -> list[str]:
     while _killed:
         proc = _killed.pop()
         if not _dead(proc):
-            continue  # its pid went to a new process since: the groups it names are not ours
+            continue  # still alive, or its pid went to a new process: not ours to touch
         # As the next gateway would: members killed, freezer groups thawed first.
         kill_stale_groups(proc.pid)
         left += stale_job_cgroups(proc.pid)
