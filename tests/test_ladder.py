@@ -537,10 +537,16 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
     """Stopped for pressure, restartable work is queued again with a grown estimate, three
     times at most."""
     launched: list[int] = []
-    # A container of its own, read on the real clock (its growth rate is timed): estimates
-    # are capped at the line, which must not be the machine's (a 3 GiB box caps 5.6 GB).
+    # A container of its own: estimates are capped at the line, which must not be the
+    # machine's (a 3 GiB box caps 5.6 GB).  The guard's clock, which times the job's growth,
+    # and the scheduler's, which times its run, are one fake clock: on the real clock a busy
+    # machine stretched the gap between two growth reports past the run itself, and the first
+    # re-run was asked at less than twice the peak.
+    clock = FakeClock(0.0)
     roots = v2_tree(tmp_path / "tree", "/job", {"/job": Level(32 * GB, 1 * GB)})
-    guard = Guard(env=NO_DISK, proc_root=roots.proc, cgroup_root=roots.cgroup, workspace=tmp_path)
+    guard = Guard(
+        env=NO_DISK, proc_root=roots.proc, cgroup_root=roots.cgroup, workspace=tmp_path, clock=clock
+    )
 
     def launcher(job_id: str, spec: LaunchSpec) -> Handle:
         launched.append(1)
@@ -554,14 +560,18 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
             pressure_settings=lambda: SETTINGS,
         ),
         parts=SchedulerParts(guard=guard, launcher=launcher),
+        clocks=SchedulerClocks(clock=clock, cpu_percent=lambda: None),
     )
     view = scheduler.submit(JobSpec(argv=["x"], memory_bytes=100 * MB, restartable=True))
     plain = scheduler.submit(JobSpec(argv=["y"], owner="b", memory_bytes=100 * MB))
     for _ in range(5):
         scheduler.tick()
+        clock.advance(0.5)
+        scheduler.relief.live_jobs()  # the monitor's reading: 700 MB half a second in
         scheduler.relief.stop_for_pressure(view.id, "test", never_fits=False)
         scheduler.relief.stop_for_pressure(plain.id, "test", never_fits=False)
         scheduler.tick()
+        clock.advance(1.0)
     final, other = scheduler.get(view.id), scheduler.get(plain.id)
     scheduler.close()
     assert (final.state, final.reason) == (JobState.STOPPED, PressureReason.MEMORY_PRESSURE)
