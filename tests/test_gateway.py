@@ -208,13 +208,13 @@ def test_lease_without_heartbeat_expires_and_runs_its_hook(
         json={
             "id": "l",
             "memory_bytes": 10**6,
-            "ttl_s": 1.0,
+            "ttl_s": 5.0,  # the heartbeat below must land before a busy machine expires it
             "release": {"url": hooks.url("/chat/l")},
         },
     )
-    hb = gw.client.post("/v1/leases/l/heartbeat", json={"ttl_s": 1.0})
+    hb = gw.client.post("/v1/leases/l/heartbeat", json={"ttl_s": 2.0})
     assert hb.status_code == 200
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while not hooks.calls and time.monotonic() < deadline:
         time.sleep(0.05)
     assert hooks.calls == [("DELETE", "/chat/l")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import signal
 import socket
@@ -101,10 +102,12 @@ def test_hello_then_heartbeats_that_carry_the_real_boot_id(supervised: Supervise
     assert hello["protocol"] == 1 and "heartbeat" in hello["capabilities"]
     boot_id = supervised.client.get("/health").json()["boot_id"]
     assert hello["boot_id"] == boot_id
-    first = supervised.next_message("heartbeat")
-    second = supervised.next_message("heartbeat")
-    assert first["boot_id"] == second["boot_id"] == boot_id
-    assert second["at"] - first["at"] <= 1.5  # at most a third of the heartbeat timeout apart
+    beats = [supervised.next_message("heartbeat") for _ in range(6)]
+    assert {beat["boot_id"] for beat in beats} == {boot_id}
+    # At most a third of the heartbeat timeout apart: the closest pair shows the pace (one
+    # probe held up by a busy machine lengthens one gap, not all of them).
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(beats)]
+    assert min(gaps) <= 1.0, gaps
 
 
 def test_no_heartbeat_while_the_gateway_cannot_answer(supervised: Supervised) -> None:

@@ -84,9 +84,10 @@ def test_a_hung_job_hook_does_not_hold_up_the_next_launch(
     b = gw.client.post("/v1/jobs", json={"argv": ["true"]}).json()["id"]
     wait_until(lambda: gw.client.get(f"/v1/jobs/{b}").json()["state"] == "exited", "job B ending")
     b_ended = gw.client.get(f"/v1/jobs/{b}").json()["ended_at"]
-    # A's hook hangs for its whole 3 s deadline: B must not have waited for it.
-    assert b_ended < drip.opened[0] + 2.0, f"B ended {b_ended - drip.opened[0]:.1f} s into A's hook"
     wait_until(lambda: len(drip.closed) == 1, "A's hook cut off at its deadline", timeout=10)
+    # A's hook hangs for its whole 3 s deadline: B must have ended before it was cut off (on
+    # a busy machine B's own start can take seconds, so no tighter bound is fair).
+    assert b_ended < drip.closed[0], f"B ended {b_ended - drip.closed[0]:.1f} s after A's hook"
     assert drip.closed[0] - drip.opened[0] < 4.5  # one 3 s deadline for the whole call
     assert gw.client.get(f"/v1/jobs/{a}").json()["state"] == "exited"
 
@@ -110,11 +111,10 @@ def test_hung_lease_hooks_do_not_slow_other_requests(gw: RunningGateway, drip: D
         started = time.time()
         submitted = gw.client.post("/v1/jobs", json={"argv": ["true"]}, timeout=30)
         listed = gw.client.get("/v1/jobs", timeout=30)
-        answered = time.time()
+        answered, hanging = time.time(), not drip.closed
         assert submitted.status_code == 201 and listed.status_code == 200
-        # Each hook hangs for its whole 3 s deadline: the requests must not have waited.
-        assert answered < min(drip.opened) + 2.0, (
-            f"the requests waited for the hooks ({answered - started:.1f} s)"
-        )
+        # Each hook hangs for its whole 3 s deadline: the requests must have been answered
+        # while every hook still hung, not after the first was cut off.
+        assert hanging, f"the requests waited for the hooks ({answered - started:.1f} s)"
         outcomes = [r.result(timeout=30).json()["hook_outcome"] for r in releases]
     assert all(o.startswith("failed") for o in outcomes), outcomes

@@ -24,7 +24,7 @@ from roomkeeper.units import GB
 from tests.agent_events import claude_post, claude_pre_agent
 from tests.cgroups import memory_box
 from tests.fakes import fixture_guard
-from tests.gateways import gateway_in_box, in_process_gateway
+from tests.gateways import gateway_in_box, in_process_gateway, wait_until
 
 MB = 1 << 20
 HOOK = "/v1/agent-hooks/claude-code"  # the http hook type: no process per event
@@ -308,6 +308,10 @@ def test_subagents_whose_memory_shows_are_counted_once_in_a_real_group(
     counting each twice (its memory and its whole reservation) lets 3 at most; no OOM kill."""
     with memory_box(GIB) as box, gateway_in_box(box, tmp_path) as (client, _):
         time.sleep(1.5)  # a quiet moment is seen: the base is the gateway's own memory
+
+        def reserved() -> int:
+            return int(client.get("/v1/status").json()["guard"]["reserved_bytes"])
+
         running: list[tuple[dict[str, object], subprocess.Popen[str]]] = []
         try:
             for n in range(12):
@@ -321,8 +325,13 @@ def test_subagents_whose_memory_shows_are_counted_once_in_a_real_group(
                     argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
                 )
                 running.append((pre, child))
+                before = reserved()
                 assert child.stdout is not None and child.stdout.readline() == "grown\n"
-                time.sleep(1.0)  # two attribution steps see it
+                # The attribution steps see it: its memory is counted, its reservation shrinks
+                # (on a busy machine a step comes late; a fixed pause missed it).
+                shrunk = before - 100 * 2**20
+                wait_until(lambda shrunk=shrunk: reserved() <= shrunk, "its growth seen", 30)
+                time.sleep(0.5)  # and one more step, as the fixed pause allowed
             at_once = len(running)
         finally:
             for pre, child in running:

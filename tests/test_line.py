@@ -20,7 +20,7 @@ from tests.gateways import RunningGateway, running_gateway, wait_until
 
 pytestmark = pytest.mark.kernel
 
-PROMPT_S = 1.0  # an answer that waits behind nothing; the waits beside it last 30 s
+PROMPT_S = 5.0  # an answer that waits behind nothing (busy machine); the waits last 30 s
 TEN_PB = 10**15  # more memory than any machine has: a grant of it waits for its wait_s
 
 
@@ -57,7 +57,10 @@ def test_grants_waiting_for_room_leave_the_line_to_a_cancel_a_status_and_a_shutd
         waiting = [threading.Thread(target=wait_for_room) for _ in range(4)]
         for thread in waiting:
             thread.start()
-        time.sleep(2.0)  # each has tried and waits for its next try
+        wait_until(  # each has tried, been refused and waits for its next try
+            lambda: len(gw.anonymous.get("/v1/feed").json()["refusals"]) >= 4,
+            "the four grants refused once",
+        )
         took: dict[str, float] = {}
         cancel, took["cancel"] = timed(lambda: gw.client.post(f"/v1/jobs/{job_id}/cancel"))
         status, took["status"] = timed(lambda: gw.client.get("/v1/status"))

@@ -350,7 +350,9 @@ def test_a_cancel_the_node_is_slow_to_carry_out_holds_up_no_request(
             assert call().status_code == 200
             slowest = max(slowest, time.monotonic() - started)
         time.sleep(0.1)
-    assert slowest < 1.0, f"a request took {slowest:.2f} s while the cancel was carried out"
+    # The cancel's grace is 5 s: a request that waited for it would take that long; a busy
+    # 2-core machine with a Ray cluster beside the test delays any request by a second or so.
+    assert slowest < 3.0, f"a request took {slowest:.2f} s while the cancel was carried out"
     assert wait_state(gateway, stubborn, "stopped")["state"] == "stopped"
     wait_until(lambda: gone(leader), "the stubborn tree to be gone", 30)
 
@@ -453,7 +455,8 @@ def test_a_frozen_head_leaves_the_gateway_answering_and_jobs_waiting(
                 if answer.status_code == 201:
                     posted.append(str(answer.json()["id"]))
             time.sleep(0.5)
-        assert slowest < 1.0, f"a request took {slowest:.2f} s while the head was frozen"
+        # The head stays frozen for 10 s: a request that waited on it would take that long.
+        assert slowest < 5.0, f"a request took {slowest:.2f} s while the head was frozen"
         said = gateway.client.get("/v1/needs-you").json()
         assert said["headline"] == "cluster unreachable", said
         page = gateway.anonymous.get("/v1/feed").json()["guard"]  # the Health page's headline

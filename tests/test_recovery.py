@@ -40,10 +40,13 @@ def appender(path: Path, seconds: float) -> list[str]:
 def test_marker_is_durable_before_the_launch_and_cleared_with_the_outcome(tmp_path: Path) -> None:
     """While a job runs its pending marker is in the journal; its exit row clears it."""
     with running_gateway(tmp_path) as gw:
-        job_id = gw.client.post("/v1/jobs", json={"argv": ["sleep", "1"]}).json()["id"]
+        go = tmp_path / "go"  # the job runs until the marker has been read, however long
+        wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
+        job_id = gw.client.post("/v1/jobs", json={"argv": ["sh", "-c", wait]}).json()["id"]
         wait_state(gw, job_id, "running")
         with journal_db(gw.home) as conn:
             marked = conn.execute("SELECT id FROM markers WHERE kind='job'").fetchall()
+        go.touch()
         assert [r["id"] for r in marked] == [job_id]
         assert wait_state(gw, job_id, "exited")["exit_code"] == 0
 

@@ -91,7 +91,9 @@ def test_a_server_that_drips_its_headers_is_cut_off_at_the_deadline() -> None:
         outcome = run_hook(hook_to(port), deadline_s=1.0)
         took = time.monotonic() - started
     assert outcome == "failed: no answer within 1 s"
-    assert 0.9 <= took < 1.6
+    # Never early; the drip never ends, so any bound proves the cut-off: this one leaves a
+    # busy machine its scheduling delay.
+    assert 0.9 <= took < 4.0
 
 
 def test_a_server_that_drips_its_body_is_cut_off_at_the_deadline() -> None:
@@ -102,7 +104,7 @@ def test_a_server_that_drips_its_body_is_cut_off_at_the_deadline() -> None:
         outcome = run_hook(hook_to(port), deadline_s=1.0)
         took = time.monotonic() - started
     assert outcome.startswith("failed")
-    assert took < 1.6
+    assert took < 4.0  # the body never ends: only the deadline ends the call
 
 
 def test_only_a_capped_part_of_the_answer_is_read() -> None:
@@ -112,7 +114,7 @@ def test_only_a_capped_part_of_the_answer_is_read() -> None:
         outcome = run_hook(hook_to(port), deadline_s=5.0)
         took = time.monotonic() - started
     assert outcome == "ok 200"
-    assert took < 2.0
+    assert took < 4.5  # inside the 5 s deadline: the cap ended it, not the deadline
     assert HOOK_BODY_MAX <= 1024 * 1024
 
 
@@ -170,7 +172,10 @@ def test_the_runner_runs_hooks_on_its_own_bounded_pool() -> None:
     started = time.monotonic()
     futures = [runner.submit(hook_to(1)) for _ in range(5)]
     assert time.monotonic() - started < 0.5
-    time.sleep(0.3)
+    waited = time.monotonic() + 10
+    while peak < 2 and time.monotonic() < waited:  # the pool's threads start on their own time
+        time.sleep(0.01)
+    time.sleep(0.3)  # and no third starts meanwhile
     assert peak == 2
     assert all(name.startswith("roomkeeper-hook") for name in running)
     assert threading.current_thread().name not in running

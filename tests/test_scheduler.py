@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -650,8 +649,8 @@ def _waiting_for(predicate: Callable[[], bool], what: str) -> None:
 
 
 def test_the_monitor_reads_on_time_while_a_launch_marker_is_saved(tmp_path: Path) -> None:
-    """A launch whose pending marker takes 2 s to save never holds the scheduler's lock
-    meanwhile: the pressure monitor's readings, which take it, keep their interval."""
+    """A launch whose pending marker is slow to save never holds the scheduler's lock
+    meanwhile: the pressure monitor's readings, which take it, go on."""
     guard, _ = fixture_guard(tmp_path, used=1 * GB)
     read_at: list[float] = []
     read = guard.pressure_reading
@@ -666,7 +665,11 @@ def test_the_monitor_reads_on_time_while_a_launch_marker_is_saved(tmp_path: Path
 
     def slow_save(view: JobView) -> None:
         saved.append(time.monotonic())
-        time.sleep(2.0)
+        # The save lasts until five readings were taken meanwhile (10 s at most): on a busy
+        # machine readings come late, but they come only if the save holds no lock of theirs.
+        deadline = time.monotonic() + 10
+        while sum(t > saved[0] for t in read_at) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert launcher.order == []  # save first: nothing starts before its marker is saved
         saved.append(time.monotonic())
 
@@ -682,9 +685,8 @@ def test_the_monitor_reads_on_time_while_a_launch_marker_is_saved(tmp_path: Path
     finally:
         scheduler.close(grace=0)
     began, ended = saved
-    during = [began, *(t for t in read_at if began < t < ended), ended]
-    longest = max(later - earlier for earlier, later in itertools.pairwise(during))
-    assert longest < 0.5, f"no reading for {longest:.2f} s while the marker was saved"
+    during = [t for t in read_at if began < t < ended]
+    assert len(during) >= 5, f"{len(during)} readings in the {ended - began:.1f} s of the save"
     assert launcher.order == ["j"]
 
 

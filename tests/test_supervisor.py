@@ -431,10 +431,11 @@ def test_fake_gateway_goes_through_relief_sigterm_sigkill_and_restarts(tmp_path:
         ]
         t = {name: first(events, name, gen=1)["mono"] for name in ("relief", "sigterm", "sigkill")}
         launched = first(events, "launched", gen=1)["mono"]
-        # Never early; late by at most a loaded machine's scheduling delay.
-        assert 2.9 <= t["relief"] - launched <= 3 + 1.0  # START grace (beats end ~1 s in)
-        assert 0.95 <= t["sigterm"] - t["relief"] <= 1 + 0.6  # RELIEF
-        assert 0.95 <= t["sigkill"] - t["sigterm"] <= 1 + 0.6  # SHUTDOWN
+        # Never early; late by at most a loaded machine's scheduling delay (the fake
+        # gateway's last beat comes about a second into its own start, later when busy).
+        assert 2.9 <= t["relief"] - launched <= 3 + 2.5  # START grace
+        assert 0.95 <= t["sigterm"] - t["relief"] <= 1 + 1.5  # RELIEF
+        assert 0.95 <= t["sigkill"] - t["sigterm"] <= 1 + 1.5  # SHUTDOWN
         assert first(events, "exited", gen=1)["exit_code"] == -signal.SIGKILL
         hellos = [e["boot_id"] for e in events if e["event"] == "hello"]
         assert hellos[0] != hellos[1]
@@ -520,7 +521,7 @@ def test_sigterm_to_the_supervisor_stops_a_stubborn_gateway_and_never_restarts(
         events = s.events()
         assert names(events)[-4:] == ["stopping", "sigkill", "exited", "supervisor_stopped"]
         waited = first(events, "sigkill")["mono"] - first(events, "stopping")["mono"]
-        assert 0.95 <= waited <= 1 + 0.6  # ROOMKEEPER_WATCHDOG_SHUTDOWN, never early
+        assert 0.95 <= waited <= 1 + 1.5  # ROOMKEEPER_WATCHDOG_SHUTDOWN, never early
         assert names(events).count("launched") == 1
         assert gone(first(events, "launched")["pid"])
         assert gone(int((tmp_path / "tree-0").read_text()))
