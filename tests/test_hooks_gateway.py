@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+import select
 import socket
 import threading
 import time
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.kernel
 class DripServer:
     """A loopback server that answers every request a byte at a time and never finishes.
 
-    It records when each connection arrived and when the client cut it off.
+    It records when each connection arrived and when the client cut it off (within a few
+    milliseconds: it watches the socket while it waits between bytes).
     """
 
     def __init__(self) -> None:
@@ -57,7 +59,11 @@ class DripServer:
                 if self._stop.is_set():
                     break
                 conn.sendall(bytes([byte]))
-                time.sleep(0.25)
+                # Wait for the next byte's turn, or for the client's cut-off: its FIN reads
+                # as an empty recv at once, so ``closed`` is when the hook was cut off.
+                readable, _, _ = select.select([conn], [], [], 0.25)
+                if readable and not conn.recv(1):
+                    break
         with self._lock:
             self.closed.append(time.time())
 

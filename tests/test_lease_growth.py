@@ -320,12 +320,12 @@ def test_subagents_whose_memory_shows_are_counted_once_in_a_real_group(
                 assert said.status_code == 200, said.text
                 if said.json() != {}:
                     break
+                before = reserved()  # its lease reserved, nothing of its memory seen yet
                 argv = box.argv([sys.executable, "-c", GROW, "150"], leaf="work")
                 child = subprocess.Popen(
                     argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
                 )
                 running.append((pre, child))
-                before = reserved()
                 assert child.stdout is not None and child.stdout.readline() == "grown\n"
                 # The attribution steps see it: its memory is counted, its reservation shrinks
                 # (on a busy machine a step comes late; a fixed pause missed it).

@@ -6,6 +6,7 @@ status and a shutdown; and a journal whose writer hangs as on a hung disk.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 import time
@@ -50,17 +51,21 @@ def test_grants_waiting_for_room_leave_the_line_to_a_cancel_a_status_and_a_shutd
         job_id = running_job(gw, ["sleep", "60"])
         answers: list[httpx.Response] = []
 
-        def wait_for_room() -> None:
+        def wait_for_room(size: int) -> None:
             with httpx.Client(base_url=gw.url, headers=gw.client.headers, timeout=60) as own:
-                answers.append(own.post("/v1/leases", json={"memory_bytes": TEN_PB, "wait_s": 30}))
+                answers.append(own.post("/v1/leases", json={"memory_bytes": size, "wait_s": 30}))
 
-        waiting = [threading.Thread(target=wait_for_room) for _ in range(4)]
+        sizes = [TEN_PB * (n + 1) for n in range(4)]  # each grant's refusals tell it apart
+        waiting = [threading.Thread(target=wait_for_room, args=(size,)) for size in sizes]
         for thread in waiting:
             thread.start()
-        wait_until(  # each has tried, been refused and waits for its next try
-            lambda: len(gw.anonymous.get("/v1/feed").json()["refusals"]) >= 4,
-            "the four grants refused once",
-        )
+
+        def refused_grants() -> int:
+            refusals = gw.anonymous.get("/v1/feed").json()["refusals"]
+            return len({m for r in refusals for m in re.findall(r"job ([\d.]+)", r["summary"])})
+
+        # Each has tried, been refused and holds its place while it waits for its next try.
+        wait_until(lambda: refused_grants() == 4, "the four grants refused once")
         took: dict[str, float] = {}
         cancel, took["cancel"] = timed(lambda: gw.client.post(f"/v1/jobs/{job_id}/cancel"))
         status, took["status"] = timed(lambda: gw.client.get("/v1/status"))

@@ -428,7 +428,8 @@ def _gcs_server(cluster: LocalCluster) -> psutil.Process:
 def test_a_frozen_head_leaves_the_gateway_answering_and_jobs_waiting(
     cluster: LocalCluster, gateway: RunningGateway
 ) -> None:
-    """The head's GCS stopped (SIGSTOP): /health, GET and POST /v1/jobs answer within 1 s,
+    """The head's GCS stopped (SIGSTOP): /health, GET and POST /v1/jobs answer at once (within
+    4 s on a busy machine, where one waiting on the head would take its 5 s connect timeout),
     needs-you says the cluster is unreachable, a new job waits with that reason; once the
     head is back (SIGCONT) every job submitted meanwhile runs."""
     gcs = _gcs_server(cluster)
@@ -456,7 +457,7 @@ def test_a_frozen_head_leaves_the_gateway_answering_and_jobs_waiting(
                     posted.append(str(answer.json()["id"]))
             time.sleep(0.5)
         # The head stays frozen for 10 s: a request that waited on it would take that long.
-        assert slowest < 5.0, f"a request took {slowest:.2f} s while the head was frozen"
+        assert slowest < 4.0, f"a request took {slowest:.2f} s while the head was frozen"
         said = gateway.client.get("/v1/needs-you").json()
         assert said["headline"] == "cluster unreachable", said
         page = gateway.anonymous.get("/v1/feed").json()["guard"]  # the Health page's headline
