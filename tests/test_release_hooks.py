@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from roomkeeper.loopback.hooks import HOOK_BODY_MAX, HookRunner, ReleaseHook, run_hook
+from tests.gateways import wait_until
 
 Serve = Callable[[socket.socket], None]
 
@@ -172,9 +173,7 @@ def test_the_runner_runs_hooks_on_its_own_bounded_pool() -> None:
     started = time.monotonic()
     futures = [runner.submit(hook_to(1)) for _ in range(5)]
     assert time.monotonic() - started < 0.5
-    waited = time.monotonic() + 10
-    while peak < 2 and time.monotonic() < waited:  # the pool's threads start on their own time
-        time.sleep(0.01)
+    wait_until(lambda: peak >= 2, "two hooks running", 10)  # threads start on their own time
     time.sleep(0.3)  # and no third starts meanwhile
     assert peak == 2
     assert all(name.startswith("roomkeeper-hook") for name in running)
