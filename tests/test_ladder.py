@@ -317,6 +317,22 @@ def test_the_newest_frozen_tree_that_would_run_again_is_the_one_stopped() -> Non
     assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]
 
 
+def test_a_frozen_tree_with_enough_memory_is_stopped_when_the_newest_holds_too_little() -> None:
+    """Trees frozen together grow unevenly: when the newest one's memory back would not let
+    the oldest go on, the newest one whose memory would, and that waited as long as it ran,
+    is stopped; one that waited less than it ran is passed over for an older one."""
+    small = {"suspended": True, "runs_again": True, "ran_s": 10.0, "suspended_s": 30.0}
+    live = [*_frozen_three(), job("small", 4, footprint=40 * MB, **small)]
+    plan = run([reading(1850 * MB)] * 2, live)[-1]
+    assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]
+    why = next(a.why for a in plan.actions if a.step is Step.STOP)
+    assert "its 0.20 lets job middle go on" in why
+    big_but_young = {**small, "footprint": 200 * MB, "ran_s": 40.0}
+    live = [*_frozen_three(), job("young", 4, **big_but_young)]
+    plan = run([reading(1850 * MB)] * 2, live)[-1]
+    assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]
+
+
 @pytest.mark.parametrize(
     ("why", "newest", "used"),
     [

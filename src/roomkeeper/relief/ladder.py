@@ -22,8 +22,8 @@ memory pressure::
              TRIAL_RESUME_MARGIN below and no job off trial waits suspended
              (launches wait meanwhile; not counted as a hold)
     unblock  when the oldest suspended tree cannot go on, stop the newest suspended
-             tree that would run again, once it has waited suspended as long as it
-             had run, and only if its memory lets the oldest go on
+             tree that would run again, has waited suspended as long as it had run,
+             and whose memory alone lets the oldest go on
 
 The progress guarantee: the oldest live job is never suspended or stopped for
 newer ones, and one that became the oldest while suspended goes on at once;
@@ -421,27 +421,31 @@ def _resume_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
 
 
 def _unblock(reading: Reading, by_age: list[Live]) -> list[Action]:
-    """Stop the newest suspended tree that would run again when the oldest suspended one
-    cannot go on, the newest has waited suspended as long as it had run, and its memory
-    back lets the oldest go on (see the module's rent-or-buy note)."""
+    """Stop the newest suspended tree that would run again, has waited suspended as long as
+    it had run, and whose memory back lets the oldest suspended one go on, when that one
+    cannot go on by itself (see the module's rent-or-buy note)."""
     waiting = [j for j in by_age if j.suspended and not j.trial and not j.stopping]
     if len(waiting) < 2:
         return []  # one alone waits for running work, not for another suspended tree
     oldest = waiting[0]
-    newest = next((j for j in reversed(waiting[1:]) if j.runs_again), None)
-    # A run of no length (frozen as it began) throws nothing away, but it is no evidence
-    # either: waiting has cost nothing yet.
-    if newest is None or newest.ran_s <= 0 or newest.suspended_s < newest.ran_s:
-        return []
     rest = max(0, oldest.estimate - oldest.footprint)  # it does not fit: else it went on
-    if reading.used - newest.footprint + rest > reading.hold_line:
-        return []  # its memory alone would not let the oldest go on: waiting costs less
-    why = (
-        f"suspended {newest.suspended_s:.0f} s after running {newest.ran_s:.0f} s; its "
-        f"{gb(newest.footprint)} lets job {oldest.job_id} go on: used {gb(reading.used)} - "
-        f"{gb(newest.footprint)} + its rest {gb(rest)} <= line {gb(reading.hold_line)} (GB)"
-    )
-    return [Action(Step.STOP, newest.job_id, why)]
+    for job in reversed(waiting[1:]):
+        # A run of no length (frozen as it began) throws nothing away, but it is no
+        # evidence either: waiting has cost nothing yet.
+        if not job.runs_again or job.ran_s <= 0 or job.suspended_s < job.ran_s:
+            continue
+        # Trees frozen together grow unevenly: the newest may hold too little to help
+        # while an older one beside it holds enough, and waiting for memory to free by
+        # itself can take minutes.
+        if reading.used - job.footprint + rest > reading.hold_line:
+            continue
+        why = (
+            f"suspended {job.suspended_s:.0f} s after running {job.ran_s:.0f} s; its "
+            f"{gb(job.footprint)} lets job {oldest.job_id} go on: used {gb(reading.used)} - "
+            f"{gb(job.footprint)} + its rest {gb(rest)} <= line {gb(reading.hold_line)} (GB)"
+        )
+        return [Action(Step.STOP, job.job_id, why)]
+    return []  # no one tree's memory would let the oldest go on: waiting costs less
 
 
 def _resume(reading: Reading, by_age: list[Live]) -> list[Action]:
