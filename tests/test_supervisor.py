@@ -35,10 +35,11 @@ from roomkeeper.supervisor.child import gateway_command
 from roomkeeper.supervisor.records import RECORD_NAME, find_supervisor, read_events
 from roomkeeper.supervisor.restarts import Backoff, BudgetState, RestartBudget, RestartReason
 from roomkeeper.supervisor.sdnotify import Notifier, socket_address
+from roomkeeper.supervisor.service import Supervisor
 from roomkeeper.supervisor.watchdog import Action, Stage, Watchdog
 from roomkeeper.testing import FakeClock
 from tests.cgroups import child_memory_cgroup
-from tests.gateways import free_port, gateway_env, roomkeeper_cli
+from tests.gateways import free_port, gateway_env, roomkeeper_cli, wait_until
 from tests.supervisors import (
     FAST,
     Served,
@@ -893,3 +894,27 @@ def test_real_gateway_with_a_blocked_event_loop_is_replaced(tmp_path: Path) -> N
         assert t["relief"] < t["sigterm"] < t["sigkill"]
         after = wait_healthy(url)
         assert after != before
+
+
+def test_as_pid_1_every_zombie_is_reaped_though_a_child_vanished_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a container's init the supervisor reaps the zombies handed to it; a child that is
+    gone between the listing and its status does not leave the ones after it for later."""
+    supervisor = Supervisor(["true"], env={"ROOMKEEPER_HOME": str(tmp_path)})
+    zombie = subprocess.Popen(["true"])  # never waited for: a zombie once it exits
+    wait_until(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, "a zombie")
+
+    class Vanished:
+        pid = 2**22 + 1
+
+        def status(self) -> str:
+            raise psutil.NoSuchProcess(self.pid)
+
+    real = psutil.Process(zombie.pid)
+    monkeypatch.setattr(psutil.Process, "children", lambda self: [Vanished(), real])
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    supervisor._reap_orphans()
+    monkeypatch.undo()
+    assert not psutil.pid_exists(zombie.pid), "the zombie after the vanished child was left"
+    zombie.returncode = 0  # reaped above: Popen must not wait for it again

@@ -191,11 +191,16 @@ class Supervisor:
         """As PID 1 (a container's init), reap the orphans the kernel hands us, never ``keep``."""
         if os.getpid() != 1:
             return
-        with contextlib.suppress(psutil.Error):
-            for p in psutil.Process().children():
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            return  # tried again on the next tick
+        for p in children:
+            # One child gone between the listing and its status is no reason to leave the
+            # others' zombies for a tick more.
+            with contextlib.suppress(psutil.Error, ChildProcessError):
                 if p.pid != keep and p.status() == psutil.STATUS_ZOMBIE:
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(p.pid, os.WNOHANG)
+                    os.waitpid(p.pid, os.WNOHANG)
 
     # ---------------------------------------------------------------- launch
 
