@@ -25,11 +25,16 @@ def test_a_job_stopped_while_growing_asks_for_more_than_its_peak() -> None:
     assert burst == 800 * MB  # one fast burst asks for its peak once more, not the container
 
 
-def test_a_job_that_was_not_growing_still_doubles_what_failed() -> None:
-    """Stopped for others' growth, it keeps at least twice the estimate it was stopped with."""
-    assert (
-        rerun_estimate(failed=300 * MB, peak=250 * MB, rate=0.0, ran_s=9.0, line=None) == 600 * MB
-    )
+def test_a_job_stopped_within_its_estimate_keeps_it_and_one_that_outgrew_it_doubles_it() -> None:
+    """Stopped within what it was admitted with (for the others' growth), its size is no
+    reason to ask for more: it keeps the estimate, or its peak and growth if more.  A run
+    that outgrew its estimate asks for at least twice it."""
+    within = rerun_estimate(failed=300 * MB, peak=250 * MB, rate=0.0, ran_s=9.0, line=None)
+    assert within == 300 * MB
+    growing = rerun_estimate(failed=300 * MB, peak=250 * MB, rate=10 * MB, ran_s=9.0, line=None)
+    assert growing == 340 * MB  # 250 + 10 x 9: its forecast passes the estimate
+    outgrew = rerun_estimate(failed=300 * MB, peak=350 * MB, rate=0.0, ran_s=9.0, line=None)
+    assert outgrew == 600 * MB
     assert (
         rerun_estimate(failed=300 * MB, peak=900 * MB, rate=-5.0, ran_s=9.0, line=None) == 900 * MB
     )
@@ -51,8 +56,9 @@ def test_the_estimate_grows_from_the_evidence_and_stays_under_the_line(
     failed: int, peak: int, rate: float, ran_s: float, line: int | None
 ) -> None:
     estimate = rerun_estimate(failed=failed, peak=peak, rate=rate, ran_s=ran_s, line=line)
-    assert estimate >= min(max(2 * failed, peak), line or 10**30)
-    assert estimate <= max(2 * failed, 2 * peak)
+    floor = 2 * failed if peak > failed else failed
+    assert estimate >= min(max(floor, peak), line or 10**30)
+    assert estimate <= max(floor, 2 * peak)
     assert line is None or estimate <= line
 
 
