@@ -593,10 +593,9 @@ def test_restartable_work_runs_again_with_its_peak_at_most_retries_times(tmp_pat
     assert (final.state, final.reason) == (JobState.STOPPED, PressureReason.MEMORY_PRESSURE)
     requeued = [t for t in final.history if t.state is JobState.WAITING][1:]
     assert [t.reason for t in requeued] == [PressureReason.MEMORY_PRESSURE] * 3
-    # Stopped while growing past its 100 MB (700 MB at once): twice its peak; stopped again
-    # within that, for others' growth (the test's stops), it keeps it.
-    assert final.spec.memory_bytes == 1400 * MB
-    assert (final.estimate_bytes, final.estimate_source) == (1400 * MB, EstimateSource.RERUN)
+    # Stopped while growing (700 MB at once): twice its peak, then twice the last each time.
+    assert final.spec.memory_bytes == 5600 * MB
+    assert (final.estimate_bytes, final.estimate_source) == (5600 * MB, EstimateSource.RERUN)
     assert (other.state, other.reason) == (JobState.STOPPED, PressureReason.MEMORY_PRESSURE)
     assert [t.state for t in other.history].count(JobState.RUNNING) == 1  # never re-run
     assert len(launched) == 4 + 1
@@ -934,3 +933,30 @@ def test_the_live_jobs_say_how_long_each_ran_and_waited_and_whether_it_would_run
         assert seen[again.id].runs_again and not seen[once.id].runs_again
     finally:
         scheduler.close()
+
+
+def test_a_tree_frozen_when_stopped_runs_again_with_its_estimate_and_one_running_doubles_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Frozen when stopped (the unblock step's victim, or the stop line's while the rest were
+    frozen), a tree within its estimate was stopped for the others' growth: its re-run keeps
+    the estimate, and the log says why.  A tree stopped while it ran asks for twice it."""
+    calls: list[tuple[str, str]] = []
+    scheduler = _freezing_scheduler(tmp_path, calls)  # each tree holds 100 MB
+    try:
+        frozen, running = (
+            scheduler.submit(JobSpec(argv=["x"], owner=o, memory_bytes=500 * MB, restartable=True))
+            for o in "ab"
+        )
+        scheduler.tick()
+        assert scheduler.relief.suspend_for_pressure(frozen.id)
+        for job in (frozen, running):
+            assert scheduler.relief.stop_for_pressure(job.id, "test", never_fits=False)
+        scheduler.tick()
+        estimates = [scheduler.get(j.id).estimate_bytes for j in (frozen, running)]
+    finally:
+        scheduler.close()
+    assert estimates == [500 * MB, 1000 * MB]
+    said = {r.getMessage().split()[1]: r.getMessage() for r in caplog.records if "again" in r.msg}
+    assert "stopped for the others' growth" in said[frozen.id], said
+    assert "stopped for the others' growth" not in said[running.id], said

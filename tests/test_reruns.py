@@ -25,16 +25,27 @@ def test_a_job_stopped_while_growing_asks_for_more_than_its_peak() -> None:
     assert burst == 800 * MB  # one fast burst asks for its peak once more, not the container
 
 
-def test_a_job_stopped_within_its_estimate_keeps_it_and_one_that_outgrew_it_doubles_it() -> None:
-    """Stopped within what it was admitted with (for the others' growth), its size is no
-    reason to ask for more: it keeps the estimate, or its peak and growth if more.  A run
-    that outgrew its estimate asks for at least twice it."""
-    within = rerun_estimate(failed=300 * MB, peak=250 * MB, rate=0.0, ran_s=9.0, line=None)
-    assert within == 300 * MB
-    growing = rerun_estimate(failed=300 * MB, peak=250 * MB, rate=10 * MB, ran_s=9.0, line=None)
-    assert growing == 340 * MB  # 250 + 10 x 9: its forecast passes the estimate
-    outgrew = rerun_estimate(failed=300 * MB, peak=350 * MB, rate=0.0, ran_s=9.0, line=None)
-    assert outgrew == 600 * MB
+def test_a_tree_frozen_when_stopped_within_its_estimate_keeps_it() -> None:
+    """Frozen when stopped, within what it was admitted with, it was stopped for the others'
+    growth: it keeps the estimate, or its peak and growth if more.  Frozen past it, or
+    stopped while it ran, it asks for at least twice it."""
+
+    def again(peak: int, rate: float = 0.0, *, frozen: bool = True) -> int:
+        return rerun_estimate(
+            failed=300 * MB, peak=peak, rate=rate, ran_s=9.0, line=None, frozen=frozen
+        )
+
+    assert again(250 * MB) == 300 * MB
+    assert again(250 * MB, rate=10 * MB) == 340 * MB  # 250 + 10 x 9: its forecast is more
+    assert again(350 * MB) == 600 * MB  # it outgrew the estimate it was frozen with
+    assert again(250 * MB, frozen=False) == 600 * MB
+
+
+def test_a_job_that_was_not_growing_still_doubles_what_failed() -> None:
+    """Stopped while it ran, it keeps at least twice the estimate it was stopped with."""
+    assert (
+        rerun_estimate(failed=300 * MB, peak=250 * MB, rate=0.0, ran_s=9.0, line=None) == 600 * MB
+    )
     assert (
         rerun_estimate(failed=300 * MB, peak=900 * MB, rate=-5.0, ran_s=9.0, line=None) == 900 * MB
     )
@@ -51,12 +62,15 @@ def test_the_estimate_never_passes_the_line() -> None:
     rate=st.floats(-1e9, 1e10, allow_nan=False),
     ran_s=st.floats(0, 1e4, allow_nan=False),
     line=st.one_of(st.none(), st.integers(1, 20 * GB)),
+    frozen=st.booleans(),
 )
 def test_the_estimate_grows_from_the_evidence_and_stays_under_the_line(
-    failed: int, peak: int, rate: float, ran_s: float, line: int | None
+    failed: int, peak: int, rate: float, ran_s: float, line: int | None, frozen: bool
 ) -> None:
-    estimate = rerun_estimate(failed=failed, peak=peak, rate=rate, ran_s=ran_s, line=line)
-    floor = 2 * failed if peak > failed else failed
+    estimate = rerun_estimate(
+        failed=failed, peak=peak, rate=rate, ran_s=ran_s, line=line, frozen=frozen
+    )
+    floor = failed if frozen and peak <= failed else 2 * failed
     assert estimate >= min(max(floor, peak), line or 10**30)
     assert estimate <= max(floor, 2 * peak)
     assert line is None or estimate <= line

@@ -58,6 +58,7 @@ class JobRecord:
     stop_reason: Word | None = None
     reruns: int = 0  # times the relief ladder stopped it and queued it again
     stop_rate: float = 0.0  # bytes/s it was growing by when stopped for pressure
+    stop_frozen: bool = False  # it was suspended (frozen) when stopped for pressure
     line_bytes: int | None = None  # the guard's memory line at its last admission
     admitted_bytes: int | None = None  # the estimate its run was admitted with (reserved)
     history: list[Transition] = field(default_factory=list)

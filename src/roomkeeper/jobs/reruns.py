@@ -5,17 +5,20 @@ peak alone is no estimate: run again with it, the job is stopped again at
 the same point.  The next run's estimate grows from what was seen::
 
     grown    = peak + min(rate x ran, peak)      (growing at ``rate`` when stopped)
-    floor    = 2 x failed   when the run outgrew it (peak > failed), else failed
+    floor    = failed       when it was frozen when stopped and within it (peak <= failed)
+             = 2 x failed   otherwise
     estimate = min(line, max(floor, grown, peak))
 
-``failed`` is the estimate the stopped run was admitted with.  A run that
-outgrew it showed the estimate was wrong: the next one at least doubles it.
-A run stopped within it was stopped for the others' growth (trees frozen
-together, the newest stopped), which says nothing about its own size: the
-next run keeps it, or its growth's forecast if that is more.  Doubled, the
-re-run of a default guess waited for twice the guess, and once running it
-was thought to have that much left to grow: the ladder stopped other trees
-to make room for growth that never came.  ``rate x ran`` is where the job would be had it kept
+``failed`` is the estimate the stopped run was admitted with.  A run stopped
+while it ran was stopped where its own growth took it, or outgrew its
+estimate: the next one at least doubles it, or it would be stopped again at
+the same point.  A tree frozen when stopped (by the unblock step, or at the
+stop line while frozen with the rest) was stopped for the others' growth,
+and within its estimate that says nothing about its own size: the next run
+keeps it, or its growth's forecast if that is more.  Doubled, the re-run of
+a default guess waited for twice the guess, and once running it was thought
+to have that much left to grow: the ladder stopped other trees to make room
+for growth that never came.  ``rate x ran`` is where the job would be had it kept
 growing as fast for as long again; it is at most the peak once more, so one
 fast burst before the stop does not ask for the whole container.  Nothing is
 asked above ``line`` (the memory line at the job's admission): the job's
@@ -35,7 +38,9 @@ our jobs' leaves it less room than its last peak.
 from __future__ import annotations
 
 
-def rerun_estimate(*, failed: int, peak: int, rate: float, ran_s: float, line: int | None) -> int:
+def rerun_estimate(
+    *, failed: int, peak: int, rate: float, ran_s: float, line: int | None, frozen: bool = False
+) -> int:
     """The estimate of the next run of a job stopped for memory pressure.
 
     Args:
@@ -44,10 +49,12 @@ def rerun_estimate(*, failed: int, peak: int, rate: float, ran_s: float, line: i
         rate: bytes per second it was growing by when stopped (0 or less: it was not).
         ran_s: seconds the stopped run lasted.
         line: the guard's memory line at its admission; None when unknown.
+        frozen: it was suspended when stopped (stopped for the others' growth); unknown
+            (a tree stopped on another node) counts as not.
     """
     peak, failed = max(0, peak), max(0, failed)
     grown = peak + min(max(0.0, rate) * max(0.0, ran_s), peak)
-    floor = 2 * failed if peak > failed else failed
+    floor = failed if frozen and peak <= failed else 2 * failed
     estimate = max(floor, int(grown), peak)
     if line is not None and line > 0:
         estimate = min(estimate, line)

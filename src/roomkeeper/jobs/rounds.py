@@ -303,27 +303,30 @@ class LaunchRounds:
             rate=rate,
             ran_s=ran_s,
             line=job.line_bytes,
+            frozen=job.stop_frozen,
         )
+        kept = job.stop_frozen and estimate <= job.estimate.bytes
         job.spec = replace(job.spec, memory_bytes=estimate)
         job.estimate = Estimate(estimate, EstimateSource.RERUN)
         job.reruns += 1
         self.reruns += 1
         job.handle, job.started, job.exit_code = None, None, None
         job.stop_cause, job.stop_reason, job.stop_rate = None, None, 0.0
-        job.admitted_bytes = None
+        job.stop_frozen, job.admitted_bytes = False, None
         # It had its turn and waited before: the jobs behind it do not go first.
         self._queue.push_front(job.spec.owner, job)
         self._book.record(job, JobState.WAITING, PressureReason.MEMORY_PRESSURE)
         last = is_last_run(job.reruns, self._settings.retries())
         log.warning(
             "job %s queued again after its stop for memory pressure (run %d of %d), "
-            "estimate %.2f GB (peak %.2f GB, growing %.0f MB/s when stopped)%s",
+            "estimate %.2f GB (peak %.2f GB, growing %.0f MB/s when stopped%s)%s",
             job.id,
             job.reruns + 1,
             self._settings.retries() + 1,
             estimate / 1e9,
             peak / 1e9,
             max(0.0, rate) / 1e6,
+            "; frozen then, within its estimate: stopped for the others' growth" if kept else "",
             ": its last run waits for room for its worst case, alone if need be" if last else "",
         )
         return True

@@ -268,6 +268,8 @@ class SchedulerRelief:
             if job is None or job.stop_cause is not None:
                 return False
             job.stop_reason, job.stop_rate = PressureReason.MEMORY_PRESSURE, rate
+            # A frozen tree was stopped for the others: its own growth had been halted.
+            job.stop_frozen = job.state is JobState.SUSPENDED
             if never_fits:
                 job.error = f"it alone outgrows the container, so it can never fit here: {why}"
             self._rounds.stop(job, JobState.STOPPED)
