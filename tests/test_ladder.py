@@ -333,6 +333,22 @@ def test_a_frozen_tree_with_enough_memory_is_stopped_when_the_newest_holds_too_l
     assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]
 
 
+WAITED = {"ran_s": 10.0, "suspended_s": 30.0}  # it has waited longer than it ran
+
+
+def test_unblock_never_stops_the_oldest_frozen_tree_nor_a_paused_trial() -> None:
+    """The oldest frozen tree is the one to let go on, never a victim, however much it holds;
+    a job paused on trial is packing's, not the ladder's: neither is stopped."""
+    live = [
+        job("oldest", 1),
+        job("middle", 2, suspended=True, runs_again=True, ran_s=30.0, suspended_s=30.0),
+        job("newest", 3, suspended=True, runs_again=True, footprint=40 * MB, **WAITED),
+        job("trial", 4, suspended=True, trial=True, runs_again=True, footprint=200 * MB, **WAITED),
+    ]
+    plan = run([reading(1850 * MB)] * 2, live)[-1]
+    assert not any(a.step is Step.STOP for a in plan.actions), plan.actions
+
+
 @pytest.mark.parametrize(
     ("why", "newest", "used"),
     [

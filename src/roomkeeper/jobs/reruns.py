@@ -15,12 +15,12 @@ estimate: the next one at least doubles it, or it would be stopped again at
 the same point.  A tree frozen when stopped (by the unblock step, or at the
 stop line while frozen with the rest) was stopped for the others' growth,
 and within its estimate that says nothing about its own size: the next run
-keeps it, or its growth's forecast if that is more.  Doubled, the re-run of
-a default guess waited for twice the guess, and once running it was thought
-to have that much left to grow: the ladder stopped other trees to make room
-for growth that never came.  ``rate x ran`` is where the job would be had it kept
-growing as fast for as long again; it is at most the peak once more, so one
-fast burst before the stop does not ask for the whole container.  Nothing is
+keeps it, or its growth's forecast if that is more (doubled, it would wait
+for room it has not shown it needs, and once running be thought to have that
+much left to grow).  A tree stopped on another node counts as not frozen.
+``rate x ran`` is where the job would be had it kept growing as fast for as
+long again; it is at most the peak once more, so one fast burst before the
+stop does not ask for the whole container.  Nothing is
 asked above ``line`` (the memory line at the job's admission): the job's
 peak fit under it, and an estimate above it would fail the job as one that
 can never fit.  The guard asks it at most at the room the job would have

@@ -305,7 +305,7 @@ class LaunchRounds:
             line=job.line_bytes,
             frozen=job.stop_frozen,
         )
-        kept = job.stop_frozen and estimate <= job.estimate.bytes
+        kept = job.stop_frozen and peak <= job.estimate.bytes
         job.spec = replace(job.spec, memory_bytes=estimate)
         job.estimate = Estimate(estimate, EstimateSource.RERUN)
         job.reruns += 1

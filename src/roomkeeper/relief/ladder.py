@@ -33,7 +33,7 @@ One victim at a time: while a stopped tree is still going, no other is chosen.
 
 Why unblock: a suspended tree keeps its memory, so trees frozen together can
 wait for one another until a running job ends, minutes for long work, every
-one of them idle.  Stopping the newest gives its memory to the older ones at
+one of them idle.  Stopping one of them gives its memory to the older ones at
 the cost of what it had done; waiting costs its idle time.  Waiting until
 the idle time equals the work a stop would throw away, then stopping, never
 costs more than twice the better of the two choices made knowing when memory
@@ -434,9 +434,10 @@ def _unblock(reading: Reading, by_age: list[Live]) -> list[Action]:
         # evidence either: waiting has cost nothing yet.
         if not job.runs_again or job.ran_s <= 0 or job.suspended_s < job.ran_s:
             continue
-        # Trees frozen together grow unevenly: the newest may hold too little to help
-        # while an older one beside it holds enough, and waiting for memory to free by
-        # itself can take minutes.
+        # Trees frozen together grow unevenly and are frozen at different readings: the
+        # newest may hold too little, or not have waited as long as it ran, while an
+        # older one beside it qualifies; waiting for memory to free by itself can take
+        # minutes.
         if reading.used - job.footprint + rest > reading.hold_line:
             continue
         why = (
