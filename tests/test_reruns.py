@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roomkeeper.guard.admission import Rerun
@@ -56,6 +56,8 @@ def test_the_estimate_never_passes_the_line() -> None:
     assert rerun_estimate(failed=600 * MB, peak=700 * MB, rate=0.0, ran_s=1.0, line=GB) == GB
 
 
+# Pure arithmetic: only a slow machine (an emulated kernel) makes its inputs slow to draw.
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     failed=st.integers(0, 10 * GB),
     peak=st.integers(0, 10 * GB),
