@@ -317,11 +317,14 @@ def test_the_newest_frozen_tree_that_would_run_again_is_the_one_stopped() -> Non
     assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]
 
 
+WAITED = {"ran_s": 10.0, "suspended_s": 30.0}  # it has waited longer than it ran
+
+
 def test_a_frozen_tree_with_enough_memory_is_stopped_when_the_newest_holds_too_little() -> None:
     """Trees frozen together grow unevenly: when the newest one's memory back would not let
     the oldest go on, the newest one whose memory would, and that waited as long as it ran,
     is stopped; one that waited less than it ran is passed over for an older one."""
-    small = {"suspended": True, "runs_again": True, "ran_s": 10.0, "suspended_s": 30.0}
+    small = {"suspended": True, "runs_again": True, **WAITED}
     live = [*_frozen_three(), job("small", 4, footprint=40 * MB, **small)]
     plan = run([reading(1850 * MB)] * 2, live)[-1]
     assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]
@@ -331,9 +334,6 @@ def test_a_frozen_tree_with_enough_memory_is_stopped_when_the_newest_holds_too_l
     live = [*_frozen_three(), job("young", 4, **big_but_young)]
     plan = run([reading(1850 * MB)] * 2, live)[-1]
     assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]
-
-
-WAITED = {"ran_s": 10.0, "suspended_s": 30.0}  # it has waited longer than it ran
 
 
 def test_unblock_never_stops_the_oldest_frozen_tree_nor_a_paused_trial() -> None:

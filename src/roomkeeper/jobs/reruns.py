@@ -38,6 +38,12 @@ our jobs' leaves it less room than its last peak.
 from __future__ import annotations
 
 
+def stopped_for_others(*, frozen: bool, peak: int, failed: int) -> bool:
+    """Whether a stopped run says nothing about its own size: it was frozen when stopped, and
+    its peak stayed within the estimate it was admitted with (its estimate is kept)."""
+    return frozen and peak <= failed
+
+
 def rerun_estimate(
     *, failed: int, peak: int, rate: float, ran_s: float, line: int | None, frozen: bool = False
 ) -> int:
@@ -54,7 +60,7 @@ def rerun_estimate(
     """
     peak, failed = max(0, peak), max(0, failed)
     grown = peak + min(max(0.0, rate) * max(0.0, ran_s), peak)
-    floor = failed if frozen and peak <= failed else 2 * failed
+    floor = failed if stopped_for_others(frozen=frozen, peak=peak, failed=failed) else 2 * failed
     estimate = max(floor, int(grown), peak)
     if line is not None and line > 0:
         estimate = min(estimate, line)

@@ -62,7 +62,7 @@ from roomkeeper.jobs.book import JobBook, JobRecord
 from roomkeeper.jobs.cores import CoreUse
 from roomkeeper.jobs.handle import Handle, RemoteEnd, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.reruns import is_last_run, queued_again, rerun_estimate
+from roomkeeper.jobs.reruns import is_last_run, queued_again, rerun_estimate, stopped_for_others
 from roomkeeper.jobs.settings import (
     SchedulerClocks,
     SchedulerListeners,
@@ -305,7 +305,7 @@ class LaunchRounds:
             line=job.line_bytes,
             frozen=job.stop_frozen,
         )
-        kept = job.stop_frozen and peak <= job.estimate.bytes
+        kept = stopped_for_others(frozen=job.stop_frozen, peak=peak, failed=job.estimate.bytes)
         job.spec = replace(job.spec, memory_bytes=estimate)
         job.estimate = Estimate(estimate, EstimateSource.RERUN)
         job.reruns += 1
