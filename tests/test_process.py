@@ -17,6 +17,7 @@ import pytest
 
 from roomkeeper.errors import LaunchError, UsageError
 from roomkeeper.kernel.cgroup_hierarchy import own_memory_level
+from roomkeeper.kernel.freezer import FreezerGroup
 from roomkeeper.kernel.job_cgroups import JobCgroup, create_job_cgroup, job_cgroup_parent
 from roomkeeper.kernel.proc import (
     read_stat,
@@ -486,6 +487,66 @@ def test_cgroup_is_removed_after_close(tmp_path: Path, reaper: Reaper, cgroup_ok
     job.close()
     assert not os.path.exists(job.cgroup_dir)
     job.close()  # idempotent
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_closing_an_ended_job_whose_child_runs_on_kills_the_child(
+    tmp_path: Path, reaper: Reaper, cgroup_ok: bool
+) -> None:
+    """The leader exited but its child still runs in the job's groups: the kernel refuses to
+    remove them, so close() stops the child and then removes them."""
+    log = tmp_path / "left.log"
+    job = reaper.launch("left", LaunchSpec("sleep 60 & echo child $!", str(log), shell=True))
+    child = pids_in(read_log(log, "child"))["child"]
+    reaper.watch(child)
+    assert job.wait(10) == 0
+    assert not gone(child)
+    job.close()
+    assert gone(child)
+    if cgroup_ok:
+        assert job.cgroup_dir is not None and not os.path.exists(job.cgroup_dir)
+    assert job.freezer_dir is None or not os.path.exists(job.freezer_dir)
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_closing_an_ended_job_removes_its_groups_without_listing_members(
+    tmp_path: Path, reaper: Reaper, cgroup_ok: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ended job with nothing left in its groups is closed by removing them: the kernel
+    removes only an empty group, so its members are not listed (a batch closes hundreds of
+    jobs a second)."""
+    if not cgroup_ok:
+        pytest.skip("a read-only cgroup layout gives jobs no group, so members are listed")
+    job = reaper.launch("ended", LaunchSpec(["true"], str(tmp_path / "ended.log")))
+    assert job.wait(10) == 0 and job.cgroup_dir is not None
+    listed: list[str] = []
+    monkeypatch.setattr(process_module, "cgroup_members", lambda d: listed.append(d) or set())
+    job.close()
+    assert listed == []
+    assert not os.path.exists(job.cgroup_dir)
+    assert job.freezer_dir is None or not os.path.exists(job.freezer_dir)
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_a_frozen_groups_killed_task_is_thawed_so_the_group_can_go(
+    tmp_path: Path, reaper: Reaper
+) -> None:
+    """A task killed while frozen cannot exit: removing its v1 freezer group thaws it first."""
+    job = reaper.launch("frozen", LaunchSpec(["sleep", "60"], str(tmp_path / "frozen.log")))
+    if job.freezer_dir is None:
+        pytest.skip(f"no v1 freezer group here ({job.cgroup_note or 'a v2 group freezes'})")
+    procs = Path(job.freezer_dir, "cgroup.procs")
+    deadline = time.monotonic() + 10  # the trampoline joins the group as its first step
+    while str(job.pid) not in procs.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    group = FreezerGroup(job.freezer_dir)
+    group.set_frozen(True)
+    os.kill(job.pid, signal.SIGKILL)
+    assert group.remove(attempts=50)
+    assert job.wait(10) == -signal.SIGKILL
 
 
 def _our_cgroups() -> list[str]:

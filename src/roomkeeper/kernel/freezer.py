@@ -79,10 +79,16 @@ class FreezerGroup:
             step = min(step * 2, 0.02)
 
     def remove(self, attempts: int = 100) -> bool:
-        """Thaw and rmdir the group, retrying while its last tasks drain; True once it is gone."""
+        """rmdir the group, else thaw it and retry while its last tasks drain; True once gone.
+
+        An empty group goes at the first rmdir, frozen or not; one with tasks left
+        is thawed first, since a frozen task cannot exit.
+        """
+        if remove_group(self.directory, attempts=1):
+            return True
         with contextlib.suppress(OSError):
-            _write(f"{self.directory}/freezer.state", "THAWED")  # a frozen task cannot exit
-        return remove_group(self.directory, attempts)
+            _write(f"{self.directory}/freezer.state", "THAWED")
+        return remove_group(self.directory, max(attempts - 1, 1))
 
 
 def _write(path: str, text: str) -> None:

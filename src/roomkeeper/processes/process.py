@@ -429,7 +429,7 @@ class ManagedProcess:
         with self._lock:
             if self._closed:
                 return
-            if self.poll() is None or self.refresh():
+            if not self._gone_with_groups() and (self.poll() is None or self.refresh()):
                 self.stop(grace=0.0)
             self._remove_groups()
             if self._lifeline is not None:
@@ -443,11 +443,30 @@ class ManagedProcess:
             sampler.discard(self)
             reap_orphans(self.pid, self._members.values())
 
+    def _gone_with_groups(self) -> bool:
+        """Whether the leader has exited and the job's groups could be removed at once.
+
+        The kernel removes a group only when no process is left in it, so one
+        rmdir each says that nothing of the tree runs on, for less than reading
+        the members (a batch of short jobs closes hundreds a second).  A
+        refusal leaves the groups to :meth:`_remove_groups`, after the stop.
+        """
+        if self._cgroup is None or self.poll() is None:
+            return False  # without a memory group, only a look at the processes can tell
+        self._keep_kernel_peak()
+        if not self._cgroup.remove(attempts=1):
+            return False
+        return self._freezer is None or self._freezer.remove(attempts=1)
+
+    def _keep_kernel_peak(self) -> None:
+        """Read the kernel's peak while the group is there, once."""
+        if self._kernel_keeps_peak and self._kernel_peak is None and self._cgroup is not None:
+            self._kernel_peak = self._cgroup.peak_bytes()
+
     def _remove_groups(self) -> None:
         """Keep the kernel's peak, then remove the job's groups (noting one that stays)."""
         if self._cgroup is not None:
-            if self._kernel_keeps_peak:
-                self._kernel_peak = self._cgroup.peak_bytes()
+            self._keep_kernel_peak()
             if not self._cgroup.remove():
                 self.cgroup_note = f"{self._cgroup.directory} could not be removed"
         if self._freezer is not None and not self._freezer.remove():
