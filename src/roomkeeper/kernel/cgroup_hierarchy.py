@@ -338,9 +338,16 @@ def v1_controller_group(controller: str, proc_root: str, cgroup_root: str) -> Hi
     Raises:
         OSError, KernelFileError: the membership files could not be read.
     """
-    path = parsers.parse_v1_controller_path(_read(f"{proc_root}/self/cgroup"), controller)
+    # Read once per job (its freezer group): the kept file, parsed again only when it changes.
+    path = _v1_controller_path(_kept.read(f"{proc_root}/self/cgroup"), controller)
     _, _, mounts = _membership(proc_root)
     return _v1_group(controller, path, mounts, cgroup_root)
+
+
+@functools.lru_cache(maxsize=8)
+def _v1_controller_path(raw: bytes, controller: str) -> str | None:
+    """The path of ``controller`` in a ``/proc/self/cgroup``: the same bytes, the same answer."""
+    return parsers.parse_v1_controller_path(raw, controller)
 
 
 def controllers(directory: str) -> frozenset[str]:
