@@ -10,10 +10,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from roomkeeper.guard.admission import Guard
+from roomkeeper.kernel import cgroup_hierarchy
 from roomkeeper.kernel.delegation import JOBS_FOLDER, LEAF, JobGroupPlace, prepare_job_groups
 from roomkeeper.kernel.job_cgroups import (
     JobCgroup,
@@ -143,6 +145,23 @@ def test_stale_job_groups_are_those_of_the_pid_asked_for(tmp_path: Path) -> None
         str(jobs / "roomkeeper-4242-a"),
         str(jobs / "roomkeeper-4242-b-1"),
     ]
+
+
+def test_removing_a_group_waits_between_attempts_never_after_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused rmdir is tried again after a short wait; one attempt is answered at once
+    (closing an ended job asks once, and a tree left running must not wait for nothing)."""
+    busy = tmp_path / "busy"
+    (busy / "member").mkdir(parents=True)  # not empty: rmdir is refused, as for a live group
+    waits: list[float] = []
+    monkeypatch.setattr(cgroup_hierarchy, "time", SimpleNamespace(sleep=waits.append))
+    assert not JobCgroup(str(busy), 1).remove(attempts=1)
+    assert waits == []
+    assert not JobCgroup(str(busy), 1).remove(attempts=3)
+    assert waits == [0.01, 0.01]
+    (busy / "member").rmdir()
+    assert JobCgroup(str(busy), 1).remove(attempts=1) and not busy.exists()
 
 
 # Runs in a group of its own: joins it, makes room for job groups, makes one,

@@ -542,10 +542,11 @@ def test_a_frozen_groups_killed_task_is_thawed_so_the_group_can_go(
     deadline = time.monotonic() + 10  # the trampoline joins the group as its first step
     while str(job.pid) not in procs.read_text().split() and time.monotonic() < deadline:
         time.sleep(0.005)
+    assert str(job.pid) in procs.read_text().split()
     group = FreezerGroup(job.freezer_dir)
     group.set_frozen(True)
     os.kill(job.pid, signal.SIGKILL)
-    assert group.remove(attempts=50)
+    assert group.remove(attempts=500)  # 5 s for the killed task to exit once thawed
     assert job.wait(10) == -signal.SIGKILL
 
 

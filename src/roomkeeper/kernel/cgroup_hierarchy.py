@@ -444,13 +444,15 @@ def remove_group(directory: str, attempts: int = 100) -> bool:
     """rmdir a cgroup, retrying while its last tasks drain; True once it is gone.
 
     The kernel refuses (EBUSY) while an exiting task still counts as a member.
+    Between attempts, never after the last: one attempt is a question, answered at once.
     """
-    for _ in range(attempts):
+    for attempt in range(attempts):
         try:
             os.rmdir(directory)
             return True
         except FileNotFoundError:
             return True
         except OSError:
-            time.sleep(0.01)
+            if attempt < attempts - 1:
+                time.sleep(0.01)
     return False

@@ -448,8 +448,9 @@ class ManagedProcess:
 
         The kernel removes a group only when no process is left in it, so one
         rmdir each says that nothing of the tree runs on, for less than reading
-        the members (a batch of short jobs closes hundreds a second).  A
-        refusal leaves the groups to :meth:`_remove_groups`, after the stop.
+        the members (a batch of short jobs closes hundreds a second).  On a
+        refusal, :meth:`close` lists the memory group's members and stops them
+        as before; a group still there is left to :meth:`_remove_groups`.
         """
         if self._cgroup is None or self.poll() is None:
             return False  # without a memory group, only a look at the processes can tell
