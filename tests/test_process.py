@@ -26,6 +26,7 @@ from roomkeeper.processes import process as process_module
 from roomkeeper.processes.launch import LaunchSpec, _joined_shell
 from roomkeeper.processes.lifeline import Lifeline, LifelineStatistics
 from roomkeeper.processes.orphans import become_subreaper
+from roomkeeper.processes.peaks import PeakMethod
 from roomkeeper.processes.process import ManagedProcess
 from roomkeeper.testing import FakeClock
 from tests.cgroups import cgroup_fs_read_only
@@ -522,11 +523,52 @@ def test_closing_an_ended_job_removes_its_groups_without_listing_members(
     job = reaper.launch("ended", LaunchSpec(["true"], str(tmp_path / "ended.log")))
     assert job.wait(10) == 0 and job.cgroup_dir is not None
     listed: list[str] = []
-    monkeypatch.setattr(process_module, "cgroup_members", lambda d: listed.append(d) or set())
+
+    def members(directory: str) -> set[int]:
+        listed.append(directory)
+        return set()
+
+    monkeypatch.setattr(process_module, "cgroup_members", members)
     job.close()
     assert listed == []
     assert not os.path.exists(job.cgroup_dir)
     assert job.freezer_dir is None or not os.path.exists(job.freezer_dir)
+
+
+class _RefusedOnceGroup:
+    """A job's real group whose first rmdir is refused (a member left), with rising peaks."""
+
+    def __init__(self, real: JobCgroup, peaks: list[int]) -> None:
+        self.real, self.peaks = real, peaks
+        self.directory, self.version = real.directory, 2
+        self.refused = False
+
+    def peak_bytes(self) -> int | None:
+        return self.peaks.pop(0) if self.peaks else None
+
+    def remove(self, attempts: int = 100) -> bool:
+        if not self.refused:
+            self.refused = True
+            return False
+        return self.real.remove(attempts)
+
+
+@pytest.mark.kernel
+@pytest.mark.cgroups
+def test_a_kernel_peak_read_before_a_refused_rmdir_is_read_again_before_the_removal(
+    tmp_path: Path, reaper: Reaper, cgroup_ok: bool
+) -> None:
+    """When the first rmdir is refused, what is left runs on until it is stopped: the peak is
+    read again before the group goes, and the higher reading is kept."""
+    if not cgroup_ok:
+        pytest.skip("a read-only cgroup layout gives jobs no group, hence no kernel peak")
+    job = reaper.launch("peaks", LaunchSpec(["true"], str(tmp_path / "peaks.log")))
+    assert job.wait(10) == 0 and isinstance(job._cgroup, JobCgroup)
+    group = _RefusedOnceGroup(job._cgroup, [100 * MIB, 300 * MIB])
+    job._cgroup, job._kernel_keeps_peak = group, True  # type: ignore[assignment]
+    job.close()
+    assert group.refused and not os.path.exists(group.directory)
+    assert (job.peak().bytes, job.peak().method) == (300 * MIB, PeakMethod.KERNEL)
 
 
 @pytest.mark.kernel

@@ -460,9 +460,12 @@ class ManagedProcess:
         return self._freezer is None or self._freezer.remove(attempts=1)
 
     def _keep_kernel_peak(self) -> None:
-        """Read the kernel's peak while the group is there, once."""
-        if self._kernel_keeps_peak and self._kernel_peak is None and self._cgroup is not None:
-            self._kernel_peak = self._cgroup.peak_bytes()
+        """Read the kernel's peak while the group is there: the highest of the readings (a tree
+        stopped after a refused rmdir may have grown since the first)."""
+        if self._kernel_keeps_peak and self._cgroup is not None:
+            now = self._cgroup.peak_bytes()  # None once the group is gone
+            if now is not None:
+                self._kernel_peak = max(now, self._kernel_peak or 0)
 
     def _remove_groups(self) -> None:
         """Keep the kernel's peak, then remove the job's groups (noting one that stays)."""
