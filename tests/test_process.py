@@ -515,9 +515,9 @@ def test_closing_an_ended_job_whose_child_runs_on_kills_the_child(
 def test_closing_an_ended_job_removes_its_groups_without_listing_members(
     tmp_path: Path, reaper: Reaper, cgroup_ok: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An ended job with nothing left in its groups is closed by removing them: the kernel
-    removes only an empty group, so its members are not listed (a batch closes hundreds of
-    jobs a second)."""
+    """An ended job with nothing left in its groups is closed by removing them, each once: the
+    kernel removes only an empty group, so its members are not listed (a batch closes
+    hundreds of jobs a second)."""
     if not cgroup_ok:
         pytest.skip("a read-only cgroup layout gives jobs no group, so members are listed")
     job = reaper.launch("ended", LaunchSpec(["true"], str(tmp_path / "ended.log")))
@@ -529,10 +529,20 @@ def test_closing_an_ended_job_removes_its_groups_without_listing_members(
         return set()
 
     monkeypatch.setattr(process_module, "cgroup_members", members)
+    removals: list[str] = []
+    rmdir = os.rmdir
+
+    def counted_rmdir(path: str) -> None:
+        removals.append(path)
+        rmdir(path)
+
+    monkeypatch.setattr(os, "rmdir", counted_rmdir)
     job.close()
     assert listed == []
     assert not os.path.exists(job.cgroup_dir)
     assert job.freezer_dir is None or not os.path.exists(job.freezer_dir)
+    groups = [job.cgroup_dir, *([job.freezer_dir] if job.freezer_dir else [])]
+    assert sorted(removals) == sorted(groups)  # each removed once, not asked again
 
 
 class _RefusedOnceGroup:

@@ -102,6 +102,7 @@ class ManagedProcess:
         self._latest: int | None = None  # the latest footprint measured
         self._members: dict[int, psutil.Process] = {}  # remembered while they ran
         self._closed = False
+        self._groups_gone = False  # removed by close() at its first try: nothing more to do
         try:  # a pidfd names this process and no later one with the same pid
             self._pidfd: int | None = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):
@@ -457,7 +458,8 @@ class ManagedProcess:
         self._keep_kernel_peak()
         if not self._cgroup.remove(attempts=1):
             return False
-        return self._freezer is None or self._freezer.remove(attempts=1)
+        self._groups_gone = self._freezer is None or self._freezer.remove(attempts=1)
+        return self._groups_gone
 
     def _keep_kernel_peak(self) -> None:
         """Read the kernel's peak while the group is there: the highest of the readings (a tree
@@ -469,11 +471,11 @@ class ManagedProcess:
 
     def _remove_groups(self) -> None:
         """Keep the kernel's peak, then remove the job's groups (noting one that stays)."""
-        if self._cgroup is not None:
+        if self._cgroup is not None and not self._groups_gone:
             self._keep_kernel_peak()
             if not self._cgroup.remove():
                 self.cgroup_note = f"{self._cgroup.directory} could not be removed"
-        if self._freezer is not None and not self._freezer.remove():
+        if self._freezer is not None and not self._groups_gone and not self._freezer.remove():
             self.cgroup_note = f"{self._freezer.directory} could not be removed"
         self._suspension.forget()  # the groups are gone, the processes dead
 
