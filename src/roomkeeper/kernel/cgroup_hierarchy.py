@@ -213,11 +213,14 @@ def _join(base: str, rel: str) -> str:
 def _membership(proc_root: str) -> tuple[str | None, str | None, list[parsers.Mount]]:
     """The process's v2 path, its v1 memory path, and the cgroup mounts it sees."""
     v2_path, v1_path = _membership_paths(_kept.read(f"{proc_root}/self/cgroup"))
+    return v2_path, v1_path, _mounts(proc_root)
+
+
+def _mounts(proc_root: str) -> list[parsers.Mount]:
+    """The cgroup mounts the process sees (the real table watched for changes)."""
     if proc_root == PROC_ROOT:
-        mounts = _mount_table.mounts()
-    else:
-        mounts = parsers.parse_mountinfo(_read(f"{proc_root}/self/mountinfo"))
-    return v2_path, v1_path, mounts
+        return _mount_table.mounts()
+    return parsers.parse_mountinfo(_read(f"{proc_root}/self/mountinfo"))
 
 
 @functools.lru_cache(maxsize=8)
@@ -340,8 +343,7 @@ def v1_controller_group(controller: str, proc_root: str, cgroup_root: str) -> Hi
     """
     # Read once per job (its freezer group): the kept file, parsed again only when it changes.
     path = _v1_controller_path(_kept.read(f"{proc_root}/self/cgroup"), controller)
-    _, _, mounts = _membership(proc_root)
-    return _v1_group(controller, path, mounts, cgroup_root)
+    return _v1_group(controller, path, _mounts(proc_root), cgroup_root)
 
 
 @functools.lru_cache(maxsize=8)

@@ -102,7 +102,6 @@ class ManagedProcess:
         self._latest: int | None = None  # the latest footprint measured
         self._members: dict[int, psutil.Process] = {}  # remembered while they ran
         self._closed = False
-        self._groups_gone = False  # removed by close() at its first try: nothing more to do
         try:  # a pidfd names this process and no later one with the same pid
             self._pidfd: int | None = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):
@@ -430,9 +429,11 @@ class ManagedProcess:
         with self._lock:
             if self._closed:
                 return
-            if not self._gone_with_groups() and (self.poll() is None or self.refresh()):
-                self.stop(grace=0.0)
-            self._remove_groups()
+            if not self._gone_with_groups():
+                if self.poll() is None or self.refresh():
+                    self.stop(grace=0.0)
+                self._remove_groups()
+            self._suspension.forget()  # the groups are gone, the processes dead
             if self._lifeline is not None:
                 self._lifeline.unregister(self.pid)
             self._popen.wait()  # from here on the pid may be reused
@@ -451,15 +452,14 @@ class ManagedProcess:
         rmdir each says that nothing of the tree runs on, for less than reading
         the members (a batch of short jobs closes hundreds a second).  On a
         refusal, :meth:`close` lists the memory group's members and stops them
-        as before; a group still there is left to :meth:`_remove_groups`.
+        as before, then removes the groups with :meth:`_remove_groups`.
         """
         if self._cgroup is None or self.poll() is None:
             return False  # without a memory group, only a look at the processes can tell
         self._keep_kernel_peak()
         if not self._cgroup.remove(attempts=1):
             return False
-        self._groups_gone = self._freezer is None or self._freezer.remove(attempts=1)
-        return self._groups_gone
+        return self._freezer is None or self._freezer.remove(attempts=1)
 
     def _keep_kernel_peak(self) -> None:
         """Read the kernel's peak while the group is there: the highest of the readings (a tree
@@ -471,13 +471,12 @@ class ManagedProcess:
 
     def _remove_groups(self) -> None:
         """Keep the kernel's peak, then remove the job's groups (noting one that stays)."""
-        if self._cgroup is not None and not self._groups_gone:
+        if self._cgroup is not None:
             self._keep_kernel_peak()
             if not self._cgroup.remove():
                 self.cgroup_note = f"{self._cgroup.directory} could not be removed"
-        if self._freezer is not None and not self._groups_gone and not self._freezer.remove():
+        if self._freezer is not None and not self._freezer.remove():
             self.cgroup_note = f"{self._freezer.directory} could not be removed"
-        self._suspension.forget()  # the groups are gone, the processes dead
 
     def statistics(self) -> ProcessStatistics:
         """A snapshot of the job's state."""
