@@ -245,7 +245,8 @@ class ManagedProcess:
 
     def cpu_seconds(self) -> float | None:
         """CPU seconds (user and system) the tree used so far; None once it is closed, or
-        while it is being stopped or closed (never waited for).
+        while another thread holds the tree (a stop, a close, a suspension, or the
+        sampler's round): never waited for, so the caller's thread never blocks on them.
 
         A v2 job group counts every process that was ever in it.  Otherwise the
         leader and the members found now, each with its reaped children: a member
