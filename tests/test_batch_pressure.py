@@ -72,8 +72,8 @@ def test_frozen_lines_waiting_on_each_other_are_unblocked_by_stopping_the_newest
     tmp_path: Path,
 ) -> None:
     """Rent or buy on the real kernel: two lines frozen together past the suspend line wait
-    for a long first line's end.  Once the newest has waited as long as it had run, it is
-    stopped (and run again later), the other goes on at once, and nothing is killed."""
+    for a long first line's end.  Once the two have waited together as long as the newest had
+    run, it is stopped (and run again later), the other goes on at once, and nothing is killed."""
     # 30 % headroom: 0.3 GB between the line and the suspend line.  Frozen there, the lines
     # stay blocked even when the kernel turns file pages inactive (0.2 GB on a cgroup v2
     # kernel), which lowers used and would let them go on unstopped.
@@ -86,7 +86,9 @@ def test_frozen_lines_waiting_on_each_other_are_unblocked_by_stopping_the_newest
     frozen = re.findall(r"^roomkeeper batch: line (\d) suspended for memory pressure", err, re.M)
     assert sorted(set(frozen)) == ["2", "3"], err
     stopped = re.search(
-        r"job 3 stopped \(output kept\).*: suspended (\d+) s after running (\d+) s", err
+        r"job 3 stopped \(output kept\).*: 2 suspended tree\(s\) idle (\d+) s together since "
+        r"it was suspended \d+ s ago, after running (\d+) s",
+        err,
     )
     assert stopped is not None, err
     assert int(stopped[1]) >= int(stopped[2]), err

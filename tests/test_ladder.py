@@ -299,7 +299,10 @@ def test_a_frozen_tree_that_waited_as_long_as_it_ran_is_stopped_to_let_an_older_
     plans = run([reading(1850 * MB), reading(1850 * MB)], _frozen_three())
     assert (Step.STOP, "newest") in steps(plans[0])
     why = next(a.why for a in plans[0].actions if a.step is Step.STOP)
-    assert "suspended 30 s after running 30 s; its 0.20 lets job middle go on" in why
+    assert (
+        "2 suspended tree(s) idle 30 s together since it was suspended 30 s ago, after "
+        "running 30 s; its 0.20 lets job middle go on"
+    ) in why
     stopping = [replace(j, stopping=j.job_id == "newest") for j in _frozen_three()]
     plan, _ = decide(LadderState(), reading(1850 * MB), stopping, SETTINGS, cooling=False)
     assert not any(a.step is Step.STOP for a in plan.actions)
@@ -307,6 +310,26 @@ def test_a_frozen_tree_that_waited_as_long_as_it_ran_is_stopped_to_let_an_older_
         LadderState(), reading(1850 * MB), _frozen_three(), SETTINGS, cooling=False, stopping=True
     )
     assert not any(a.step is Step.STOP for a in plan.actions)
+
+
+@pytest.mark.parametrize(
+    ("middle_s", "newest_s", "stopped"),
+    [
+        (15.0, 15.0, True),  # 15 + 15 s idle together: as long as it ran (30 s)
+        (14.0, 14.0, False),  # 28 s: waiting has cost less than a stop would
+        (100.0, 10.0, False),  # the middle's wait before the newest was frozen is not its
+    ],
+)
+def test_every_suspended_trees_idle_time_since_it_was_frozen_counts_against_its_run(
+    middle_s: float, newest_s: float, stopped: bool
+) -> None:
+    """Trees frozen together all wait on the memory the frozen ones hold: the newest is
+    stopped once their idle time together since it was frozen equals what it ran, long
+    before it alone has waited as long."""
+    live = _frozen_three(suspended_s=newest_s)
+    live[1] = replace(live[1], suspended_s=middle_s)
+    plan = run([reading(1850 * MB)] * 2, live)[-1]
+    assert ((Step.STOP, "newest") in steps(plan)) is stopped, plan.actions
 
 
 def test_the_newest_frozen_tree_that_would_run_again_is_the_one_stopped() -> None:
@@ -322,15 +345,16 @@ WAITED = {"ran_s": 10.0, "suspended_s": 30.0}  # it has waited longer than it ra
 
 def test_a_frozen_tree_with_enough_memory_is_stopped_when_the_newest_holds_too_little() -> None:
     """Trees frozen together grow unevenly: when the newest one's memory back would not let
-    the oldest go on, the newest one whose memory would, and that waited as long as it ran,
-    is stopped; one that waited less than it ran is passed over for an older one."""
+    the oldest go on, the newest one whose memory would, and that was waited for as long as
+    it ran, is stopped; one waited for less than it ran is passed over for an older one."""
     small = {"suspended": True, "runs_again": True, **WAITED}
     live = [*_frozen_three(), job("small", 4, footprint=40 * MB, **small)]
     plan = run([reading(1850 * MB)] * 2, live)[-1]
     assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]
     why = next(a.why for a in plan.actions if a.step is Step.STOP)
     assert "its 0.20 lets job middle go on" in why
-    big_but_young = {**small, "footprint": 200 * MB, "ran_s": 40.0}
+    # Waited for 60 s in all (itself and the newest, 30 s each) after running 80 s.
+    big_but_young = {**small, "footprint": 200 * MB, "ran_s": 80.0}
     live = [*_frozen_three(), job("young", 4, **big_but_young)]
     plan = run([reading(1850 * MB)] * 2, live)[-1]
     assert [(s, j) for s, j in steps(plan) if s is Step.STOP] == [(Step.STOP, "newest")]

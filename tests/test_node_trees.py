@@ -90,11 +90,11 @@ def test_a_node_tree_counts_its_run_and_its_suspension_apart(
     assert (live["first"].ran_s, live["first"].suspended_s) == (40.0, 5.0)
 
 
-def test_a_node_stops_its_newest_frozen_tree_once_it_waited_as_long_as_it_ran(
+def test_a_node_stops_its_newest_frozen_tree_once_the_frozen_waited_as_long_as_it_ran(
     trees: tuple[NodeTrees, FakeClock, list[subprocess.Popen[bytes]]],
 ) -> None:
     """Trees frozen together on a node, the newest that would run again holding 200 MB: once
-    it has waited as long as it ran, the node's ladder stops it (SIGTERM, then SIGKILL), since
+    the frozen trees have waited together as long as it ran, the node's ladder stops it (SIGTERM, then SIGKILL), since
     its memory back lets the older one go on; not a moment before, and never the newer tree a
     stop would not queue again."""
     node, clock, _ = trees
@@ -112,15 +112,17 @@ def test_a_node_stops_its_newest_frozen_tree_once_it_waited_as_long_as_it_ran(
     assert footprint > 150 * MB, footprint
     # Used sits between the line (1.8 GB) and the suspend line (1.9): the older tree's rest
     # does not fit now, and fits once the newest's memory is back.
+    # The three frozen trees idle together: 27 s after 9 s, 30 s (what it ran) after 10 s.
     used = 1850 * MB
-    clock.advance(29)
+    clock.advance(9)
     plan, _ = decide(LadderState(), _reading(used), node.live_jobs(), SETTINGS, cooling=False)
     assert not any(a.step is Step.STOP for a in plan.actions)
     clock.advance(1)
     plan, _ = decide(LadderState(), _reading(used), node.live_jobs(), SETTINGS, cooling=False)
     stops = [a for a in plan.actions if a.step is Step.STOP]
     assert [a.job_id for a in stops] == ["newest"], plan
-    assert "suspended 30 s after running 30 s" in stops[0].why
+    why = "3 suspended tree(s) idle 30 s together since it was suspended 10 s ago, after running 30 s"
+    assert why in stops[0].why, stops[0].why
     assert node.stop_for_pressure("newest", stops[0].why, never_fits=False)
     assert newest.wait(10) is not None  # thawed to die of it
     stopped = node.forget("newest")

@@ -10,9 +10,9 @@ the way the gateway reads its container's (the node's cgroup in any layout,
 else the machine; :meth:`roomkeeper.guard.admission.Guard.pressure_reading`)
 and climbs the same ladder over every tree running there: hold, suspend the
 newest, resume, stop restartable work first, never the oldest, and stop a
-frozen tree that would run again (the gateway says so at the launch), has
-waited as long as it ran, and whose memory alone lets the oldest frozen one
-go on.  The watch times each tree's run and suspensions itself, on its
+frozen tree that would run again (the gateway says so at the launch), for
+which the frozen trees have waited together as long as it ran, and whose
+memory alone lets the oldest frozen one go on.  The watch times each tree's run and suspensions itself, on its
 monotonic clock.
 
 A runner tells its watch of its tree once it runs (:meth:`NodeWatch.track`)

@@ -22,8 +22,9 @@ memory pressure::
              TRIAL_RESUME_MARGIN below and no job off trial waits suspended
              (launches wait meanwhile; not counted as a hold)
     unblock  when the oldest suspended tree cannot go on, stop the newest suspended
-             tree that would run again, has waited suspended as long as it had run,
-             and whose memory alone lets the oldest go on
+             tree that would run again, for which the suspended trees have waited
+             together as long as it had run, and whose memory alone lets the oldest
+             go on
 
 The progress guarantee: the oldest live job is never suspended or stopped for
 newer ones, and one that became the oldest while suspended goes on at once;
@@ -34,12 +35,14 @@ One victim at a time: while a stopped tree is still going, no other is chosen.
 Why unblock: a suspended tree keeps its memory, so trees frozen together can
 wait for one another until a running job ends, minutes for long work, every
 one of them idle.  Stopping one of them gives its memory to the older ones at
-the cost of what it had done; waiting costs its idle time.  Waiting until
-the idle time equals the work a stop would throw away, then stopping, never
-costs more than twice the better of the two choices made knowing when memory
-comes back (the rent-or-buy rule).  The other suspended trees idle meanwhile
-too; counting their time as well stopped sooner and more often, and measured
-slower on long work.
+the cost of what it had done; waiting costs the idle time of every suspended
+tree, all of them held by the memory the frozen ones keep.  Waiting until
+that idle time, added up since the tree was frozen, equals the work a stop
+would throw away, then stopping, never costs more than twice the better of
+the two choices made knowing when memory comes back (the rent-or-buy rule).
+Counting the victim's own idle time alone kept a first wave of blind starts
+(one more than fit, all frozen together) idle until it alone had waited as
+long as it ran, every other tree idle beside it.
 
 Why every growing tree at once, and why the last rise counts: where the
 monitor reads slowly (a busy or emulated machine, no kernel notification),
@@ -421,27 +424,32 @@ def _resume_trial(reading: Reading, by_age: list[Live]) -> list[Action]:
 
 
 def _unblock(reading: Reading, by_age: list[Live]) -> list[Action]:
-    """Stop the newest suspended tree that would run again, has waited suspended as long as
-    it had run, and whose memory back lets the oldest suspended one go on, when that one
-    cannot go on by itself (see the module's rent-or-buy note)."""
+    """Stop the newest suspended tree that would run again, for which the suspended trees
+    have waited together as long as it had run, and whose memory back lets the oldest
+    suspended one go on, when that one cannot go on by itself (see the module's
+    rent-or-buy note)."""
     waiting = [j for j in by_age if j.suspended and not j.trial and not j.stopping]
     if len(waiting) < 2:
         return []  # one alone waits for running work, not for another suspended tree
     oldest = waiting[0]
     rest = max(0, oldest.estimate - oldest.footprint)  # it does not fit: else it went on
     for job in reversed(waiting[1:]):
+        # Every tree frozen since it was waits on the memory the frozen ones hold: their
+        # idle time together is what not stopping it has cost.
+        idle = sum(min(j.suspended_s, job.suspended_s) for j in waiting)
         # A run of no length (frozen as it began) throws nothing away, but it is no
         # evidence either: waiting has cost nothing yet.
-        if not job.runs_again or job.ran_s <= 0 or job.suspended_s < job.ran_s:
+        if not job.runs_again or job.ran_s <= 0 or idle < job.ran_s:
             continue
         # Trees frozen together grow unevenly and are frozen at different readings: the
-        # newest may hold too little, or not have waited as long as it ran, while an
-        # older one beside it qualifies; waiting for memory to free by itself can take
+        # newest may hold too little, or have run longer than it was waited for, while
+        # an older one beside it qualifies; waiting for memory to free by itself can take
         # minutes.
         if reading.used - job.footprint + rest > reading.hold_line:
             continue
         why = (
-            f"suspended {job.suspended_s:.0f} s after running {job.ran_s:.0f} s; its "
+            f"{len(waiting)} suspended tree(s) idle {idle:.0f} s together since it was "
+            f"suspended {job.suspended_s:.0f} s ago, after running {job.ran_s:.0f} s; its "
             f"{gb(job.footprint)} lets job {oldest.job_id} go on: used {gb(reading.used)} - "
             f"{gb(job.footprint)} + its rest {gb(rest)} <= line {gb(reading.hold_line)} (GB)"
         )
