@@ -12,8 +12,8 @@ and climbs the same ladder over every tree running there: hold, suspend the
 newest, resume, stop restartable work first, never the oldest, and stop a
 frozen tree that would run again (the gateway says so at the launch), for
 which the frozen trees have waited together as long as it ran, and whose
-memory alone lets the oldest frozen one go on.  The watch times each tree's run and suspensions itself, on its
-monotonic clock.
+memory alone lets the oldest frozen one go on.  The watch times each tree's
+run and suspensions itself, on its monotonic clock.
 
 A runner tells its watch of its tree once it runs (:meth:`NodeWatch.track`)
 and asks it, when the tree has ended, whether the watch stopped it
