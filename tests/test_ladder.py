@@ -292,9 +292,9 @@ def _frozen_three(**newest: object) -> list[Live]:
     ]
 
 
-def test_a_frozen_tree_that_waited_as_long_as_it_ran_is_stopped_to_let_an_older_one_go_on() -> None:
-    """Rent or buy: trees frozen together wait for a running job's end; once the newest has
-    waited suspended as long as it ran, it is stopped (it runs again later) when its memory
+def test_a_frozen_tree_waited_for_as_long_as_it_ran_is_stopped_to_let_an_older_one_go_on() -> None:
+    """Rent or buy: trees frozen together wait for a running job's end; once they have waited
+    together as long as the newest ran, it is stopped (it runs again later) when its memory
     back lets the oldest frozen tree go on; one victim at a time."""
     plans = run([reading(1850 * MB), reading(1850 * MB)], _frozen_three())
     assert (Step.STOP, "newest") in steps(plans[0])
@@ -330,6 +330,16 @@ def test_every_suspended_trees_idle_time_since_it_was_frozen_counts_against_its_
     live[1] = replace(live[1], suspended_s=middle_s)
     plan = run([reading(1850 * MB)] * 2, live)[-1]
     assert ((Step.STOP, "newest") in steps(plan)) is stopped, plan.actions
+
+
+def test_a_paused_trials_idle_time_is_not_counted_against_a_frozen_trees_run() -> None:
+    """A job paused on trial waits on packing, not on the memory the frozen trees hold: its
+    idle time does not count (14 s each for the frozen two, 28 s, is less than the 30 s run)."""
+    live = _frozen_three(suspended_s=14.0)
+    live[1] = replace(live[1], suspended_s=14.0)
+    trial = job("trial", 4, suspended=True, trial=True, runs_again=True, suspended_s=14.0)
+    plan = run([reading(1850 * MB)] * 2, [*live, trial])[-1]
+    assert not any(a.step is Step.STOP for a in plan.actions), plan.actions
 
 
 def test_the_newest_frozen_tree_that_would_run_again_is_the_one_stopped() -> None:

@@ -92,7 +92,7 @@ class CoreUse:
             cpu = handle.cpu_seconds()
         except Exception:  # one unreadable tree must not stop every round: as not readable
             cpu = None
-        if cpu is None:  # not readable now (being stopped): what was last known
+        if cpu is None:  # not readable now (being stopped, or sampled): what was last known
             return mark if mark is not None else _Mark(handle, now, None, self._unmeasured(), now)
         if mark is None:
             return _Mark(handle, now, cpu, self._unmeasured(), now)

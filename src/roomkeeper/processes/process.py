@@ -254,7 +254,7 @@ class ManagedProcess:
         figure can step down (a rate read from it is never below zero).
         """
         if self._closed or not self._lock.acquire(blocking=False):
-            return None  # closed, or being stopped or closed: nothing to wait for
+            return None  # closed, or another thread holds the tree: never waited for
         try:
             if self._closed:
                 return None

@@ -36,10 +36,14 @@ Why unblock: a suspended tree keeps its memory, so trees frozen together can
 wait for one another until a running job ends, minutes for long work, every
 one of them idle.  Stopping one of them gives its memory to the older ones at
 the cost of what it had done; waiting costs the idle time of every suspended
-tree, all of them held by the memory the frozen ones keep.  Waiting until
-that idle time, added up since the tree was frozen, equals the work a stop
-would throw away, then stopping, never costs more than twice the better of
-the two choices made knowing when memory comes back (the rent-or-buy rule).
+tree, all of them held by the memory the frozen ones keep.  The rung waits
+until that idle time, added up since the tree was frozen, equals the work a
+stop would throw away (the rent-or-buy rule).  Where the stop lets every
+counted tree go on, that never costs more than twice the better of the two
+choices made knowing when memory comes back.  Where it lets only the oldest
+go on by the others' estimates, the rung stops sooner than that bound asks:
+their estimates are often a guess's, and trees frozen together past the line
+have mostly done their growing, so the others tend to follow within seconds.
 Counting the victim's own idle time alone kept a first wave of blind starts
 (one more than fit, all frozen together) idle until it alone had waited as
 long as it ran, every other tree idle beside it.
