@@ -481,9 +481,7 @@ def test_cgroup_is_removed_after_close(tmp_path: Path, reaper: Reaper, cgroup_ok
     assert own is not None and job.cgroup_dir is not None
     assert os.path.dirname(job.cgroup_dir) == own.directory
     procs = Path(job.cgroup_dir, "cgroup.procs")
-    deadline = (
-        time.monotonic() + 3
-    )  # one sampler's round, even on an emulated kernel  # the trampoline joins the group as its first step
+    deadline = time.monotonic() + 10  # the trampoline joins the group as its first step
     while str(job.pid) not in procs.read_text().split() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert str(job.pid) in procs.read_text().split()
@@ -593,9 +591,7 @@ def test_a_frozen_groups_killed_task_is_thawed_so_the_group_can_go(
     if job.freezer_dir is None:
         pytest.skip(f"no v1 freezer group here ({job.cgroup_note or 'a v2 group freezes'})")
     procs = Path(job.freezer_dir, "cgroup.procs")
-    deadline = (
-        time.monotonic() + 3
-    )  # one sampler's round, even on an emulated kernel  # the trampoline joins the group as its first step
+    deadline = time.monotonic() + 10  # the trampoline joins the group as its first step
     while str(job.pid) not in procs.read_text().split() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert str(job.pid) in procs.read_text().split()
