@@ -233,8 +233,8 @@ class ManagedProcess:
 
         Measured now, the way the sampler measures for the peak, and kept as
         a sample: the guard's young-job reservations see the same figure the
-        peak is made of.  While the tree is being stopped or closed, the
-        latest sample.
+        peak is made of.  While another thread holds the tree (a stop, a
+        close, a suspension, or the sampler's round), the latest sample.
         """
         if self._closed or not self._lock.acquire(blocking=False):
             return self._latest or 0
