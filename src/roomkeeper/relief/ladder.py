@@ -43,7 +43,7 @@ counted tree go on, that never costs more than twice the better of the two
 choices made knowing when memory comes back.  Where it lets only the oldest
 go on by the others' estimates, the rung stops sooner than that bound asks:
 their estimates are often a guess's, and trees frozen together past the line
-have mostly done their growing, so the others tend to follow within seconds.
+have mostly done their growing, so the others can follow as used falls.
 Counting the victim's own idle time alone kept a first wave of blind starts
 (one more than fit, all frozen together) idle until it alone had waited as
 long as it ran, every other tree idle beside it.
