@@ -317,7 +317,7 @@ def test_a_frozen_tree_waited_for_as_long_as_it_ran_is_stopped_to_let_an_older_o
     [
         (15.0, 15.0, True),  # 15 + 15 s idle together: as long as it ran (30 s)
         (14.0, 14.0, False),  # 28 s: waiting has cost less than a stop would
-        (100.0, 10.0, False),  # the middle's wait before the newest was frozen is not its
+        (100.0, 10.0, False),  # the middle's wait from before the newest froze: not counted
     ],
 )
 def test_every_suspended_trees_idle_time_since_it_was_frozen_counts_against_its_run(
