@@ -427,6 +427,18 @@ def pending_signals(pid: int) -> int:
 HOLD_100_MIB = "import time; block = b'x' * (100 << 20); print('ready', flush=True); time.sleep(60)"
 
 
+def _whole_footprint(job: ManagedProcess) -> int:
+    """The job's footprint once it reads at least 90 MiB, or the last reading after 3 s.
+
+    A reading made while the sampler holds the tree is the sampler's latest, which may be
+    from before the block was whole (a slow kernel makes that likely): read again.
+    """
+    deadline = time.monotonic() + 3
+    while (footprint := job.footprint_bytes()) < 90 * MIB and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return footprint
+
+
 @pytest.mark.kernel
 @pytest.mark.cgroups
 @pytest.mark.parametrize("use_cgroup", [True, False], ids=["cgroup", "psutil"])
@@ -441,11 +453,7 @@ def test_footprint_of_a_job_holding_100_mib(
     job = reaper.launch("hold", spec)
     assert (job.cgroup_dir is not None) == grouped, job.cgroup_note
     read_log(log, "ready")
-    # A reading made while the sampler holds the tree is the sampler's latest, which may be
-    # from before the block was whole (a slow kernel makes that likely): read again.
-    deadline = time.monotonic() + 3
-    while (footprint := job.footprint_bytes()) < 90 * MIB and time.monotonic() < deadline:
-        time.sleep(0.05)
+    footprint = _whole_footprint(job)
     assert 90 * MIB <= footprint <= 200 * MIB
     assert job.peak_bytes() >= footprint
 
@@ -674,10 +682,7 @@ def test_a_footprint_between_samples_measures_known_members_without_walking_proc
         raise AssertionError("a footprint walked /proc")
 
     monkeypatch.setattr(process_module, "scan_proc", no_walk)
-    deadline = time.monotonic() + 3  # the sampler's latest, while it holds the tree: again
-    while (footprint := job.footprint_bytes()) < 90 * MIB and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert 90 * MIB <= footprint <= 200 * MIB
+    assert 90 * MIB <= _whole_footprint(job) <= 200 * MIB
 
 
 def _first_reading(job: ManagedProcess) -> float | None:
