@@ -44,6 +44,7 @@ NOT_ASKED_OVER_HTTP = {
     "shell",  # the API runs argv as given, never through a shell (the CLI's run may)
     "inherit_env",  # the API's jobs always inherit the gateway's environment at launch
     "learned_bytes",  # found by the gateway at submission, from the jobs of the same kind
+    "shape_bytes",  # found by the gateway at submission, from the jobs of the same shape
 }
 
 HOOK = ReleaseHook("POST", "http://127.0.0.1:9/relieve")
@@ -102,6 +103,7 @@ def every_spec_field() -> JobSpec:
         kind="unit-tests",
         learned_bytes=3_000_000,
         jobserver=True,
+        shape_bytes=4_000_000,
     )
     left = [f.name for f in dataclasses.fields(JobSpec) if getattr(spec, f.name) == f.default]
     assert left == [], f"give these spec fields a value other than their default here: {left}"

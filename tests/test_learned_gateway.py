@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from roomkeeper.jobs.sizes import size_key
+from roomkeeper.jobs.sizes import shape_key, size_key
 from roomkeeper.jobs.spec import JobSpec
 from tests.gateways import RunningGateway, gateway_env, roomkeeper_cli, wait_until
 
@@ -83,6 +83,43 @@ def test_without_a_kind_the_same_argv_and_cwd_learn(
         f"/v1/jobs/{_submit(module_gw, argv=argv, cwd=str(other))}"
     ).json()
     assert elsewhere["estimate_source"] == "default"
+
+
+def test_a_job_nothing_was_learned_of_is_told_its_command_shapes_typical_peak(
+    module_gw: RunningGateway, tmp_path: Path
+) -> None:
+    """Two runs of one script with other arguments: a third, never seen, carries their median
+    peak as ``shape_bytes``; its estimate is still the default, and a job of its own estimate
+    or of another script carries none."""
+    script = tmp_path / "alloc.py"
+    script.write_text(
+        "import sys, time\n"
+        "b = bytearray(int(sys.argv[1]) * 10**6); b[::4096] = b'x' * len(b[::4096])\n"
+        "time.sleep(0.3)\n"
+    )
+
+    def argv(*args: str) -> list[str]:
+        return [sys.executable, str(script), *args]
+
+    shape = shape_key(JobSpec(argv=argv(), cwd=str(tmp_path)))
+    assert shape is not None
+    peaks = []
+    for mb in ("60", "90"):
+        job = _ended(module_gw, _submit(module_gw, argv=argv(mb), cwd=str(tmp_path)), shape)
+        assert job["shape_bytes"] is None and job["exit_code"] == 0, job
+        peaks.append(job["peak_bytes"])
+    wait_until(lambda: _peaks_kept(module_gw, shape) == 2, "both peaks being kept")
+    third = module_gw.client.get(
+        f"/v1/jobs/{_submit(module_gw, argv=argv('30'), cwd=str(tmp_path), memory_policy='pack')}"
+    ).json()
+    assert third["shape_bytes"] == sorted(peaks)[1] and third["estimate_source"] == "default"
+    stated = module_gw.client.get(
+        f"/v1/jobs/{_submit(module_gw, argv=argv('1'), cwd=str(tmp_path), memory_bytes=10**6)}"
+    ).json()
+    other = module_gw.client.get(
+        f"/v1/jobs/{_submit(module_gw, argv=[sys.executable, '-V'], cwd=str(tmp_path))}"
+    ).json()
+    assert stated["shape_bytes"] is None and other["shape_bytes"] is None
 
 
 def test_memory_policy_is_strict_unless_pack_is_asked_for(module_gw: RunningGateway) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from roomkeeper.batch.run import line_kind
 from roomkeeper.errors import UsageError
-from roomkeeper.jobs.sizes import KeptSizes, size_key
+from roomkeeper.jobs.sizes import KeptSizes, command_shape, shape_key, size_key, with_shape_size
 from roomkeeper.jobs.spec import JobSpec
 from roomkeeper.journal.database import Journal
 from tests.batch_cli import batch
@@ -105,6 +105,64 @@ def test_the_key_is_the_kind_else_a_hash_of_argv_and_cwd() -> None:
     assert size_key(JobSpec(argv=["anything"], kind="unit-tests")) == "kind:unit-tests"
 
 
+@pytest.mark.parametrize(
+    ("line", "shape"),
+    [
+        ("python3 grow.py 850000000 12.5", ("python3", "grow.py")),
+        ("/usr/bin/python3.11 -u grow.py 5", ("/usr/bin/python3.11", "grow.py")),
+        ("python -m pytest -x tests/test_a.py", ("python", "-m", "pytest")),
+        ("FOO=1 BAR='a b' make -j4 test", ("make",)),
+        ("cd sub && make test > out.log", ("cd", "make")),
+        ("< in.txt node tool.js --fast | sort", ("node", "tool.js", "sort")),
+        ("claude -p 'fix the bug' #kind", ("claude",)),
+        ("true", ("true",)),
+        ("python -c 'print(1)'", None),  # inline code: its text is all there is
+        ("node -e 'x'", None),
+        ("echo 'an open quote", None),
+        ("", None),
+    ],
+)
+def test_a_commands_shape_is_its_program_and_what_an_interpreter_runs(
+    line: str, shape: tuple[str, ...] | None
+) -> None:
+    assert command_shape(JobSpec(argv=[line], shell=True)) == shape
+
+
+def test_the_shape_key_leaves_out_the_arguments_but_not_the_place() -> None:
+    """Other arguments: one shape; another script, directory or a kind: another, or none."""
+    key = shape_key(JobSpec(argv=["python3 grow.py 1 secret-arg"], shell=True, cwd="/src/a"))
+    assert key is not None and re.fullmatch(r"shape:[0-9a-f]{64}", key)
+    same = shape_key(JobSpec(argv=["python3 grow.py 2 3"], shell=True, cwd="/src/a"))
+    assert same == key
+    assert shape_key(JobSpec(argv=["python3 other.py 1"], shell=True, cwd="/src/a")) != key
+    assert shape_key(JobSpec(argv=["python3 grow.py 1"], shell=True, cwd="/src/b")) != key
+    argv = shape_key(JobSpec(argv=["python3", "grow.py", "9"], cwd="/src/a"))
+    assert argv is not None and argv != key  # an argv is not shell text
+    assert argv == shape_key(JobSpec(argv=["python3", "grow.py", "1", "2"], cwd="/src/a"))
+    assert shape_key(JobSpec(argv=["python3 grow.py 1"], shell=True, kind="k")) is None
+
+
+def test_a_shapes_typical_size_is_the_median_of_its_last_runs_once_two_are_kept(
+    journal: Journal,
+) -> None:
+    sizes = KeptSizes(journal)
+    assert sizes.typical_size("shape:x") is None
+    sizes.record_peak("shape:x", 300 * MB).result(timeout=10)
+    assert sizes.typical_size("shape:x") is None  # one run says too little
+    for peak in (900, 100, 400, 200, 500):  # the first (300) falls out of the last five
+        sizes.record_peak("shape:x", peak * MB).result(timeout=10)
+    assert sizes.typical_size("shape:x") == 400 * MB
+    assert KeptSizes(journal).typical_size("shape:x") == 400 * MB  # as the journal keeps them
+
+
+def test_a_shapes_size_goes_only_to_a_job_with_no_estimate_of_its_own() -> None:
+    spec = JobSpec(argv=["true"])
+    assert with_shape_size(spec, 5 * MB).shape_bytes == 5 * MB
+    assert with_shape_size(spec, None).shape_bytes is None
+    assert with_shape_size(JobSpec(argv=["true"], memory_bytes=MB), 5 * MB).shape_bytes is None
+    assert with_shape_size(JobSpec(argv=["true"], learned_bytes=MB), 5 * MB).shape_bytes is None
+
+
 def test_an_older_journal_gains_the_new_columns(tmp_path: Path) -> None:
     """A jobs table from before memory policies is migrated in place when the journal opens."""
     path = tmp_path / "old.db"
@@ -159,7 +217,10 @@ def _estimates(stderr: str) -> dict[str, str]:
     """Each summary row's last cell pair: ``{line number: "80.0 MB (learned)"}``."""
     found = {}
     for line in stderr.splitlines():
-        m = re.match(r"\s*(\d+)\s.*\s(\S+ [kMG]?B \((?:stated|learned|default)\))$", line)
+        m = re.match(
+            r"\s*(\d+)\s.*\s(\S+ [kMG]?B \((?:stated|learned|default)(?:; shape [^)]*)?\))$",
+            line,
+        )
         if m:
             found[m[1]] = m[2]
     return found
@@ -201,8 +262,36 @@ def test_no_command_text_reaches_the_journal_file(tmp_path: Path) -> None:
     assert files and any(f.stat().st_size for f in files)
     assert all(marker.encode() not in f.read_bytes() for f in files)
     with sqlite3.connect(tmp_path / "home" / "journal.db") as conn:
-        keys = [r[0] for r in conn.execute("SELECT key FROM learned_sizes")]
-    assert len(keys) == 1 and keys[0].startswith("sha256:")
+        keys = sorted(r[0] for r in conn.execute("SELECT key FROM learned_sizes"))
+    assert [k.split(":")[0] for k in keys] == ["sha256", "shape"]  # the line's and its shape's
+
+
+@pytest.mark.kernel
+def test_a_line_nothing_was_learned_of_is_sized_by_its_command_shape(tmp_path: Path) -> None:
+    """Two lines of one script with other arguments: the next batch's third, never seen, is
+    shown its shape's median peak beside its default; a line of another script is not."""
+    script = tmp_path / "alloc.py"
+    script.write_text(
+        "import sys, time\n"
+        "b = bytearray(int(sys.argv[1]) * 10**6); b[::4096] = b'x' * len(b[::4096])\n"
+        "time.sleep(0.3)\n"
+    )
+    first = batch(
+        tmp_path, "--quiet", stdin=f"{sys.executable} {script} 60\n{sys.executable} {script} 90\n"
+    )
+    assert first.returncode == 0, first.stderr
+    assert _estimates(first.stderr) == {"1": "1.1 GB (default)", "2": "1.1 GB (default)"}
+    peaks = sorted(_peak_mb(first.stderr, n) for n in ("1", "2"))
+    assert 50 <= peaks[0] < peaks[1] <= 140, first.stderr
+    other = tmp_path / "other.py"
+    other.write_text("pass\n")
+    second = batch(
+        tmp_path, "--quiet", stdin=f"{sys.executable} {script} 30\n{sys.executable} {other}\n"
+    )
+    assert second.returncode == 0, second.stderr
+    estimates = _estimates(second.stderr)
+    assert estimates["1"] == f"1.1 GB (default; shape {peaks[1]:.1f} MB)", second.stderr
+    assert estimates["2"] == "1.1 GB (default)", second.stderr
 
 
 @pytest.mark.kernel

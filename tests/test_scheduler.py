@@ -69,6 +69,7 @@ class ScriptedGuard(Guard):
         self.measured: dict[str, int] = {}
         self.asked_with: dict[str, tuple[int | None, MemoryPolicy]] = {}
         self.worst_case: dict[str, bool] = {}
+        self.typical: dict[str, int | None] = {}
         self.before_answer: threading.Event | None = None
         self.judging = threading.Event()
 
@@ -81,10 +82,12 @@ class ScriptedGuard(Guard):
         policy: MemoryPolicy = MemoryPolicy.STRICT,
         rerun: Rerun | None = None,
         worst_case: bool = False,
+        typical_bytes: int | None = None,
     ) -> Decision:
         self.asked.append(job_id)
         self.asked_with[job_id] = (memory_bytes, policy)
         self.worst_case[job_id] = worst_case
+        self.typical[job_id] = typical_bytes
         if self.before_answer is not None:
             self.judging.set()
             self.before_answer.wait(10)
@@ -198,16 +201,19 @@ def test_running_ceilings_global_and_per_owner(rig: Rig) -> None:
 def test_the_guard_is_asked_with_each_jobs_policy_and_its_stated_or_learned_size(
     rig: Rig,
 ) -> None:
-    """A stated size wins over a learned one; each job's memory policy reaches the guard."""
+    """A stated size wins over a learned one; each job's memory policy reaches the guard, and a
+    job with neither is asked with its command shape's typical peak."""
     rig.submit("stated", memory_bytes=5, learned_bytes=9, memory_policy=MemoryPolicy.PACK)
     rig.submit("learned", owner="b", learned_bytes=9)
-    rig.submit("default", owner="c")
+    rig.submit("default", owner="c", shape_bytes=7, memory_policy=MemoryPolicy.PACK)
     rig.scheduler.tick()
     assert rig.guard.asked_with == {
         "stated": (5, MemoryPolicy.PACK),
         "learned": (9, MemoryPolicy.STRICT),
-        "default": (None, MemoryPolicy.STRICT),
+        "default": (None, MemoryPolicy.PACK),
     }
+    # Its shape's typical peak reaches the guard beside the default, as a guess of its trial.
+    assert rig.guard.typical == {"stated": None, "learned": None, "default": 7}
     views = {v.id: v for v in rig.scheduler.jobs()}
     assert [views[j].estimate_source.value for j in ("stated", "learned", "default")] == [
         "stated",

@@ -324,6 +324,47 @@ def test_the_number_of_trials_follows_the_room_and_the_work_seen(tmp_path: Path)
     assert _trials_started(seen) == MAX_TRIALS
 
 
+def _shape_trials_started(guard: Guard, typical: int) -> int:
+    """As :func:`_trials_started`, each trial told that its command shape peaks at ``typical``."""
+    assert guard.admit("big", memory_bytes=4 * GB, policy=PACK).admit
+    started = 0
+    while guard.admit(f"t{started}", policy=PACK, typical_bytes=typical).admit:
+        started += 1
+    return started
+
+
+def test_a_trial_is_expected_to_grow_to_its_command_shapes_typical_peak(tmp_path: Path) -> None:
+    """5.5 GB under the suspend line: trials whose shape peaks at 2 GB are expected at that, so
+    2 start, not the default's 5; at 700 MB, 7 start.  The shape's figure comes before the
+    typical peak of all work seen here (200 MB: MAX_TRIALS would start)."""
+    large, _ = fixture_guard(tmp_path / "large", used=4 * GB)
+    assert _shape_trials_started(large, 2 * GB) == 2
+    small, _ = fixture_guard(tmp_path / "small", used=4 * GB)
+    assert _shape_trials_started(small, 700 * MB) == 7
+    seen, _ = fixture_guard(tmp_path / "seen", used=4 * GB)
+    for n in range(PEAKS_NEEDED):
+        assert seen.admit(f"small{n}", policy=PACK).admit
+        seen.report_measured(f"small{n}", 200 * MB)
+        seen.release(f"small{n}", ended_alone=True)
+    assert _shape_trials_started(seen, 2 * GB) == 2
+
+
+def test_a_shapes_typical_peak_does_not_size_a_job_with_an_estimate_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """A stated (or learned) estimate is the job's own: its shape says nothing more of it."""
+
+    def started(name: str, typical: int | None) -> int:
+        guard, _ = fixture_guard(tmp_path / name, used=4 * GB)
+        assert guard.admit("big", memory_bytes=4 * GB, policy=PACK).admit
+        count = 0
+        while guard.admit(f"t{count}", memory_bytes=GB, policy=PACK, typical_bytes=typical).admit:
+            count += 1
+        return count
+
+    assert started("with", GB // 10) == started("without", None) < MAX_TRIALS
+
+
 def test_a_job_of_unknown_size_claims_its_forecast_not_the_rest_of_the_default(
     tmp_path: Path,
 ) -> None:

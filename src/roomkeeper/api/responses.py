@@ -149,6 +149,11 @@ class JobOut(BaseModel):
     estimate_source: Literal["stated", "learned", "default", "re-run"] | None = Field(
         default=None, description="Where the estimate came from."
     )
+    shape_bytes: int | None = Field(
+        default=None,
+        description="With no estimate of its own: what runs of its command shape (the same "
+        "program and script) typically peaked at, what a pack job's trial is expected to reach.",
+    )
     kind: str | None = Field(default=None, description="The name its learned size is kept under.")
     jobserver: bool = Field(default=False, description="Whether it runs with a jobserver.")
     tokens: TokensOut | None = Field(

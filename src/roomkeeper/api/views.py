@@ -91,6 +91,7 @@ def job_json(view: JobView, tokens: JobserverStatistics | None = None) -> dict[s
         "memory_policy": view.spec.memory_policy.value,
         "estimate_bytes": view.estimate_bytes,
         "estimate_source": view.estimate_source.value,  # stated, learned, default, re-run
+        "shape_bytes": view.spec.shape_bytes,  # what its trial is expected to grow to
         "kind": view.spec.kind,
         "jobserver": view.spec.jobserver,
         "tokens": tokens_json(tokens),
@@ -105,6 +106,7 @@ def row_json(row: JobRow) -> dict[str, Any]:
         "argv": row.spec.get("argv", []),
         "worktree": row.spec.get("worktree"),
         "kind": row.spec.get("kind"),
+        "shape_bytes": row.spec.get("shape_bytes"),
         "jobserver": bool(row.spec.get("jobserver")),
         "tokens": None,  # a job of an earlier run holds no tokens now
         "resolution": row.resolution,

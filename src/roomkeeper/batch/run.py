@@ -23,7 +23,10 @@ memory policy unless the caller asks for ``strict``, and a batch without
 (the highest of the last five).  A line's kind is the batch's ``--kind``,
 or its own, written as a shell comment at its end (``make test
 #kind=unit-tests``: the shell ignores it, so the file still runs under
-``parallel``), or else a hash of the line and the directory.
+``parallel``), or else a hash of the line and the directory.  A line of no
+kind that nothing was learned of is expected to grow, on trial, to what
+lines of its command shape typically peaked at (the same program and
+script with other arguments, in this batch or an earlier one).
 """
 
 from __future__ import annotations
@@ -48,7 +51,14 @@ from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.jobs.queue import Limits, batch_limits
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import SchedulerListeners, SchedulerParts, SchedulerSettings
-from roomkeeper.jobs.sizes import KeptSizes, SizeBook, size_key, with_learned_size
+from roomkeeper.jobs.sizes import (
+    KeptSizes,
+    SizeBook,
+    shape_key,
+    size_key,
+    with_learned_size,
+    with_shape_size,
+)
 from roomkeeper.jobs.spec import EstimateSource, JobSpec, JobState, JobView, validate_kind
 from roomkeeper.jobserver.meter import JobserverStatistics
 from roomkeeper.processes.peaks import PeakMethod
@@ -87,6 +97,7 @@ class BatchResult:
     estimate_bytes: int | None = None  # the memory estimate it was admitted with
     estimate_source: EstimateSource = EstimateSource.DEFAULT
     jobserver: JobserverStatistics | None = None  # its jobserver's last round, when it had one
+    shape_bytes: int | None = None  # its command shape's typical peak, which sized its trial
 
     @property
     def succeeded(self) -> bool:
@@ -396,6 +407,10 @@ class _BatchRun:
         self._options = settings.options
         self._guard = guard
         self._keys: dict[str, str] = {}  # each submitted line's learned-size key
+        self._shapes: dict[str, str] = {}  # each submitted line's command-shape key, if any
+        # Both keys of each text and kind seen: a batch repeats lines, and a shape's parse
+        # costs tens of microseconds.
+        self._keys_of: dict[tuple[str, str | None], tuple[str, str | None]] = {}
         book = settings.options.sizes
         self._sizes = KeptSizes(book) if book is not None else None
         self._line: int | None = None  # the guard's memory line, read once for learned sizes
@@ -440,11 +455,21 @@ class _BatchRun:
         sizes = self._sizes
         if sizes is None:
             return spec
-        key = self._keys[job_id] = size_key(spec)
+        key, shape = self._keys_of.get((spec.argv[0], spec.kind)) or self._both_keys(spec)
+        self._keys[job_id] = key
+        if shape is not None:  # kept whatever sized the line: each run tells of its shape
+            self._shapes[job_id] = shape
         if spec.memory_bytes is not None:
             return spec
         learned = sizes.learned_size(key)
-        return with_learned_size(spec, learned, self._memory_line() if learned else None)
+        if learned is not None or shape is None:
+            return with_learned_size(spec, learned, self._memory_line() if learned else None)
+        return with_shape_size(spec, sizes.typical_size(shape))
+
+    def _both_keys(self, spec: JobSpec) -> tuple[str, str | None]:
+        """``spec``'s learned-size key and command-shape key, kept for its text and kind."""
+        keys = self._keys_of[(spec.argv[0], spec.kind)] = (size_key(spec), shape_key(spec))
+        return keys
 
     def _memory_line(self) -> int | None:
         """The guard's memory line, read once per batch (None while it is unknown)."""
@@ -516,6 +541,7 @@ class _BatchRun:
                 estimate_bytes=v.estimate_bytes,
                 estimate_source=v.estimate_source,
                 jobserver=self._tokens.pop(v.id, None),
+                shape_bytes=v.spec.shape_bytes,
             )
             self._learn(v)
             if not self._settings.quiet:
@@ -552,10 +578,14 @@ class _BatchRun:
             self._progress.note(f"{line} stopped for memory pressure (output kept): {why}")
 
     def _learn(self, view: JobView) -> None:
-        """Keep an ended line's peak under its key, for the next batch (and the next line)."""
-        key = self._keys.pop(view.id, None)
-        if self._sizes is not None and key is not None and view.peak_bytes is not None:
-            self._sizes.record_peak(key, view.peak_bytes)
+        """Keep an ended line's peak under its key and its shape's, for the next batch (and
+        the next line)."""
+        keys = [self._keys.pop(view.id, None), self._shapes.pop(view.id, None)]
+        if self._sizes is None or view.peak_bytes is None:
+            return
+        for key in keys:
+            if key is not None:
+                self._sizes.record_peak(key, view.peak_bytes)
 
 
 def default_logs_dir(home: Path) -> Path:

@@ -97,7 +97,7 @@ def summary_table(
 ) -> str:
     """The closing table: command, exit code, wall time, peak memory of its tree and how taken,
     and the estimate it was admitted with and where that came from (stated, learned, default,
-    re-run).
+    re-run), with its command shape's typical peak where that sized its trial.
 
     Plain text, not a rich table: a batch may have thousands of lines, and
     the table must not cost more than running them did.
@@ -117,7 +117,8 @@ def summary_table(
             peak += f" ({r.peak_method.value})"  # memory.peak, sampled cgroup, sampled
         estimate = "-"
         if r.estimate_bytes is not None:
-            estimate = f"{format_bytes(r.estimate_bytes)} ({r.estimate_source.value})"
+            shape = f"; shape {format_bytes(r.shape_bytes)}" if r.shape_bytes is not None else ""
+            estimate = f"{format_bytes(r.estimate_bytes)} ({r.estimate_source.value}{shape})"
         cells = (str(r.line), command, exit_text, f"{r.wall_seconds:.2f} s", peak, estimate)
         rows.append((*cells, *([_pool_text(r.jobserver)] * pools)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

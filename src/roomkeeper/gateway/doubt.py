@@ -114,6 +114,7 @@ def spec_from_row(spec: dict[str, Any], owner: str, resumable: bool) -> JobSpec:
         memory_policy=MemoryPolicy(spec.get("memory_policy", MemoryPolicy.STRICT.value)),
         kind=spec.get("kind"),
         learned_bytes=spec.get("learned_bytes"),
+        shape_bytes=spec.get("shape_bytes"),  # a row from before shapes has none
         jobserver=bool(spec.get("jobserver")),  # a row from before jobservers has none
     )
 

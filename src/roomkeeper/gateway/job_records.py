@@ -28,8 +28,8 @@ import psutil
 
 from roomkeeper.gateway.context import GatewayContext
 from roomkeeper.gateway.waits import WaitTimes
-from roomkeeper.jobs.sizes import size_key
-from roomkeeper.jobs.spec import JobState, JobView
+from roomkeeper.jobs.sizes import shape_key, size_key
+from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
 from roomkeeper.relief.ladder import Step
 from roomkeeper.relief.monitor import ReliefEvent
@@ -95,6 +95,13 @@ class JobRecords:
         self._watch(write)
         write.result(timeout=MARKER_TIMEOUT_S)  # a stuck disk fails the launch, not the scheduler
 
+    def _learn(self, spec: JobSpec, peak_bytes: int) -> None:
+        """Keep an ended job's peak: the next job of its kind that states no estimate starts
+        from it, and the next of its command shape that nothing is known of is sized by it."""
+        for key in (size_key(spec), shape_key(spec)):
+            if key is not None:
+                self._watch(self._journal.record_peak(key, peak_bytes))
+
     def changed(self, view: JobView) -> None:
         """Save the job's new state (its log first once it has ended) and, once it has ended,
         its peak under its kind's key; count its wait once it starts."""
@@ -111,8 +118,7 @@ class JobRecords:
         self._watch(write)
         self.writes[view.id] = write
         if view.state.final and view.peak_bytes is not None:
-            # Learned sizes: the next job of this kind that states none starts from this.
-            self._watch(self._journal.record_peak(size_key(view.spec), view.peak_bytes))
+            self._learn(view.spec, view.peak_bytes)
         job_id = view.id
 
         def forget(done: concurrent.futures.Future[None]) -> None:

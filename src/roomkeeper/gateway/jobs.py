@@ -44,7 +44,13 @@ from roomkeeper.gateway.waits import WaitTimes
 from roomkeeper.guard.rule import Decision
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import SchedulerListeners, SchedulerParts, SchedulerSettings
-from roomkeeper.jobs.sizes import size_key, with_learned_size
+from roomkeeper.jobs.sizes import (
+    shape_key,
+    size_key,
+    typical_size,
+    with_learned_size,
+    with_shape_size,
+)
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
 from roomkeeper.loopback.hooks import HookRunner, ReleaseHook
 
@@ -145,10 +151,14 @@ class DurableJobs:
         return view
 
     def learned(self, spec: JobSpec) -> JobSpec:
-        """``spec`` with the learned size of its kind, when it states no estimate (off the loop)."""
+        """``spec`` with the learned size of its kind, when it states no estimate, else with
+        its command shape's typical peak, when one is known (off the loop)."""
         if spec.memory_bytes is not None:
             return spec
         learned = self._journal.learned_size(size_key(spec))
+        shape = shape_key(spec) if learned is None else None
+        if shape is not None:
+            return with_shape_size(spec, typical_size(self._journal.recent_peaks(shape)))
         line = self._guard.check(memory_bytes=0).memory_line_bytes if learned else None
         return with_learned_size(spec, learned, line)
 

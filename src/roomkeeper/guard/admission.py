@@ -114,6 +114,7 @@ class _Reservation:
     policy: MemoryPolicy = MemoryPolicy.STRICT
     trial: bool = False  # on trial (packing): it holds nothing, and is paused first
     guessed: bool = False  # its estimate is the default, not its own or a learned size
+    typical: int | None = None  # what its command shape typically peaks at (a guess too)
     peak: int = 0  # the most it was measured at
     # The admission is the first report: nothing of the job is in the reading yet.
     reports: list[Report] = field(default_factory=list)
@@ -262,6 +263,7 @@ class Guard:
         policy: MemoryPolicy = MemoryPolicy.STRICT,
         rerun: Rerun | None = None,
         worst_case: bool = False,
+        typical_bytes: int | None = None,
     ) -> Decision:
         """Judge whether ``job_id`` fits now and, if it does, reserve its memory.
 
@@ -283,6 +285,10 @@ class Guard:
                 estimate, whatever its policy, trials too) and reserve this job's whole
                 estimate (``strict``, never on trial): the last run of work stopped for
                 pressure, which must not be stopped again by others' growth.
+            typical_bytes: what runs of the job's command shape typically peaked at
+                (:mod:`roomkeeper.jobs.sizes`), for a job with no estimate of its own: what
+                its trial is expected to grow to, before the typical peak of all work of
+                unknown size seen here.
         """
         guessed = memory_bytes is None and rerun is None and not worst_case  # a re-run ran here
         with self._lock:
@@ -296,13 +302,16 @@ class Guard:
                 rerun=rerun,
             )
             trial = False
+            typical = typical_bytes if guessed else None
             if worst_case:
                 policy = MemoryPolicy.STRICT
                 if not decision.admit and decision.reason is Reason.MEMORY:
                     summary = f"its last run waits for room for its worst case: {decision.summary}"
                     decision = replace(decision, summary=fit_summary(summary))
             elif policy is MemoryPolicy.PACK:
-                decision, trial = self._on_trial(job_id, settings, disk_bytes, decision, guessed)
+                decision, trial = self._on_trial(
+                    job_id, settings, disk_bytes, decision, guessed, typical
+                )
             if decision.admit:
                 self._young[job_id] = _Reservation(
                     decision.estimate_bytes,
@@ -310,6 +319,7 @@ class Guard:
                     policy=policy,
                     trial=trial,
                     guessed=guessed,
+                    typical=typical,
                 )
                 self._refusals_logged.pop(job_id, None)
             self._counts[decision.reason.value] += 1
@@ -325,10 +335,12 @@ class Guard:
         disk_bytes: int | None,
         judged: Decision,
         guessed: bool,
+        typical: int | None,
     ) -> tuple[Decision, bool]:
         """A pack job's decision with trials (:mod:`roomkeeper.guard.packing`): whether it starts
         on trial instead, or waits for the jobs on trial before it; with the lock held.
-        ``guessed``: its estimate is the default, not its own."""
+        ``guessed``: its estimate is the default, not its own; ``typical``: its shape's
+        typical peak, if known."""
         others = self._others(job_id)
         on_trial = sum(1 for r in others if r.trial)
         refused_for_memory = judged.reason is Reason.MEMORY and not judged.never_fits
@@ -347,7 +359,7 @@ class Guard:
             return judged, False
         floor = self._judge(job_id, settings, FLOOR_BYTES, disk_bytes)
         if floor.admit and self._trial_fits(
-            floor, settings, others, judged.estimate_bytes, guessed
+            floor, settings, others, judged.estimate_bytes, guessed, typical
         ):
             summary = f"on trial, in room nobody reserved, paused first: {floor.summary}"
             return replace(floor, summary=summary, estimate_bytes=judged.estimate_bytes), True
@@ -363,6 +375,7 @@ class Guard:
         others: list[_Reservation],
         estimate: int,
         guessed: bool,
+        typical: int | None,
     ) -> bool:
         """Whether the room under the suspend line holds the jobs on trial and this one, each
         grown to what it is expected to hold (:func:`~roomkeeper.guard.packing.trial_fits`)."""
@@ -371,14 +384,19 @@ class Guard:
             return False
         line = suspend_line(memory.limit_bytes, settings.memory_headroom_percent)
         trials = [r for r in others if r.trial]
-        rests = [max(0, self._expected(r.estimate, r.guessed) - r.measured) for r in trials]
-        expected = self._expected(estimate, guessed)
+        rests = [
+            max(0, self._expected(r.estimate, r.guessed, r.typical) - r.measured) for r in trials
+        ]
+        expected = self._expected(estimate, guessed, typical)
         return trial_fits(line - memory.used_bytes, expected, rests)
 
-    def _expected(self, estimate: int, guessed: bool) -> int:
-        """What a job is expected to hold at most: its estimate or, where that is a guess, the
-        typical peak of the work of unknown size that ended (the guess until enough has)."""
-        return typical_peak(self._guessed_peaks, estimate) if guessed else estimate
+    def _expected(self, estimate: int, guessed: bool, typical: int | None) -> int:
+        """What a job is expected to hold at most: its estimate or, where that is a guess, what
+        its command shape typically peaks at (``typical``), else the typical peak of the work
+        of unknown size that ended here (the guess until enough has)."""
+        if not guessed:
+            return estimate
+        return typical if typical is not None else typical_peak(self._guessed_peaks, estimate)
 
     def _others(self, job_id: str) -> list[_Reservation]:
         return [r for j, r in self._young.items() if j != job_id]

@@ -28,7 +28,9 @@ leaves its trial once the rest of its estimate fits (:func:`leaves_trial`).
 nothing known of them), once :data:`PEAKS_NEEDED` have; the default until
 then.  Jobs of one batch are alike more often than not, so this corrects the
 default's guess within a few lines; it only sizes trials, which are paused
-first.  A job on a guessed estimate, once its growth has been seen, also
+first.  A job whose command shape has run before (:mod:`roomkeeper.jobs.sizes`,
+in this batch or an earlier one) is expected to grow to its shape's typical
+peak instead.  A job on a guessed estimate, once its growth has been seen, also
 claims only its reservation (its forecast), not the rest of the guess.
 
 What a forecast misses, the relief ladder answers: that is why ``pack`` is

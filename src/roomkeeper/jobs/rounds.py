@@ -489,6 +489,7 @@ class LaunchRounds:
             rerun=self._rerun_ask(job) if job.reruns else None,
             # Only a re-run reads the variable: a first run is never the last re-run.
             worst_case=bool(job.reruns) and is_last_run(job.reruns, self._settings.retries()),
+            typical_bytes=job.spec.shape_bytes,
         )
 
     def _rerun_ask(self, job: JobRecord) -> Rerun:

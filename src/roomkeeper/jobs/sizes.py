@@ -9,8 +9,18 @@ stored for learning).  The statistic is the maximum of the last
 :data:`LAST_RUNS` peaks: robust to a run stopped early, quick to follow a
 job that grew.
 
+*Command shapes*: lines that run the same program (and, for an
+interpreter, the same script) with other arguments are different kinds, yet
+alike more often than not: twenty agent turns with twenty prompts, a test
+runner given one file each.  Each ended run's peak is also kept under its
+shape (:func:`shape_key`), and a job with nothing stated or learned of its
+own is told its shape's typical peak, the median of the shape's last runs
+(:func:`typical_size`).  That figure stays a guess: it sizes only the job's
+trial (:mod:`roomkeeper.guard.packing`), never what it reserves, so a shape
+whose lines differ costs a pause, and the next run of the shape corrects it.
+
 The journal keeps the peaks (``roomkeeper.journal.sizes``); this package
-only names the key and what it needs of the keeper, so ``batch`` and the
+only names the keys and what it needs of the keeper, so ``batch`` and the
 gateway learn the same way.
 """
 
@@ -19,15 +29,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from roomkeeper.jobs.spec import JobSpec
 
 LAST_RUNS = 5  # peaks kept per key; the learned size is their maximum
+SHAPE_RUNS_NEEDED = 2  # a shape's runs kept before its median says more than the default
 KIND_PREFIX = "kind:"
 HASH_PREFIX = "sha256:"
+SHAPE_PREFIX = "shape:"
+# Programs whose work is named by their first argument that is not an option: the script.
+INTERPRETERS = frozenset(
+    {"python", "pypy", "node", "nodejs", "deno", "bun", "ruby", "perl", "php", "lua", "julia"}
+    | {"bash", "sh", "dash", "zsh", "ksh", "Rscript", "tclsh", "uv", "npx", "cargo", "go"}
+)
+_INLINE_CODE = frozenset({"-c", "-e", "-E", "--eval"})  # the code is the text
+_SHELL_OPERATORS = frozenset({";", "&&", "||", "|", "&", "|&", "(", ")", ";;"})
+_REDIRECTION = re.compile(r"[<>&]+")  # ">", ">>", "<", "&>", ">&": the next word is a file
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_VERSION_SUFFIX = re.compile(r"[0-9.]+$")  # python3.11 -> python
 
 
 def size_key(spec: JobSpec) -> str:
@@ -41,6 +66,89 @@ def size_key(spec: JobSpec) -> str:
     what = {"argv": list(spec.argv), "cwd": spec.cwd or os.getcwd(), "shell": spec.shell}
     text = json.dumps(what, sort_keys=True, ensure_ascii=False)
     return HASH_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def command_shape(spec: JobSpec) -> tuple[str, ...] | None:
+    """What ``spec`` runs, without its arguments: for each simple command of its line, the
+    program and, for an interpreter, its script (``python grow.py 3 4`` -> ``python
+    grow.py``; ``python -m pytest -x a.py`` -> ``python -m pytest``).  Variable
+    assignments before a command and comments are left out.
+
+    None where no shape can be told: a job with a ``kind`` of its own (the kind groups it
+    already), shell text that does not parse (an open quote), or code given inline
+    (``python -c``, ``node -e``), whose text is all there is to tell it by.
+    """
+    if spec.kind is not None:
+        return None
+    if not spec.shell:
+        named = _program_and_script(spec.argv)
+        return None if named is None else tuple(named)
+    try:
+        # Lines end commands as ";" does (a newline in quotes only changes an argument).
+        lexer = shlex.shlex(spec.argv[0].replace("\n", " ; "), posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:  # an open quote or a trailing escape
+        return None
+    shape: list[str] = []
+    command: list[str] = []
+    redirected = False
+    for word in [*words, ";"]:
+        if redirected:  # the file a redirection names is no part of the command
+            redirected = False
+        elif word in _SHELL_OPERATORS:
+            named = _program_and_script(command) if command else []
+            if named is None:
+                return None
+            shape.extend(named)
+            command = []
+        elif _REDIRECTION.fullmatch(word):
+            redirected = True
+        elif command or not _ASSIGNMENT.match(word):
+            command.append(word)
+    return tuple(shape) or None
+
+
+def _program_and_script(command: Sequence[str]) -> list[str] | None:
+    """One simple command's program and, for an interpreter, what it runs (None: inline code)."""
+    program = command[0]
+    if _VERSION_SUFFIX.sub("", os.path.basename(program)) not in INTERPRETERS:
+        return [program]
+    args = iter(command[1:])
+    for arg in args:
+        if arg in _INLINE_CODE:
+            return None
+        if arg == "-m":  # python -m MODULE: the module is the script
+            return [program, arg, next(args, "")]
+        if not arg.startswith("-"):
+            return [program, arg]
+    return [program]
+
+
+def shape_key(spec: JobSpec) -> str | None:
+    """The key the peaks of ``spec``'s command shape are kept under, with its working
+    directory (the same program in another tree is other work); None without a shape."""
+    shape = command_shape(spec)
+    if shape is None:
+        return None
+    what = {"shape": list(shape), "cwd": spec.cwd or os.getcwd(), "shell": spec.shell}
+    text = json.dumps(what, sort_keys=True, ensure_ascii=False)
+    return SHAPE_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def typical_size(peaks: Sequence[int]) -> int | None:
+    """The median of a shape's last runs' ``peaks``; None while fewer than
+    :data:`SHAPE_RUNS_NEEDED` are kept."""
+    if len(peaks) < SHAPE_RUNS_NEEDED:
+        return None
+    return sorted(peaks)[len(peaks) // 2]
+
+
+def with_shape_size(spec: JobSpec, typical: int | None) -> JobSpec:
+    """``spec`` with its shape's typical peak, when nothing of its own is stated or learned."""
+    if spec.memory_estimate is not None or typical is None:
+        return spec
+    return replace(spec, shape_bytes=typical)
 
 
 def with_learned_size(spec: JobSpec, learned: int | None, line: int | None) -> JobSpec:
@@ -112,11 +220,20 @@ class KeptSizes:
 
     def learned_size(self, key: str) -> int | None:
         """The maximum of the last :data:`LAST_RUNS` peaks under ``key``, or None."""
+        peaks = self._kept(key)
+        return max(peaks) if peaks else None
+
+    def typical_size(self, key: str) -> int | None:
+        """The median of the last :data:`LAST_RUNS` peaks under ``key`` (a shape's), or None
+        while fewer than :data:`SHAPE_RUNS_NEEDED` are kept."""
+        return typical_size(self._kept(key))
+
+    def _kept(self, key: str) -> deque[int]:
         peaks = self._peaks.get(key)
         if peaks is None:
             recent = self._book.recent_peaks(key)[:LAST_RUNS]  # newest first
             peaks = self._peaks[key] = deque(recent, maxlen=LAST_RUNS)
-        return max(peaks) if peaks else None
+        return peaks
 
     def record_peak(self, key: str, peak_bytes: int) -> object:
         """Keep one ended run's peak under ``key``, in the book and here."""

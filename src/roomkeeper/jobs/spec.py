@@ -123,6 +123,10 @@ class JobSpec:
             its argv and cwd (see :mod:`roomkeeper.jobs.sizes`).
         learned_bytes: the size past runs of its kind peaked at, found when it
             was submitted; used when ``memory_bytes`` is None.
+        shape_bytes: what past runs of its command shape typically peaked at (the
+            median of their last runs; :mod:`roomkeeper.jobs.sizes`), found when it was
+            submitted with nothing stated or learned: a guess, which sizes only its trial
+            (:mod:`roomkeeper.guard.packing`), never its estimate.
         jobserver: run it with a jobserver of its own (:mod:`roomkeeper.jobserver`):
             make, ninja and cargo inside it start a step only when a token minted
             by memory lets them.
@@ -144,6 +148,7 @@ class JobSpec:
     kind: str | None = None
     learned_bytes: int | None = None
     jobserver: bool = False
+    shape_bytes: int | None = None
 
     @property
     def memory_estimate(self) -> int | None:
@@ -190,7 +195,7 @@ class JobSpec:
             raise UsageError("owner must be a non-empty name", name="owner")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise UsageError(f"timeout_s must be > 0 (got {self.timeout_s})", name="timeout_s")
-        for name in ("memory_bytes", "disk_bytes", "learned_bytes"):
+        for name in ("memory_bytes", "disk_bytes", "learned_bytes", "shape_bytes"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise UsageError(f"{name} must be >= 0 (got {value})", name=name)
