@@ -20,6 +20,12 @@ Needs root and a cgroup memory controller.  Usage:
 
 ``--keep DIR`` keeps each roomkeeper run's stderr (its admission and relief log
 lines, the summary) as ``DIR/agent-turns-CONTENDER.err``.
+
+``--learned-from SEED`` measures roomkeeper after an earlier session: before
+each roomkeeper run, a batch of ``--learn-turns`` turns drawn with SEED (other
+sizes and times, so other command lines of the same program) runs unmeasured
+in the same ROOMKEEPER_HOME, each held 1 s; what the measured run can learn
+from it is the command shape's peaks (:mod:`roomkeeper.jobs.sizes`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import random
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from bench_swarm import batch_argv, bench_groups, pressure_figures, run_in_group
@@ -62,6 +69,27 @@ def group_peak(group: Path, version: int) -> int:
         return -1  # a kernel before memory.peak (v2, Linux 5.19)
 
 
+def learn(
+    seed: int, count: int, parent: Path, version: int, limit: int, argv: list[str], tmpdir: Path
+) -> None:
+    """An earlier session in the same home: ``count`` turns of ``seed``, each held 1 s."""
+    done = tmpdir / "learned"
+    done.mkdir()
+    earlier = [replace(j, hold_s=1.0) for j in turns(seed, count)]
+    commands = tmpdir / "earlier.txt"
+    commands.write_text(
+        "".join(j.command(str(done / str(i))) + "\n" for i, j in enumerate(earlier))
+    )
+    wall, kills = run_in_group(parent, version, limit, argv, commands, tmpdir / "earlier.err")
+    completed = len(list(done.iterdir()))
+    print(
+        f"  learned from {completed}/{count} turns of seed {seed} "
+        f"({min(j.size for j in earlier) / 1e9:.2f}..{max(j.size for j in earlier) / 1e9:.2f} GB) "
+        f"in {wall:.1f} s, OOM kills {kills}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contenders", default="pack,strict,6,7")
@@ -70,6 +98,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-running", type=int, help="give roomkeeper this count (none)")
     parser.add_argument("--keep", type=Path, help="keep each roomkeeper run's stderr here")
+    parser.add_argument(
+        "--learned-from", type=int, metavar="SEED", help="run turns of SEED first, unmeasured"
+    )
+    parser.add_argument("--learn-turns", type=int, default=5, help="how many (default 5)")
     args = parser.parse_args()
     parent, version = bench_groups()
     limit = parse_size(args.limit)
@@ -99,6 +131,8 @@ def main() -> None:
                 "".join(j.command(str(done / str(i))) + "\n" for i, j in enumerate(jobs))
             )
             os.environ["ROOMKEEPER_HOME"] = str(tmpdir / "home")  # nothing learned before
+            if args.learned_from is not None and "roomkeeper" in argv:
+                learn(args.learned_from, args.learn_turns, parent, version, limit, argv, tmpdir)
             err = tmpdir / "err.txt"
             peak: list[int] = []
             wall, kills = run_in_group(

@@ -95,11 +95,17 @@ def test_a_job_nothing_was_learned_of_is_told_its_command_shapes_typical_peak(
     script.write_text(
         "import sys, time\n"
         "b = bytearray(int(sys.argv[1]) * 10**6); b[::4096] = b'x' * len(b[::4096])\n"
-        "time.sleep(0.3)\n"
+        "time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0.3)\n"
     )
 
     def argv(*args: str) -> list[str]:
         return [sys.executable, str(script), *args]
+
+    # A run cut short teaches its shape nothing (its own line's size is still kept).
+    cut_argv = argv("5", "60")
+    cut = _submit(module_gw, argv=cut_argv, cwd=str(tmp_path), timeout_s=2)
+    cut_key = size_key(JobSpec(argv=cut_argv, cwd=str(tmp_path)))
+    assert _ended(module_gw, cut, cut_key)["state"] == "timed_out"
 
     shape = shape_key(JobSpec(argv=argv(), cwd=str(tmp_path)))
     assert shape is not None

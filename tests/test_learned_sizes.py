@@ -274,8 +274,11 @@ def test_a_line_nothing_was_learned_of_is_sized_by_its_command_shape(tmp_path: P
     script.write_text(
         "import sys, time\n"
         "b = bytearray(int(sys.argv[1]) * 10**6); b[::4096] = b'x' * len(b[::4096])\n"
-        "time.sleep(0.3)\n"
+        "time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0.3)\n"
     )
+    # A run cut short teaches its shape nothing: what it held so far is no peak of its work.
+    cut = batch(tmp_path, "--quiet", "--timeout", "3", stdin=f"{sys.executable} {script} 5 60\n")
+    assert cut.returncode == 1 and "timed_out" in cut.stderr, cut.stderr
     first = batch(
         tmp_path, "--quiet", stdin=f"{sys.executable} {script} 60\n{sys.executable} {script} 90\n"
     )
@@ -292,6 +295,13 @@ def test_a_line_nothing_was_learned_of_is_sized_by_its_command_shape(tmp_path: P
     estimates = _estimates(second.stderr)
     assert estimates["1"] == f"1.1 GB (default; shape {peaks[1]:.1f} MB)", second.stderr
     assert estimates["2"] == "1.1 GB (default)", second.stderr
+    with sqlite3.connect(tmp_path / "home" / "journal.db") as conn:
+        kept = conn.execute("SELECT key FROM learned_sizes").fetchall()
+    # Five lines, each with its own row; the script's shape has the three that ran to their
+    # end, other.py's its one.
+    shapes = [k for (k,) in kept if k.startswith("shape:")]
+    assert len(kept) - len(shapes) == 5, kept
+    assert sorted(shapes.count(k) for k in set(shapes)) == [1, 3], kept
 
 
 @pytest.mark.kernel

@@ -578,14 +578,15 @@ class _BatchRun:
             self._progress.note(f"{line} stopped for memory pressure (output kept): {why}")
 
     def _learn(self, view: JobView) -> None:
-        """Keep an ended line's peak under its key and its shape's, for the next batch (and
-        the next line)."""
-        keys = [self._keys.pop(view.id, None), self._shapes.pop(view.id, None)]
+        """Keep an ended line's peak under its key, and under its shape's once it ran to its
+        own end, for the next batch (and the next line)."""
+        key, shape = self._keys.pop(view.id, None), self._shapes.pop(view.id, None)
         if self._sizes is None or view.peak_bytes is None:
             return
-        for key in keys:
-            if key is not None:
-                self._sizes.record_peak(key, view.peak_bytes)
+        if key is not None:
+            self._sizes.record_peak(key, view.peak_bytes)
+        if shape is not None and view.state is JobState.EXITED:  # what a run cut short held
+            self._sizes.record_peak(shape, view.peak_bytes)  # would pull the median down
 
 
 def default_logs_dir(home: Path) -> Path:

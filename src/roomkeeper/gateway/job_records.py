@@ -95,12 +95,14 @@ class JobRecords:
         self._watch(write)
         write.result(timeout=MARKER_TIMEOUT_S)  # a stuck disk fails the launch, not the scheduler
 
-    def _learn(self, spec: JobSpec, peak_bytes: int) -> None:
+    def _learn(self, spec: JobSpec, peak_bytes: int, *, ran_to_its_end: bool) -> None:
         """Keep an ended job's peak: the next job of its kind that states no estimate starts
-        from it, and the next of its command shape that nothing is known of is sized by it."""
-        for key in (size_key(spec), shape_key(spec)):
-            if key is not None:
-                self._watch(self._journal.record_peak(key, peak_bytes))
+        from it, and, once it ran to its own end (what a run cut short held would pull the
+        median down), the next of its command shape that nothing is known of is sized by it."""
+        self._watch(self._journal.record_peak(size_key(spec), peak_bytes))
+        shape = shape_key(spec) if ran_to_its_end else None
+        if shape is not None:
+            self._watch(self._journal.record_peak(shape, peak_bytes))
 
     def changed(self, view: JobView) -> None:
         """Save the job's new state (its log first once it has ended) and, once it has ended,
@@ -118,7 +120,7 @@ class JobRecords:
         self._watch(write)
         self.writes[view.id] = write
         if view.state.final and view.peak_bytes is not None:
-            self._learn(view.spec, view.peak_bytes)
+            self._learn(view.spec, view.peak_bytes, ran_to_its_end=view.state is JobState.EXITED)
         job_id = view.id
 
         def forget(done: concurrent.futures.Future[None]) -> None:
