@@ -352,17 +352,21 @@ def test_a_trial_is_expected_to_grow_to_its_command_shapes_typical_peak(tmp_path
 def test_a_shapes_typical_peak_does_not_size_a_job_with_an_estimate_of_its_own(
     tmp_path: Path,
 ) -> None:
-    """A stated (or learned) estimate is the job's own: its shape says nothing more of it."""
+    """A stated (or learned) estimate is the job's own: its shape says nothing more of it.
+    3 GB used and 4 GB held leave room for one 1.5 GB job whole; then 6.5 GB under the suspend
+    line hold 4 trials expected at 1.5 GB each (at the shape's 100 MB, MAX_TRIALS would)."""
 
-    def started(name: str, typical: int | None) -> int:
-        guard, _ = fixture_guard(tmp_path / name, used=4 * GB)
+    def trials(name: str, typical: int | None) -> list[str]:
+        guard, _ = fixture_guard(tmp_path / name, used=3 * GB)
         assert guard.admit("big", memory_bytes=4 * GB, policy=PACK).admit
         count = 0
-        while guard.admit(f"t{count}", memory_bytes=GB, policy=PACK, typical_bytes=typical).admit:
+        while guard.admit(
+            f"t{count}", memory_bytes=3 * GB // 2, policy=PACK, typical_bytes=typical
+        ).admit:
             count += 1
-        return count
+        return guard.trials()
 
-    assert started("with", GB // 10) == started("without", None) < MAX_TRIALS
+    assert trials("with", GB // 10) == trials("without", None) == ["t1", "t2", "t3", "t4"]
 
 
 def test_a_job_of_unknown_size_claims_its_forecast_not_the_rest_of_the_default(

@@ -302,7 +302,6 @@ class Guard:
                 rerun=rerun,
             )
             trial = False
-            typical = typical_bytes if guessed else None
             if worst_case:
                 policy = MemoryPolicy.STRICT
                 if not decision.admit and decision.reason is Reason.MEMORY:
@@ -310,7 +309,7 @@ class Guard:
                     decision = replace(decision, summary=fit_summary(summary))
             elif policy is MemoryPolicy.PACK:
                 decision, trial = self._on_trial(
-                    job_id, settings, disk_bytes, decision, guessed, typical
+                    job_id, settings, disk_bytes, decision, guessed, typical_bytes
                 )
             if decision.admit:
                 self._young[job_id] = _Reservation(
@@ -319,7 +318,7 @@ class Guard:
                     policy=policy,
                     trial=trial,
                     guessed=guessed,
-                    typical=typical,
+                    typical=typical_bytes,  # counts only while its estimate is a guess
                 )
                 self._refusals_logged.pop(job_id, None)
             self._counts[decision.reason.value] += 1
