@@ -43,7 +43,8 @@ SHAPE_RUNS_NEEDED = 2  # a shape's runs kept before its median says more than th
 KIND_PREFIX = "kind:"
 HASH_PREFIX = "sha256:"
 SHAPE_PREFIX = "shape:"
-# Programs whose work is named by their first argument that is not an option: the script.
+# Programs whose first argument that is not an option names the work: an interpreter's
+# script, or a tool's subcommand (cargo build, go test, uv run, npx jest).
 INTERPRETERS = frozenset(
     {"python", "pypy", "node", "nodejs", "deno", "bun", "ruby", "perl", "php", "lua", "julia"}
     | {"bash", "sh", "dash", "zsh", "ksh", "Rscript", "tclsh", "uv", "npx", "cargo", "go"}
@@ -70,9 +71,10 @@ def size_key(spec: JobSpec) -> str:
 
 def command_shape(spec: JobSpec) -> tuple[str, ...] | None:
     """What ``spec`` runs, without its arguments: for each simple command of its line, the
-    program and, for an interpreter, its script (``python grow.py 3 4`` -> ``python
-    grow.py``; ``python -m pytest -x a.py`` -> ``python -m pytest``).  Variable
-    assignments before a command and comments are left out.
+    program and, for an interpreter or a tool of :data:`INTERPRETERS`, its script or
+    subcommand (``python grow.py 3 4`` -> ``python grow.py``; ``python -m pytest -x a.py``
+    -> ``python -m pytest``; ``cargo build -p a`` -> ``cargo build``).  Variable assignments
+    before a command, redirections and comments are left out.
 
     None where no shape can be told: a job with a ``kind`` of its own (the kind groups it
     already), shell text that does not parse (an open quote), or code given inline
