@@ -12,6 +12,7 @@ import pytest
 
 from roomkeeper.jobs.sizes import shape_key, size_key
 from roomkeeper.jobs.spec import JobSpec
+from roomkeeper.units import format_bytes
 from tests.gateways import RunningGateway, gateway_env, roomkeeper_cli, wait_until
 
 pytestmark = pytest.mark.kernel
@@ -119,6 +120,9 @@ def test_a_job_nothing_was_learned_of_is_told_its_command_shapes_typical_peak(
         f"/v1/jobs/{_submit(module_gw, argv=argv('30'), cwd=str(tmp_path), memory_policy='pack')}"
     ).json()
     assert third["shape_bytes"] == sorted(peaks)[1] and third["estimate_source"] == "default"
+    shown = roomkeeper_cli(gateway_env(module_gw.home.parent), "jobs")
+    assert shown.returncode == 0, shown.stderr
+    assert f"(default; shape {format_bytes(sorted(peaks)[1])}), pack" in shown.stdout
     stated = module_gw.client.get(
         f"/v1/jobs/{_submit(module_gw, argv=argv('1'), cwd=str(tmp_path), memory_bytes=10**6)}"
     ).json()

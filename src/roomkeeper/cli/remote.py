@@ -268,11 +268,14 @@ def _pages(
 
 
 def _estimate(job: dict[str, Any]) -> str:
-    """A job's memory estimate and where it came from: ``1.1 GB (learned), pack``."""
+    """A job's memory estimate and where it came from, with its command shape's typical peak
+    where it has one: ``1.1 GB (learned), pack``, ``1.1 GB (default; shape 80.0 MB), pack``."""
     size = job.get("estimate_bytes")
     if size is None:
         return ""  # a job recorded before estimates were
-    text = f"{format_bytes(size)} ({job.get('estimate_source') or 'default'})"
+    shape = job.get("shape_bytes")
+    shape_text = f"; shape {format_bytes(shape)}" if isinstance(shape, int) else ""
+    text = f"{format_bytes(size)} ({job.get('estimate_source') or 'default'}{shape_text})"
     return text + (", pack" if job.get("memory_policy") == "pack" else "")
 
 
