@@ -409,7 +409,7 @@ class _BatchRun:
         self._keys: dict[str, str] = {}  # each submitted line's learned-size key
         self._shapes: dict[str, str] = {}  # each submitted line's command-shape key, if any
         # Both keys of each text and kind seen: a batch repeats lines, and a shape's parse
-        # costs tens of microseconds.
+        # costs tens of microseconds a short line (about 1 ms for 4 KB of text).
         self._keys_of: dict[tuple[str, str | None], tuple[str, str | None]] = {}
         book = settings.options.sizes
         self._sizes = KeptSizes(book) if book is not None else None

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from roomkeeper.batch.run import BatchResult
-from roomkeeper.jobs.spec import JobState
+from roomkeeper.jobs.spec import EstimateSource, JobState
 from roomkeeper.jobserver.meter import JobserverStatistics
 from roomkeeper.relief.monitor import MonitorStatistics
 from roomkeeper.units import format_bytes
@@ -117,7 +117,8 @@ def summary_table(
             peak += f" ({r.peak_method.value})"  # memory.peak, sampled cgroup, sampled
         estimate = "-"
         if r.estimate_bytes is not None:
-            shape = f"; shape {format_bytes(r.shape_bytes)}" if r.shape_bytes is not None else ""
+            guessed = r.shape_bytes is not None and r.estimate_source is EstimateSource.DEFAULT
+            shape = f"; shape {format_bytes(r.shape_bytes or 0)}" if guessed else ""
             estimate = f"{format_bytes(r.estimate_bytes)} ({r.estimate_source.value}{shape})"
         cells = (str(r.line), command, exit_text, f"{r.wall_seconds:.2f} s", peak, estimate)
         rows.append((*cells, *([_pool_text(r.jobserver)] * pools)))

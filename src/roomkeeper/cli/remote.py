@@ -273,9 +273,11 @@ def _estimate(job: dict[str, Any]) -> str:
     size = job.get("estimate_bytes")
     if size is None:
         return ""  # a job recorded before estimates were
-    shape = job.get("shape_bytes")
-    shape_text = f"; shape {format_bytes(shape)}" if isinstance(shape, int) else ""
-    text = f"{format_bytes(size)} ({job.get('estimate_source') or 'default'}{shape_text})"
+    shape, source = job.get("shape_bytes"), job.get("estimate_source") or "default"
+    shape_text = ""
+    if isinstance(shape, int) and source == "default":  # a re-run's size is its own run's
+        shape_text = f"; shape {format_bytes(shape)}"
+    text = f"{format_bytes(size)} ({source}{shape_text})"
     return text + (", pack" if job.get("memory_policy") == "pack" else "")
 
 

@@ -9,10 +9,9 @@ stored for learning).  The statistic is the maximum of the last
 :data:`LAST_RUNS` peaks: robust to a run stopped early, quick to follow a
 job that grew.
 
-*Command shapes*: lines that run the same program (and, for an
-interpreter, the same script) with other arguments are different kinds, yet
-alike more often than not: twenty agent turns with twenty prompts, a test
-runner given one file each.  Each ended run's peak is also kept under its
+*Command shapes* (:mod:`roomkeeper.jobs.shapes`): lines that run the same
+program and script with other arguments are different kinds, yet alike more
+often than not.  Each run that ended by itself also keeps its peak under its
 shape (:func:`shape_key`), and a job with nothing stated or learned of its
 own is told its shape's typical peak, the median of the shape's last runs
 (:func:`typical_size`).  That figure stays a guess: it sizes only the job's
@@ -29,13 +28,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import shlex
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from roomkeeper.guard.packing import MemoryPolicy
+from roomkeeper.jobs.shapes import command_shape, shell_shape
 from roomkeeper.jobs.spec import JobSpec
 
 LAST_RUNS = 5  # peaks kept per key; the learned size is their maximum
@@ -43,17 +42,6 @@ SHAPE_RUNS_NEEDED = 2  # a shape's runs kept before its median says more than th
 KIND_PREFIX = "kind:"
 HASH_PREFIX = "sha256:"
 SHAPE_PREFIX = "shape:"
-# Programs whose first argument that is not an option names the work: an interpreter's
-# script, or a tool's subcommand (cargo build, go test, uv run, npx jest).
-INTERPRETERS = frozenset(
-    {"python", "pypy", "node", "nodejs", "deno", "bun", "ruby", "perl", "php", "lua", "julia"}
-    | {"bash", "sh", "dash", "zsh", "ksh", "Rscript", "tclsh", "uv", "npx", "cargo", "go"}
-)
-_INLINE_CODE = frozenset({"-c", "-e", "-E", "--eval"})  # the code is the text
-_SHELL_OPERATORS = frozenset({";", "&&", "||", "|", "&", "|&", "(", ")", ";;"})
-_REDIRECTION = re.compile(r"[<>&]+")  # ">", ">>", "<", "&>", ">&": the next word is a file
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-_VERSION_SUFFIX = re.compile(r"[0-9.]+$")  # python3.11 -> python
 
 
 def size_key(spec: JobSpec) -> str:
@@ -69,68 +57,18 @@ def size_key(spec: JobSpec) -> str:
     return HASH_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def command_shape(spec: JobSpec) -> tuple[str, ...] | None:
-    """What ``spec`` runs, without its arguments: for each simple command of its line, the
-    program and, for an interpreter or a tool of :data:`INTERPRETERS`, its script or
-    subcommand (``python grow.py 3 4`` -> ``python grow.py``; ``python -m pytest -x a.py``
-    -> ``python -m pytest``; ``cargo build -p a`` -> ``cargo build``).  Variable assignments
-    before a command, redirections and comments are left out.
-
-    None where no shape can be told: a job with a ``kind`` of its own (the kind groups it
-    already), shell text that does not parse (an open quote), or code given inline
-    (``python -c``, ``node -e``), whose text is all there is to tell it by.
-    """
+def spec_shape(spec: JobSpec) -> tuple[str, ...] | None:
+    """The command shape of ``spec`` (:mod:`roomkeeper.jobs.shapes`); None for a job with a
+    ``kind`` of its own (the kind groups it already) or where no shape can be told."""
     if spec.kind is not None:
         return None
-    if not spec.shell:
-        named = _program_and_script(spec.argv)
-        return None if named is None else tuple(named)
-    try:
-        # Lines end commands as ";" does (a newline in quotes only changes an argument).
-        lexer = shlex.shlex(spec.argv[0].replace("\n", " ; "), posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        words = list(lexer)
-    except ValueError:  # an open quote or a trailing escape
-        return None
-    shape: list[str] = []
-    command: list[str] = []
-    redirected = False
-    for word in [*words, ";"]:
-        if redirected:  # the file a redirection names is no part of the command
-            redirected = False
-        elif word in _SHELL_OPERATORS:
-            named = _program_and_script(command) if command else []
-            if named is None:
-                return None
-            shape.extend(named)
-            command = []
-        elif _REDIRECTION.fullmatch(word):
-            redirected = True
-        elif command or not _ASSIGNMENT.match(word):
-            command.append(word)
-    return tuple(shape) or None
-
-
-def _program_and_script(command: Sequence[str]) -> list[str] | None:
-    """One simple command's program and, for an interpreter, what it runs (None: inline code)."""
-    program = command[0]
-    if _VERSION_SUFFIX.sub("", os.path.basename(program)) not in INTERPRETERS:
-        return [program]
-    args = iter(command[1:])
-    for arg in args:
-        if arg in _INLINE_CODE:
-            return None
-        if arg == "-m":  # python -m MODULE: the module is the script
-            return [program, arg, next(args, "")]
-        if not arg.startswith("-"):
-            return [program, arg]
-    return [program]
+    return shell_shape(spec.argv[0]) if spec.shell else command_shape(spec.argv)
 
 
 def shape_key(spec: JobSpec) -> str | None:
     """The key the peaks of ``spec``'s command shape are kept under, with its working
     directory (the same program in another tree is other work); None without a shape."""
-    shape = command_shape(spec)
+    shape = spec_shape(spec)
     if shape is None:
         return None
     what = {"shape": list(shape), "cwd": spec.cwd or os.getcwd(), "shell": spec.shell}
@@ -147,8 +85,11 @@ def typical_size(peaks: Sequence[int]) -> int | None:
 
 
 def with_shape_size(spec: JobSpec, typical: int | None) -> JobSpec:
-    """``spec`` with its shape's typical peak, when nothing of its own is stated or learned."""
+    """``spec`` with its shape's typical peak, when nothing of its own is stated or learned
+    and it may start on trial (``pack``): only a trial is sized by it."""
     if spec.memory_estimate is not None or typical is None:
+        return spec
+    if spec.memory_policy is not MemoryPolicy.PACK:
         return spec
     return replace(spec, shape_bytes=typical)
 
