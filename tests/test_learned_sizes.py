@@ -94,6 +94,20 @@ def test_each_key_keeps_only_its_last_five_rows(journal: Journal, tmp_path: Path
     assert journal.learned_size("kind:x") == 19
 
 
+def test_a_damaged_row_teaches_nothing_and_fails_nothing(journal: Journal, tmp_path: Path) -> None:
+    """A peak that is not a whole number of bytes (edited by hand, a bad disk) is left out."""
+    for peak in (100, 300, 200):
+        journal.record_peak("shape:x", peak * MB).result()
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        conn.execute(
+            "UPDATE learned_sizes SET peak_bytes = 'garbage' WHERE peak_bytes = ?", (100 * MB,)
+        )
+        conn.execute("UPDATE learned_sizes SET peak_bytes = -5 WHERE peak_bytes = ?", (200 * MB,))
+    assert journal.recent_peaks("shape:x") == [300 * MB]
+    assert journal.learned_size("shape:x") == 300 * MB  # text sorts above numbers in SQLite
+    assert KeptSizes(journal).typical_size("shape:x") is None  # one sound run is too few
+
+
 def test_the_key_is_the_kind_else_a_hash_of_argv_and_cwd() -> None:
     """Same command in the same place: one key; another directory or argv: another; no text."""
     spec = JobSpec(argv=["make", "test-secret-target"], cwd="/src/a")

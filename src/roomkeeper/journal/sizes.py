@@ -1,8 +1,11 @@
 """The learned-sizes table: the last peaks of each kind of job, under its key only.
 
 A row is a key (``kind:<name>`` or ``sha256:<hex>``, from
-:func:`roomkeeper.jobs.sizes.size_key`), one ended run's peak in bytes and
+:func:`roomkeeper.jobs.sizes.size_key`, or ``shape:<hex>``, from
+:func:`~roomkeeper.jobs.sizes.shape_key`), one ended run's peak in bytes and
 when it was recorded: never the command, its arguments or its directory.
+A peak that is not a whole number of bytes (a row damaged by hand or by a
+disk) is left out of every read: it teaches nothing, and fails nothing.
 Each record trims its key back to :data:`~roomkeeper.jobs.sizes.LAST_RUNS`
 rows and the table to :data:`MAX_ROWS`, in the same transaction, so the
 table stays small however many kinds of work pass through.
@@ -29,6 +32,7 @@ CREATE INDEX IF NOT EXISTS learned_sizes_key ON learned_sizes (key);
 """
 
 _LAST = "SELECT rowid FROM learned_sizes WHERE key = :key ORDER BY rowid DESC LIMIT :keep"
+_SOUND = "typeof(peak_bytes) = 'integer' AND peak_bytes >= 0"  # what a damaged row is not
 
 
 class SizesTable(Store):
@@ -57,7 +61,7 @@ class SizesTable(Store):
 
     def learned_size(self, key: str) -> int | None:
         """The maximum of the last LAST_RUNS peaks under ``key``; None when none is kept."""
-        sql = f"SELECT max(peak_bytes) FROM learned_sizes WHERE rowid IN ({_LAST})"
+        sql = f"SELECT max(peak_bytes) FROM learned_sizes WHERE rowid IN ({_LAST}) AND {_SOUND}"
 
         def read(conn: sqlite3.Connection) -> int | None:
             value = conn.execute(sql, {"key": key, "keep": LAST_RUNS}).fetchone()[0]
@@ -67,7 +71,10 @@ class SizesTable(Store):
 
     def recent_peaks(self, key: str) -> list[int]:
         """The last LAST_RUNS peaks under ``key``, newest first; empty when none is kept."""
-        sql = f"SELECT peak_bytes FROM learned_sizes WHERE rowid IN ({_LAST}) ORDER BY rowid DESC"
+        sql = (
+            f"SELECT peak_bytes FROM learned_sizes WHERE rowid IN ({_LAST}) AND {_SOUND} "
+            "ORDER BY rowid DESC"
+        )
 
         def read(conn: sqlite3.Connection) -> list[int]:
             rows = conn.execute(sql, {"key": key, "keep": LAST_RUNS}).fetchall()
