@@ -151,8 +151,8 @@ class JobOut(BaseModel):
     )
     shape_bytes: int | None = Field(
         default=None,
-        description="With no estimate of its own: what runs of its command shape (the same "
-        "program and script) typically peaked at, what a pack job's trial is expected to reach.",
+        description="A pack job with no estimate of its own: what runs of its command shape "
+        "(the same program and script) typically peaked at, what its trial is expected to reach.",
     )
     kind: str | None = Field(default=None, description="The name its learned size is kept under.")
     jobserver: bool = Field(default=False, description="Whether it runs with a jobserver.")

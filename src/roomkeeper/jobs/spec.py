@@ -124,9 +124,9 @@ class JobSpec:
         learned_bytes: the size past runs of its kind peaked at, found when it
             was submitted; used when ``memory_bytes`` is None.
         shape_bytes: what past runs of its command shape typically peaked at (the
-            median of their last runs; :mod:`roomkeeper.jobs.sizes`), found when it was
-            submitted with nothing stated or learned: a guess, which sizes only its trial
-            (:mod:`roomkeeper.guard.packing`), never its estimate.
+            median of their last runs; :mod:`roomkeeper.jobs.sizes`), found when a
+            ``pack`` job was submitted with nothing stated or learned: a guess, which sizes
+            only its trial (:mod:`roomkeeper.guard.packing`), never its estimate.
         jobserver: run it with a jobserver of its own (:mod:`roomkeeper.jobserver`):
             make, ninja and cargo inside it start a step only when a token minted
             by memory lets them.
