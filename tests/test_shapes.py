@@ -30,6 +30,7 @@ from roomkeeper.jobs.spec import EstimateSource, JobState
 def test_a_lines_shape_is_its_program_and_what_an_interpreter_runs(
     line: str, shape: tuple[str, ...]
 ) -> None:
+    """Arguments, assignments and comments are no part of it; a script or module is."""
     assert shell_shape(line) == shape
 
 
@@ -61,6 +62,7 @@ def test_each_command_of_a_line_has_its_part(line: str, shape: tuple[str, ...]) 
     ],
 )
 def test_wrappers_that_only_change_how_a_command_runs_are_left_out(line: str) -> None:
+    """With their options and the options' values: what they run is the shape."""
     assert shell_shape(line) == ("python", "a.py")
 
 
@@ -78,6 +80,7 @@ def test_wrappers_that_only_change_how_a_command_runs_are_left_out(line: str) ->
 def test_a_tool_is_named_by_its_subcommand_and_options_are_read_per_program(
     line: str, shape: tuple[str, ...]
 ) -> None:
+    """A toolchain (+nightly) or an option's value is no subcommand or script."""
     assert shell_shape(line) == shape
 
 
