@@ -56,6 +56,7 @@ from roomkeeper.jobs.sizes import (
     SizeBook,
     shape_key,
     size_key,
+    sized_by_shape,
     with_learned_size,
     with_shape_size,
 )
@@ -406,8 +407,8 @@ class _BatchRun:
         self._settings = settings
         self._options = settings.options
         self._guard = guard
-        self._keys: dict[str, str] = {}  # each submitted line's learned-size key
-        self._shapes: dict[str, str] = {}  # each submitted line's command-shape key, if any
+        # Each submitted line's learned-size key and command-shape key (if any).
+        self._keys: dict[str, tuple[str, str | None]] = {}
         # Both keys of each text and kind seen: a batch repeats lines, and a shape's parse
         # costs tens of microseconds a short line (about 1 ms for 4 KB of text).
         self._keys_of: dict[tuple[str, str | None], tuple[str, str | None]] = {}
@@ -455,14 +456,14 @@ class _BatchRun:
         sizes = self._sizes
         if sizes is None:
             return spec
-        key, shape = self._keys_of.get((spec.argv[0], spec.kind)) or self._both_keys(spec)
-        self._keys[job_id] = key
-        if shape is not None:  # kept whatever sized the line: each run tells of its shape
-            self._shapes[job_id] = shape
+        # Kept whatever sizes the line: each run tells of its kind and its shape.
+        key, shape = self._keys[job_id] = self._keys_of.get(
+            (spec.argv[0], spec.kind)
+        ) or self._both_keys(spec)
         if spec.memory_bytes is not None:
             return spec
         learned = sizes.learned_size(key)
-        if learned is not None or shape is None:
+        if learned is not None or shape is None or not sized_by_shape(spec):
             return with_learned_size(spec, learned, self._memory_line() if learned else None)
         return with_shape_size(spec, sizes.typical_size(shape))
 
@@ -580,11 +581,11 @@ class _BatchRun:
     def _learn(self, view: JobView) -> None:
         """Keep an ended line's peak under its key, and under its shape's once it ran to its
         own end, for the next batch (and the next line)."""
-        key, shape = self._keys.pop(view.id, None), self._shapes.pop(view.id, None)
-        if self._sizes is None or view.peak_bytes is None:
+        keys = self._keys.pop(view.id, None)
+        if self._sizes is None or keys is None or view.peak_bytes is None:
             return
-        if key is not None:
-            self._sizes.record_peak(key, view.peak_bytes)
+        key, shape = keys
+        self._sizes.record_peak(key, view.peak_bytes)
         if shape is not None and view.state is JobState.EXITED:  # what a run cut short held
             self._sizes.record_peak(shape, view.peak_bytes)  # would pull the median down
 

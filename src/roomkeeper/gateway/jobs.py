@@ -47,6 +47,7 @@ from roomkeeper.jobs.settings import SchedulerListeners, SchedulerParts, Schedul
 from roomkeeper.jobs.sizes import (
     shape_key,
     size_key,
+    sized_by_shape,
     typical_size,
     with_learned_size,
     with_shape_size,
@@ -156,7 +157,7 @@ class DurableJobs:
         if spec.memory_bytes is not None:
             return spec
         learned = self._journal.learned_size(size_key(spec))
-        shape = shape_key(spec) if learned is None else None
+        shape = shape_key(spec) if learned is None and sized_by_shape(spec) else None
         if shape is not None:
             return with_shape_size(spec, typical_size(self._journal.recent_peaks(shape)))
         line = self._guard.check(memory_bytes=0).memory_line_bytes if learned else None

@@ -44,6 +44,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from roomkeeper.units import MIB
 
@@ -62,6 +63,9 @@ PEAKS_NEEDED = 2  # peaks known before they say more than the default
 GROWING_WINDOW_SECONDS = 1.0  # a job that grew more than GROWING_BYTES over this still grows
 GROWING_BYTES = 32 * MIB
 TRIAL_RESUME_MARGIN = 32 * MIB  # a paused trial goes on this far below the suspend line
+
+
+_Prior = TypeVar("_Prior", int, None)
 
 
 class MemoryPolicy(enum.Enum):
@@ -190,9 +194,9 @@ def leaves_trial(used: int, claimed: int, line: int, estimate: int, measured: in
     return used + claimed + max(0, estimate - measured) <= line
 
 
-def typical_peak(peaks: Sequence[int], prior: int) -> int:
-    """The median of ``peaks`` (the newest guessed jobs' peaks); ``prior`` while fewer
-    than :data:`PEAKS_NEEDED` are known."""
+def typical_peak(peaks: Sequence[int], prior: _Prior) -> int | _Prior:
+    """The (upper) median of ``peaks`` (the newest guessed jobs' peaks, or a command shape's
+    last runs'); ``prior`` while fewer than :data:`PEAKS_NEEDED` are known."""
     if len(peaks) < PEAKS_NEEDED:
         return prior
     return sorted(peaks)[len(peaks) // 2]

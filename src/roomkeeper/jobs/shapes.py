@@ -152,7 +152,9 @@ def _simple_shape(words: list[str]) -> tuple[str, ...] | None:
         elif os.path.basename(word) in WRAPPERS:
             valued = WRAPPERS[os.path.basename(rest.pop(0))]
             while rest and (
-                rest[0].startswith("-") or _ASSIGNMENT.match(rest[0]) or _wrapper_value(rest[0])
+                rest[0].startswith("-")
+                or _ASSIGNMENT.match(rest[0])
+                or _WRAPPER_ARGUMENT.fullmatch(rest[0])
             ):
                 if rest.pop(0) in valued and rest:
                     rest.pop(0)  # "-u bob": the option's value
@@ -165,10 +167,6 @@ def _simple_shape(words: list[str]) -> tuple[str, ...] | None:
     if runner is None:
         return (program,)
     return _what_it_runs(program, args, runner)
-
-
-def _wrapper_value(word: str) -> bool:
-    return _WRAPPER_ARGUMENT.fullmatch(word) is not None
 
 
 def _what_it_runs(program: str, args: Sequence[str], runner: _Runner) -> tuple[str, ...] | None:

@@ -33,12 +33,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from roomkeeper.guard.packing import MemoryPolicy
+from roomkeeper.guard.packing import MemoryPolicy, typical_peak
 from roomkeeper.jobs.shapes import command_shape, shell_shape
 from roomkeeper.jobs.spec import JobSpec
 
 LAST_RUNS = 5  # peaks kept per key; the learned size is their maximum
-SHAPE_RUNS_NEEDED = 2  # a shape's runs kept before its median says more than the default
 KIND_PREFIX = "kind:"
 HASH_PREFIX = "sha256:"
 SHAPE_PREFIX = "shape:"
@@ -77,19 +76,20 @@ def shape_key(spec: JobSpec) -> str | None:
 
 
 def typical_size(peaks: Sequence[int]) -> int | None:
-    """The median of a shape's last runs' ``peaks``; None while fewer than
-    :data:`SHAPE_RUNS_NEEDED` are kept."""
-    if len(peaks) < SHAPE_RUNS_NEEDED:
-        return None
-    return sorted(peaks)[len(peaks) // 2]
+    """The median of a shape's last runs' ``peaks``, as the guard's typical peak is taken
+    (:func:`~roomkeeper.guard.packing.typical_peak`); None while too few are kept."""
+    return typical_peak(peaks, None)
+
+
+def sized_by_shape(spec: JobSpec) -> bool:
+    """Whether ``spec`` would be told its shape's typical peak: nothing of its own is stated
+    or learned, and it may start on trial (``pack``), the only thing that figure sizes."""
+    return spec.memory_estimate is None and spec.memory_policy is MemoryPolicy.PACK
 
 
 def with_shape_size(spec: JobSpec, typical: int | None) -> JobSpec:
-    """``spec`` with its shape's typical peak, when nothing of its own is stated or learned
-    and it may start on trial (``pack``): only a trial is sized by it."""
-    if spec.memory_estimate is not None or typical is None:
-        return spec
-    if spec.memory_policy is not MemoryPolicy.PACK:
+    """``spec`` with its shape's typical peak, where :func:`sized_by_shape`."""
+    if typical is None or not sized_by_shape(spec):
         return spec
     return replace(spec, shape_bytes=typical)
 
@@ -168,7 +168,7 @@ class KeptSizes:
 
     def typical_size(self, key: str) -> int | None:
         """The median of the last :data:`LAST_RUNS` peaks under ``key`` (a shape's), or None
-        while fewer than :data:`SHAPE_RUNS_NEEDED` are kept."""
+        while too few are kept (:func:`typical_size`)."""
         return typical_size(self._kept(key))
 
     def _kept(self, key: str) -> deque[int]:
