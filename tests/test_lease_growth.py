@@ -17,7 +17,7 @@ from roomkeeper.gateway.lease_growth import LeaseGrowth
 from roomkeeper.guard.admission import Guard
 from roomkeeper.guard.attribution import Holder, attribute, raised_base
 from roomkeeper.guard.lease_terms import LeaseTerms
-from roomkeeper.guard.leases import Leases, LeaseState
+from roomkeeper.guard.leases import Leases, LeaseState, guard_key
 from roomkeeper.jobs.sizes import lease_size
 from roomkeeper.testing import FakeClock
 from roomkeeper.units import GB
@@ -116,6 +116,56 @@ def fill_with(
             rest = granted * GB - (used - base)
             margins.append(guard.statistics().reserved_bytes - rest)
     return granted, margins
+
+
+def test_a_lease_that_ends_takes_no_other_lease_s_measure_with_it(tmp_path: Path) -> None:
+    """The growth given to an older lease may be a younger one's work.  When that younger
+    lease ends, its work's memory leaves the reading and its reservation goes: the older
+    one must not go on reserving nothing for work it has not grown yet, or more leases fit
+    than the line holds once it grows."""
+    guard, _ = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)  # line 9 GB
+    leases = Leases(guard)
+    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
+    growth.step()  # quiet: the base is 1 GB
+    for name in ("slow", "quick"):
+        lease, _ = leases.grant(name, LeaseTerms(memory_bytes=3 * GB))
+        assert lease is not None
+    set_used(tmp_path, 4 * GB)  # the younger lease's work grew first
+    growth.step()
+    assert growth.statistics().measured == {"slow": 3 * GB, "quick": 0}
+    set_used(tmp_path, 1 * GB)  # its work ended, and then its lease
+    assert leases.end("quick") is not None
+    leases.complete("quick", None)
+    granted = ["slow"]
+    for n in range(5):
+        lease, _ = leases.grant(f"next{n}", LeaseTerms(memory_bytes=3 * GB))
+        if lease is None:
+            break
+        granted.append(lease.id)
+    # The base and every granted lease's estimate fit under the line: 1 + 2 x 3 <= 9.
+    assert granted == ["slow", "next0"]
+    reading = guard.memory_reading()
+    assert reading is not None
+    assert reading.used + guard.statistics().reserved_bytes >= 1 * GB + 3 * GB * len(granted)
+
+
+def test_a_share_told_from_a_reading_before_a_lease_ended_is_not_taken(
+    tmp_path: Path,
+) -> None:
+    """Attribution reads the container, then tells each lease its share: a lease that ended
+    in between makes those shares stale (its work may be in them), so they are not taken;
+    shares from a reading after the end are."""
+    guard, _ = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
+    leases = Leases(guard)
+    for name in ("slow", "quick"):
+        leases.grant(name, LeaseTerms(memory_bytes=3 * GB))
+    counted = guard.shared_ends()  # the step counts ends, then reads the container
+    assert leases.end("quick") is not None
+    leases.complete("quick", None)
+    guard.report_measured(guard_key("slow"), 3 * GB, shared_ends=counted)
+    assert guard.statistics().reserved_bytes == 3 * GB
+    guard.report_measured(guard_key("slow"), 3 * GB, shared_ends=guard.shared_ends())
+    assert guard.statistics().reserved_bytes == 0
 
 
 def test_no_quiet_moment_seen_nothing_is_attributed(tmp_path: Path) -> None:

@@ -108,6 +108,8 @@ class LeaseGrowth:
 
     def step(self) -> None:
         """One reading: record the base when quiet, else attribute and report the growth."""
+        # Before the reading: a lease that ends after it makes these shares stale.
+        shared_ends = self._guard.shared_ends()
         reading = self._guard.memory_reading()
         if reading is None:
             return
@@ -128,7 +130,7 @@ class LeaseGrowth:
         self._grown = unexplained - self._base
         self._measured = dict(attribute(self._grown, holders))
         for lease_id, measured in self._measured.items():
-            self._guard.report_measured(guard_key(lease_id), measured)
+            self._guard.report_measured(guard_key(lease_id), measured, shared_ends=shared_ends)
 
     def sample(self) -> None:
         """One quick look for learning: which leases ended, and, while a lease of a kind is

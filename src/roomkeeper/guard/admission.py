@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from roomkeeper.config import Settings, read_settings
@@ -253,6 +253,8 @@ class Guard:
         self._refusals_logged: dict[str, Word] = {}  # the reason last logged, per job
         # The peaks of the newest pack jobs that ended on a guessed estimate: what sizes trials.
         self._guessed_peaks: deque[int] = deque(maxlen=PEAKS_KEPT)
+        # Ends of reservations measured together (leases): a share told before one is stale.
+        self._shared_ends = 0
 
     def admit(
         self,
@@ -492,6 +494,33 @@ class Guard:
             if ended is not None and ended_alone:
                 self._learn_peak(ended)
 
+    def release_shared(self, job_id: str, sharers: Iterable[str]) -> None:
+        """End ``job_id``'s reservation, one of several measured together (leases, whose
+        shares of the container's growth are told by
+        :mod:`~roomkeeper.guard.attribution`); each of ``sharers`` reserves its whole
+        estimate again until it is told its share afresh.
+
+        Some of what a sharer was told may be the ended one's work: that memory leaves the
+        reading when the work ends, and its reservation goes now, so the sharer would go
+        on reserving nothing for growth its own work has not done.  Shares told after this
+        from a count taken before it (:meth:`shared_ends`) are ignored.
+        """
+        with self._lock:
+            self._young.pop(job_id, None)
+            self._shared_ends += 1
+            now = self._clock()
+            for key in sharers:
+                reservation = self._young.get(key)
+                if reservation is not None and reservation.measured:
+                    reservation.report(now, 0)
+
+    def shared_ends(self) -> int:
+        """How many reservations measured together have ended: read before the reading a
+        share is attributed from, and given back with the share
+        (:meth:`report_measured`'s ``shared_ends``)."""
+        with self._lock:
+            return self._shared_ends
+
     def _learn_peak(self, reservation: _Reservation) -> None:
         if reservation.learns_typical:
             self._guessed_peaks.append(reservation.peak)
@@ -505,15 +534,23 @@ class Guard:
                 return 0.0
             return growth_now(reservation.reports)
 
-    def report_measured(self, job_id: str, measured_bytes: int) -> None:
+    def report_measured(
+        self, job_id: str, measured_bytes: int, *, shared_ends: int | None = None
+    ) -> None:
         """Tell the guard how much of ``job_id``'s memory the reading already shows.
 
         The job then reserves only ``max(0, estimate - measured)`` (``strict``),
         or what its growth over its recent reports forecasts, at most that
         (``pack``).  Work that runs elsewhere (leases) never reports, and keeps
         its full reservation.
+
+        ``shared_ends``: for a share of growth measured together with others, what
+        :meth:`shared_ends` said before the reading; a share from before one of them ended
+        (:meth:`release_shared`) is ignored.
         """
         with self._lock:
+            if shared_ends is not None and shared_ends != self._shared_ends:
+                return
             reservation = self._young.get(job_id)
             if reservation is not None:
                 reservation.report(self._clock(), max(0, measured_bytes))

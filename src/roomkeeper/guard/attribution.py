@@ -25,6 +25,13 @@ change that sum; oldest first gives the memory to the leases whose work has had
 longest to allocate it, and a lease just granted (its work not started) keeps
 its whole reservation.
 
+That holds at the step, from one reading.  Between steps a lease may end: its work's
+memory leaves the reading and its reservation goes, while what the others were told may
+be that work's (oldest first gives a slow lease a quick one's growth).  So an end makes
+every other lease reserve its whole estimate again until the next step tells it afresh,
+and a step whose reading came before an end tells nothing
+(:meth:`~roomkeeper.guard.admission.Guard.release_shared`).
+
 What it assumes, said where it fails: growth since the quiet moment that is
 neither our jobs' nor the leases' (another program in the container, memory an
 ended lease's work never gave back) is taken for the leases' and shortens their

@@ -249,7 +249,8 @@ class Leases:
         with self._lock:
             self._leases.pop(lease_id, None)
             self._deadlines.pop(lease_id, None)
-        self._guard.release(guard_key(lease_id))
+            sharers = self._granted_keys()
+        self._guard.release_shared(guard_key(lease_id), sharers)
 
     def end(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView | None:
         """Mark a granted lease ended; returns it (its hook still to run), None if it had ended.
@@ -330,8 +331,14 @@ class Leases:
             return granted + sum(self._finishing.values())
 
     def complete(self, lease_id: str, hook_outcome: str | None) -> LeaseView:
-        """After the hook ran: release the reservation and record how the hook went."""
-        self._guard.release(guard_key(lease_id))
+        """After the hook ran: release the reservation and record how the hook went.
+
+        The granted leases reserve their whole estimates again until their shares of the
+        container's growth are told afresh: some of what they were told may be this
+        lease's work (:meth:`~roomkeeper.guard.admission.Guard.release_shared`)."""
+        with self._lock:
+            sharers = self._granted_keys()
+        self._guard.release_shared(guard_key(lease_id), sharers)
         with self._lock:
             self._finishing.pop(lease_id, None)
             lease = replace(self._get(lease_id), hook_outcome=hook_outcome)
@@ -339,6 +346,10 @@ class Leases:
             self._completed[lease_id] = None
             self._forget_oldest_ended()
             return lease
+
+    def _granted_keys(self) -> list[str]:
+        """The guard's keys of the granted leases (lock held)."""
+        return [guard_key(v.id) for v in self._leases.values() if v.state is LeaseState.GRANTED]
 
     def _forget_oldest_ended(self) -> None:
         """Keep at most ``keep_ended`` completed leases, forgetting the oldest (lock held)."""
