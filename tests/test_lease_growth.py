@@ -19,6 +19,7 @@ from roomkeeper.guard.attribution import Holder, attribute, raised_base
 from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import Leases, LeaseState, guard_key
 from roomkeeper.jobs.sizes import lease_size
+from roomkeeper.loopback.hooks import ReleaseHook
 from roomkeeper.testing import FakeClock
 from roomkeeper.units import GB
 from tests.agent_events import claude_post, claude_pre_agent
@@ -166,6 +167,29 @@ def test_a_share_told_from_a_reading_before_a_lease_ended_is_not_taken(
     assert guard.statistics().reserved_bytes == 3 * GB
     guard.report_measured(guard_key("slow"), 3 * GB, shared_ends=guard.shared_ends())
     assert guard.statistics().reserved_bytes == 0
+
+
+def test_a_lease_whose_release_hook_still_runs_keeps_its_share(tmp_path: Path) -> None:
+    """An ended lease whose release hook has not finished still holds its reservation, and
+    its session its memory: that memory is its own share, never a granted lease's (which
+    would then reserve nothing for growth it has not done)."""
+    guard, _ = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
+    leases = Leases(guard)
+    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
+    growth.step()  # quiet: the base is 1 GB
+    hook = ReleaseHook("DELETE", "http://127.0.0.1:9/chat/1")
+    leases.grant("ending", LeaseTerms(memory_bytes=3 * GB, release=hook))
+    set_used(tmp_path, 4 * GB)  # its work grew to its estimate
+    growth.step()
+    leases.grant("young", LeaseTerms(memory_bytes=3 * GB))
+    assert leases.end("ending") is not None  # its release hook is called now
+    growth.step()
+    assert growth.statistics().measured == {"ending": 3 * GB, "young": 0}
+    assert guard.statistics().reserved_bytes == 3 * GB  # the young lease's whole estimate
+    set_used(tmp_path, 1 * GB)  # the hook's work gave the memory back, then it finished
+    leases.complete("ending", None)
+    growth.step()
+    assert growth.statistics().measured == {"young": 0}
 
 
 def test_no_quiet_moment_seen_nothing_is_attributed(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@
 footprints at each step (the baseline keeper's, every half second), keeps
 the base (what the container holds that is none of our work: taken at quiet moments, raised as
 :func:`~roomkeeper.guard.attribution.raised_base` allows), attributes the growth
-since to the granted leases oldest first
+since to the leases that hold a reservation (granted, or ended with a release hook still
+running) oldest first
 (:mod:`roomkeeper.guard.attribution` states the rule and why it is sound), and
 tells the guard each lease's share as its measured memory.  A young lease then
 reserves only the part of its estimate its work has not yet allocated.
@@ -114,8 +115,10 @@ class LeaseGrowth:
         if reading is None:
             return
         unexplained = reading.used - self._scheduler.local_footprints()
-        granted = [v for v in self._leases.views() if v.state is LeaseState.GRANTED]
-        if not granted and not self._scheduler.local_sessions():
+        # An ended lease whose release hook still runs holds its reservation, and its
+        # session may hold memory: it is a holder until the hook finishes.
+        holding = self._leases.holding()
+        if not holding and not self._scheduler.local_sessions():
             self._base = unexplained  # quiet: all that is here is nobody's work of ours
             self._grown, self._measured = 0, {}
             return
@@ -123,7 +126,7 @@ class LeaseGrowth:
             return  # never seen quiet: every lease keeps its whole reservation
         holders = [
             Holder(v.id, v.granted_at, v.terms.memory_bytes or 0)
-            for v in granted
+            for v in holding
             if v.terms.memory_bytes
         ]
         self._base = raised_base(self._base, unexplained, holders)

@@ -10,7 +10,10 @@ once in its reservation) for its whole warm-up window.  The rule::
              (no job of ours running, no lease granted), raised to at least
              used - footprints - sum(granted leases' estimates) at every step
     grown  = used - our running jobs' footprints - base
-    granted leases, oldest first:  measured = min(estimate, what is left of grown)
+    holding leases, oldest first:  measured = min(estimate, what is left of grown)
+
+(a holding lease is a granted one, or one that ended and whose release hook still runs:
+its reservation stands, and its session may still hold memory.)
 
 Each young lease then reserves ``max(0, estimate - measured)``
 (:meth:`~roomkeeper.guard.admission.Guard.report_measured`).

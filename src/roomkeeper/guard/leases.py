@@ -249,7 +249,7 @@ class Leases:
         with self._lock:
             self._leases.pop(lease_id, None)
             self._deadlines.pop(lease_id, None)
-            sharers = self._granted_keys()
+            sharers = self._holding_keys()
         self._guard.release_shared(guard_key(lease_id), sharers)
 
     def end(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView | None:
@@ -333,23 +333,39 @@ class Leases:
     def complete(self, lease_id: str, hook_outcome: str | None) -> LeaseView:
         """After the hook ran: release the reservation and record how the hook went.
 
-        The granted leases reserve their whole estimates again until their shares of the
-        container's growth are told afresh: some of what they were told may be this
-        lease's work (:meth:`~roomkeeper.guard.admission.Guard.release_shared`)."""
-        with self._lock:
-            sharers = self._granted_keys()
-        self._guard.release_shared(guard_key(lease_id), sharers)
+        The other leases that hold a reservation reserve their whole estimates again until
+        their shares of the container's growth are told afresh: some of what they were
+        told may be this lease's work
+        (:meth:`~roomkeeper.guard.admission.Guard.release_shared`)."""
         with self._lock:
             self._finishing.pop(lease_id, None)
+            sharers = self._holding_keys()
+        self._guard.release_shared(guard_key(lease_id), sharers)
+        with self._lock:
             lease = replace(self._get(lease_id), hook_outcome=hook_outcome)
             self._leases[lease_id] = lease
             self._completed[lease_id] = None
             self._forget_oldest_ended()
             return lease
 
-    def _granted_keys(self) -> list[str]:
-        """The guard's keys of the granted leases (lock held)."""
-        return [guard_key(v.id) for v in self._leases.values() if v.state is LeaseState.GRANTED]
+    def _holding_keys(self) -> list[str]:
+        """The guard's keys of the leases that hold a reservation (lock held)."""
+        return [guard_key(v.id) for v in self._holding()]
+
+    def _holding(self) -> list[LeaseView]:
+        """The granted leases, and the ended ones whose release hook has not finished: their
+        reservations stand, and their sessions may still hold memory (lock held)."""
+        return [
+            v
+            for v in self._leases.values()
+            if v.state is LeaseState.GRANTED or v.id in self._finishing
+        ]
+
+    def holding(self) -> list[LeaseView]:
+        """The leases that hold a reservation: granted, or ended with their release hook
+        still to finish."""
+        with self._lock:
+            return self._holding()
 
     def _forget_oldest_ended(self) -> None:
         """Keep at most ``keep_ended`` completed leases, forgetting the oldest (lock held)."""
