@@ -182,7 +182,10 @@ class Swarm:
             self.live += 1
             self.most = max(self.most, self.live)
         try:
-            argv = self.box.argv([sys.executable, "-c", GROW, str(self.mb), str(self.hold_s)])
+            grow = [sys.executable, "-c", GROW, str(self.mb), str(self.hold_s)]
+            # On v2 a gateway in the box gives its children the controller, and no process
+            # may join the box itself; on v1 a kill counts only in its own group: the box.
+            argv = self.box.argv(grow, leaf="work" if self.box.version == 2 else None)
             code = subprocess.run(argv, check=False, timeout=120).returncode
         finally:
             with self.lock:
