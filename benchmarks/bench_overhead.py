@@ -1,7 +1,11 @@
 """Overhead: 1,000 jobs of `true` through roomkeeper batch, GNU parallel and xargs, 4 at a time.
 
-Usage: python benchmarks/bench_overhead.py [--jobs 1000] [--repeat 3]
+Usage: python benchmarks/bench_overhead.py [--jobs 1000] [--repeat 3] [--floor]
 Prints jobs per second for each (the median of the repeats).
+
+``--floor`` adds ``launch_floor.py``'s bare loops (the kernel side of a launch alone, with
+a job's own groups, pooled groups and none; root and cgroup v1): what no batch that gives
+each job its own groups can beat.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--floor", action="store_true", help="add the bare launch loops")
     args = parser.parse_args()
     if shutil.which("parallel") is None:
         sys.exit("GNU parallel is needed: apt-get install -y parallel")
@@ -52,6 +57,17 @@ def main() -> None:
             "parallel -j4": ["parallel", "-j4"],
             "xargs -P4": ["xargs", "-P4", "-I{}", "sh", "-c", "{}"],
         }
+        if args.floor:
+            floor = [sys.executable, str(Path(__file__).with_name("launch_floor.py"))]
+            for mode in ("own", "pooled", "none"):
+                name = "no groups" if mode == "none" else f"{mode} groups"
+                contenders[f"bare loop, {name}"] = [
+                    *floor,
+                    "--groups",
+                    mode,
+                    "--jobs",
+                    str(args.jobs),
+                ]
         for name, argv in contenders.items():
             walls = [timed(argv, commands, env) for _ in range(args.repeat)]
             wall = statistics.median(walls)
