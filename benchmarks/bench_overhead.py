@@ -59,7 +59,15 @@ def main() -> None:
         }
         if args.floor:
             floor = [sys.executable, str(Path(__file__).with_name("launch_floor.py"))]
-            for mode in ("own", "pooled", "none"):
+            modes = ["own", "pooled", "none"]
+            probe = subprocess.run(
+                [*floor, "--jobs", "1"], capture_output=True, text=True, check=False, env=env
+            )
+            if probe.returncode != 0:  # not root, or no v1 hierarchies: the loop alone
+                said = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
+                print(f"bare loops with groups left out: {said}", flush=True)
+                modes = ["none"]
+            for mode in modes:
                 name = "no groups" if mode == "none" else f"{mode} groups"
                 contenders[f"bare loop, {name}"] = [
                     *floor,

@@ -17,7 +17,8 @@ Modes (``--groups``):
 Needs root and cgroup v1 memory and freezer hierarchies for ``own`` and ``pooled``.
 Usage: python benchmarks/launch_floor.py [--groups own|pooled|none] [--jobs 1000]
        [--parallel 4]
-Prints the wall time from the script's start, and jobs per second.
+Prints the loop's wall time (from after its imports) and jobs per second; bench_overhead.py
+times the whole process, as it times a batch.
 """
 
 from __future__ import annotations
@@ -25,33 +26,47 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 
-STARTED = time.monotonic()  # the interpreter is up; nothing heavy was imported
-NICE = "/usr/bin/nice"
+from roomkeeper.kernel.cgroup_hierarchy import remove_group, v1_controller_group
+from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
+
+STARTED = time.monotonic()  # after the imports: the figure printed is the loop's alone
+NICE = shutil.which("nice") or "/usr/bin/nice"
+JOB_NICE = 10  # a batch line's default niceness
 
 
-def own_v1_group(controller: str) -> str:
-    """This process's group of a v1 ``controller``, as a directory; exits where there is none."""
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, names, path = line.rstrip("\n").split(":", 2)
-            if controller in names.split(","):
-                directory = f"/sys/fs/cgroup/{controller}{path}"
-                if os.path.isdir(directory):
-                    return directory
-    sys.exit(f"no cgroup v1 {controller} hierarchy here: run with --groups none")
+def own_v1_groups() -> tuple[str, str]:
+    """Where this process makes v1 job groups: its own memory and freezer groups, found as
+    roomkeeper finds them (wherever the hierarchies are mounted); exits where there are none."""
+    found = [v1_controller_group(c, PROC_ROOT, CGROUP_ROOT) for c in ("memory", "freezer")]
+    if any(group is None or not os.path.isdir(group.own_dir) for group in found):
+        sys.exit("no cgroup v1 memory and freezer hierarchies here: run with --groups none")
+    return tuple(group.own_dir for group in found if group is not None)  # type: ignore[return-value]
 
 
 def joined(groups: tuple[str, ...]) -> list[str]:
-    """The argv roomkeeper runs for shell text ``true`` in ``groups`` (nice, then the join)."""
-    joins = " && ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
+    """The argv roomkeeper runs for shell text ``true`` in ``groups`` at its default nice
+    (``nice``, then ``sh`` writing its pid into each group before the text runs)."""
+    joins = " && ".join(f"echo $$ > {shlex.quote(g + '/cgroup.procs')}" for g in groups)
     text = f"{joins} || exit $?; true" if groups else "true"
-    return [NICE, "-n", "10", "/bin/sh", "-c", text]
+    increment = max(0, JOB_NICE - os.getpriority(os.PRIO_PROCESS, 0))
+    nice = [NICE, "-n", str(increment)] if increment else []
+    return [*nice, "/bin/sh", "-c", text]
+
+
+def remove(directory: str) -> None:
+    """rmdir a group, retrying while its last task drains (as roomkeeper does); a group that
+    stays is said, not left silently."""
+    if not remove_group(directory):
+        print(f"launch_floor: could not remove {directory}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -63,8 +78,7 @@ def made(directories: list[str]) -> Iterator[None]:
         yield
     finally:
         for directory in reversed(directories):
-            with contextlib.suppress(FileNotFoundError):
-                os.rmdir(directory)
+            remove(directory)
 
 
 class Loop:
@@ -72,13 +86,15 @@ class Loop:
 
     def __init__(self, mode: str, parallel: int) -> None:
         self.mode = mode
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC  # as a job's log is opened
-        self.log = os.open(os.path.join(tempfile.gettempdir(), "launch-floor.log"), flags, 0o600)
         self.tag = f"floor-{os.getpid()}"
-        self.roots = () if mode == "none" else (own_v1_group("memory"), own_v1_group("freezer"))
+        self.roots = () if mode == "none" else own_v1_groups()
+        # Every line's output goes to one file of this run's own, as a line's to its log.
+        self.log, self.log_path = tempfile.mkstemp(prefix="launch-floor-", suffix=".log")
         self.slots = [tuple(f"{r}/{self.tag}-slot{i}" for r in self.roots) for i in range(parallel)]
         self.pool = [d for slot in self.slots for d in slot] if mode == "pooled" else []
         self.running: dict[int, tuple[subprocess.Popen[bytes], tuple[str, ...]]] = {}
+        self.making: tuple[str, ...] = ()
+        self.ended: tuple[str, ...] = ()  # the groups of the line being reaped
 
     def start(self, n: int) -> None:
         """Start line ``n`` in its groups (made now, or a free slot's)."""
@@ -86,6 +102,7 @@ class Loop:
             groups = self.slots.pop()
         else:
             groups = tuple(f"{root}/{self.tag}-{n}" for root in self.roots)
+            self.making = groups  # removed by stop() if the start fails half way
             for directory in groups:
                 os.mkdir(directory)
         proc = subprocess.Popen(
@@ -96,6 +113,7 @@ class Loop:
             start_new_session=True,
         )
         self.running[proc.pid] = (proc, groups)
+        self.making = ()
 
     def reap(self) -> None:
         """Reap one ended line; read its peak; remove its groups, or free its slot."""
@@ -108,8 +126,10 @@ class Loop:
         with open(f"{memory}/memory.max_usage_in_bytes") as f:
             f.read()  # the job's peak, as roomkeeper keeps it
         if self.mode == "own":
+            self.ended = groups
             for directory in groups:
-                os.rmdir(directory)
+                remove(directory)
+            self.ended = ()
             return
         with open(f"{memory}/cgroup.procs") as f:
             f.read()  # nothing of it may be left before the next one joins
@@ -118,29 +138,37 @@ class Loop:
         self.slots.append(groups)
 
     def stop(self) -> None:
-        """Kill and reap what still runs, and remove its own groups."""
+        """Kill and reap what still runs, and remove the groups of its own (and of a line
+        being started or reaped when the loop stopped)."""
+        left = [self.making, self.ended]
         for proc, groups in self.running.values():
             proc.kill()
             proc.wait()
-            for directory in groups if self.mode == "own" else ():
-                with contextlib.suppress(OSError):
-                    os.rmdir(directory)
+            left.append(groups)
+        if self.mode == "own":
+            for directory in (d for groups in left for d in groups):
+                if os.path.isdir(directory):
+                    remove(directory)
 
 
 def run(mode: str, jobs: int, parallel: int) -> None:
     """Start, reap and clean up ``jobs`` lines, ``parallel`` at a time."""
     loop = Loop(mode, parallel)
     started = done = 0
-    with made(loop.pool):
-        try:
-            while done < jobs:
-                while started < jobs and len(loop.running) < parallel:
-                    loop.start(started)
-                    started += 1
-                loop.reap()
-                done += 1
-        finally:
-            loop.stop()
+    try:
+        with made(loop.pool):
+            try:
+                while done < jobs:
+                    while started < jobs and len(loop.running) < parallel:
+                        loop.start(started)
+                        started += 1
+                    loop.reap()
+                    done += 1
+            finally:
+                loop.stop()
+    finally:
+        os.close(loop.log)
+        os.unlink(loop.log_path)
     wall = time.monotonic() - STARTED
     what = "no groups" if mode == "none" else f"{mode} groups"
     print(f"bare loop, {what}: {jobs} jobs in {wall:.2f} s, {jobs / wall:.1f} jobs/s")
@@ -154,7 +182,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.jobs < 1 or args.parallel < 1:
         sys.exit("--jobs and --parallel must be at least 1")
-    run(args.groups, args.jobs, args.parallel)
+    # A SIGTERM ends the loop through its clean-up, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        run(args.groups, args.jobs, args.parallel)
+    except PermissionError as err:
+        sys.exit(f"cannot make or join a group ({err}): run as root, or with --groups none")
 
 
 if __name__ == "__main__":

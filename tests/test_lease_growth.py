@@ -15,7 +15,7 @@ import pytest
 from roomkeeper.gateway import leases as gateway_leases
 from roomkeeper.gateway.lease_growth import LeaseGrowth
 from roomkeeper.guard.admission import Guard
-from roomkeeper.guard.attribution import Holder, attribute, raised_base
+from roomkeeper.guard.attribution import ENDED_WORK_SETTLES_S, Holder, attribute, raised_base
 from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import Leases, LeaseState, guard_key
 from roomkeeper.jobs.sizes import lease_size
@@ -150,13 +150,88 @@ def test_a_lease_that_ends_takes_no_other_lease_s_measure_with_it(tmp_path: Path
     assert reading.used + guard.statistics().reserved_bytes >= 1 * GB + 3 * GB * len(granted)
 
 
+def test_memory_given_back_after_the_end_is_told_is_no_other_lease_s_share(
+    tmp_path: Path,
+) -> None:
+    """A holder may tell its end before its work gives the memory back.  A step in between
+    sees that memory with the lease gone: it is no remaining lease's, and none is told it,
+    until the ended work has had time to give it back."""
+    guard, clock = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)  # line 9 GB
+    leases = Leases(guard)
+    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
+    growth.step()  # quiet: the base is 1 GB
+    for name in ("slow", "quick"):
+        leases.grant(name, LeaseTerms(memory_bytes=3 * GB))
+    set_used(tmp_path, 4 * GB)  # the younger lease's work grew first
+    growth.step()
+    assert leases.end("quick") is not None  # its end is told first
+    leases.complete("quick", None)
+    growth.step()  # its work's 3 GB still in the reading
+    set_used(tmp_path, 1 * GB)  # now given back
+    granted = ["slow"]
+    for n in range(5):
+        lease, _ = leases.grant(f"next{n}", LeaseTerms(memory_bytes=3 * GB))
+        if lease is None:
+            break
+        granted.append(lease.id)
+    assert granted == ["slow", "next0"]  # 1 + 2 x 3 <= 9
+    # Once the ended work had time to give its memory back, shares are told again.
+    clock.advance(ENDED_WORK_SETTLES_S)
+    set_used(tmp_path, 4 * GB)  # the slow lease's work grew at last
+    growth.step()
+    assert guard.statistics().reserved_bytes == 3 * GB  # next0 whole, slow measured
+
+
+def test_a_step_whose_reading_races_an_end_tells_nothing(tmp_path: Path) -> None:
+    """The step counts ends before it reads the container: an end that lands during its
+    reading makes what it would tell stale, and it tells nothing."""
+    guard, clock = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
+    leases = Leases(guard)
+    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
+    growth.step()  # quiet: the base is 1 GB
+    for name in ("slow", "quick"):
+        leases.grant(name, LeaseTerms(memory_bytes=3 * GB))
+    set_used(tmp_path, 4 * GB)  # the younger lease's work grew first
+    clock.advance(ENDED_WORK_SETTLES_S)
+    read = guard.memory_reading
+
+    def end_while_reading() -> object:
+        reading = read()
+        leases.end("quick")
+        leases.complete("quick", None)
+        return reading
+
+    guard.memory_reading = end_while_reading  # type: ignore[method-assign]
+    growth.step()
+    assert guard.statistics().reserved_bytes == 3 * GB  # the slow lease's whole estimate
+
+
+def test_a_lease_whose_hook_runs_is_reset_when_another_ends(tmp_path: Path) -> None:
+    """An ended lease whose release hook still runs holds its reservation: when another
+    lease ends, what it was told may be that one's work too, so it reserves whole again."""
+    guard, _ = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
+    leases = Leases(guard)
+    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
+    growth.step()  # quiet: the base is 1 GB
+    hook = ReleaseHook("DELETE", "http://127.0.0.1:9/chat/1")
+    leases.grant("hooked", LeaseTerms(memory_bytes=3 * GB, release=hook))
+    leases.grant("quick", LeaseTerms(memory_bytes=3 * GB))
+    set_used(tmp_path, 4 * GB)  # the younger lease's work grew first
+    growth.step()
+    assert leases.end("hooked") is not None  # its hook runs from now
+    set_used(tmp_path, 1 * GB)
+    assert leases.end("quick") is not None
+    leases.complete("quick", None)
+    assert guard.statistics().reserved_bytes == 3 * GB  # the hooked lease's whole estimate
+
+
 def test_a_share_told_from_a_reading_before_a_lease_ended_is_not_taken(
     tmp_path: Path,
 ) -> None:
     """Attribution reads the container, then tells each lease its share: a lease that ended
     in between makes those shares stale (its work may be in them), so they are not taken;
     shares from a reading after the end are."""
-    guard, _ = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
+    guard, clock = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
     leases = Leases(guard)
     for name in ("slow", "quick"):
         leases.grant(name, LeaseTerms(memory_bytes=3 * GB))
@@ -165,6 +240,9 @@ def test_a_share_told_from_a_reading_before_a_lease_ended_is_not_taken(
     leases.complete("quick", None)
     guard.report_measured(guard_key("slow"), 3 * GB, shared_ends=counted)
     assert guard.statistics().reserved_bytes == 3 * GB
+    clock.advance(ENDED_WORK_SETTLES_S)
+    guard.report_measured(guard_key("slow"), 3 * GB, shared_ends=counted)
+    assert guard.statistics().reserved_bytes == 3 * GB  # still from before the end
     guard.report_measured(guard_key("slow"), 3 * GB, shared_ends=guard.shared_ends())
     assert guard.statistics().reserved_bytes == 0
 

@@ -9,7 +9,7 @@ Health page), logs it with its numbers, and adds a recovery-history entry of
 numbers only.  :meth:`BaselineKeeper.grown` ranks the container's processes
 that are not our jobs by how much they grew since the gateway started.  Each
 half second it also has :class:`~roomkeeper.gateway.lease_growth.LeaseGrowth`
-measure the granted leases from the container's growth.
+measure the leases that hold a reservation from the container's growth.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class BaselineKeeper:
         self._wall = wall
         self.watch = BaselineWatch(lambda: read_baseline_settings(env))
         self.growth = ProcessGrowth(self._container)
-        # The growth our jobs do not explain, given to the granted leases as measured memory.
+        # The growth our jobs do not explain, given to the holding leases as measured memory.
         self.lease_growth = LeaseGrowth(
             guard=guard,
             scheduler=scheduler,

@@ -62,7 +62,7 @@ class LeaseGrowthStatistics:
     Attributes:
         base_bytes: the base now; None until a quiet moment was seen (nothing attributed).
         grown_bytes: the growth attributed from at the last step.
-        measured: each granted lease's id to its attributed bytes at the last step.
+        measured: each holding lease's id to its attributed bytes at the last step.
         learned: each kind to the last size its ended leases taught (this run).
     """
 
@@ -73,12 +73,12 @@ class LeaseGrowthStatistics:
 
 
 class LeaseGrowth:
-    """Attributes the container's growth to granted leases and reports it to the guard.
+    """Attributes the container's growth to holding leases and reports it to the guard.
 
     Args:
         guard: whose reading gives ``used``, and whose reservations are reported to.
         scheduler: our running jobs' footprints, and whether any runs.
-        leases: the granted leases.
+        leases: the leases (those holding a reservation are measured).
         learn: keeps one ended lease's size under its kind's key (``kind:<kind>``).
         clock: seconds, for the window an ended lease's memory is looked for in.
     """

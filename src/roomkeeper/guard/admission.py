@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from roomkeeper.config import Settings, read_settings
+from roomkeeper.guard.attribution import ENDED_WORK_SETTLES_S
 from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import (
     FLOOR_BYTES,
@@ -253,8 +254,10 @@ class Guard:
         self._refusals_logged: dict[str, Word] = {}  # the reason last logged, per job
         # The peaks of the newest pack jobs that ended on a guessed estimate: what sizes trials.
         self._guessed_peaks: deque[int] = deque(maxlen=PEAKS_KEPT)
-        # Ends of reservations measured together (leases): a share told before one is stale.
+        # Ends of reservations measured together (leases): a share told before one is stale,
+        # and so is one told while the ended work may still be giving its memory back.
         self._shared_ends = 0
+        self._shared_end_at = float("-inf")
 
     def admit(
         self,
@@ -503,12 +506,16 @@ class Guard:
         Some of what a sharer was told may be the ended one's work: that memory leaves the
         reading when the work ends, and its reservation goes now, so the sharer would go
         on reserving nothing for growth its own work has not done.  Shares told after this
-        from a count taken before it (:meth:`shared_ends`) are ignored.
+        from a count taken before it (:meth:`shared_ends`) are ignored, and so are those
+        told within :data:`~roomkeeper.guard.attribution.ENDED_WORK_SETTLES_S` of it: the
+        ended work may tell its end before it gives its memory back, and that memory, still
+        in the reading, is no sharer's.
         """
         with self._lock:
             self._young.pop(job_id, None)
             self._shared_ends += 1
             now = self._clock()
+            self._shared_end_at = now
             for key in sharers:
                 reservation = self._young.get(key)
                 if reservation is not None and reservation.measured:
@@ -541,15 +548,20 @@ class Guard:
 
         The job then reserves only ``max(0, estimate - measured)`` (``strict``),
         or what its growth over its recent reports forecasts, at most that
-        (``pack``).  Work that runs elsewhere (leases) never reports, and keeps
-        its full reservation.
+        (``pack``).  Leases are told shares of the container's growth
+        (:mod:`~roomkeeper.guard.attribution`); one never told keeps its whole
+        reservation.
 
         ``shared_ends``: for a share of growth measured together with others, what
         :meth:`shared_ends` said before the reading; a share from before one of them ended
-        (:meth:`release_shared`) is ignored.
+        (:meth:`release_shared`), or from less than
+        :data:`~roomkeeper.guard.attribution.ENDED_WORK_SETTLES_S` after, is ignored.
         """
         with self._lock:
-            if shared_ends is not None and shared_ends != self._shared_ends:
+            if shared_ends is not None and (
+                shared_ends != self._shared_ends
+                or self._clock() - self._shared_end_at < ENDED_WORK_SETTLES_S
+            ):
                 return
             reservation = self._young.get(job_id)
             if reservation is not None:

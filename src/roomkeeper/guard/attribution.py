@@ -7,8 +7,8 @@ estimate.  Unattributed, every lease is counted twice (once in the reading,
 once in its reservation) for its whole warm-up window.  The rule::
 
     base   = used - our running jobs' footprints, at the last quiet moment
-             (no job of ours running, no lease granted), raised to at least
-             used - footprints - sum(granted leases' estimates) at every step
+             (no job of ours running, no lease holding), raised to at least
+             used - footprints - sum(holding leases' estimates) at every step
     grown  = used - our running jobs' footprints - base
     holding leases, oldest first:  measured = min(estimate, what is left of grown)
 
@@ -31,9 +31,10 @@ its whole reservation.
 That holds at the step, from one reading.  Between steps a lease may end: its work's
 memory leaves the reading and its reservation goes, while what the others were told may
 be that work's (oldest first gives a slow lease a quick one's growth).  So an end makes
-every other lease reserve its whole estimate again until the next step tells it afresh,
-and a step whose reading came before an end tells nothing
-(:meth:`~roomkeeper.guard.admission.Guard.release_shared`).
+every other lease reserve its whole estimate again, and a step whose reading came
+before an end, or less than :data:`ENDED_WORK_SETTLES_S` after it, tells nothing
+(:meth:`~roomkeeper.guard.admission.Guard.release_shared`): a holder may tell its end
+before its work gives the memory back.
 
 What it assumes, said where it fails: growth since the quiet moment that is
 neither our jobs' nor the leases' (another program in the container, memory an
@@ -50,10 +51,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+ENDED_WORK_SETTLES_S = 1.0
+"""How long after a lease ends its work may still be giving its memory back (a holder may
+tell its end first): shares read in that time may hold the ended work's memory, which is
+no remaining lease's, so none is taken."""
+
 
 @dataclass(frozen=True, slots=True)
 class Holder:
-    """One granted lease as attribution sees it.
+    """One holding lease as attribution sees it.
 
     Attributes:
         key: its reservation's key in the guard.
@@ -72,7 +78,7 @@ def raised_base(base: int, unexplained: int, holders: Iterable[Holder]) -> int:
     Args:
         base: the base so far (``used`` less our jobs' footprints at a quiet moment).
         unexplained: ``used`` less our running jobs' footprints now.
-        holders: every granted lease.
+        holders: every holding lease.
     """
     return max(base, unexplained - sum(h.estimate for h in holders))
 
@@ -82,7 +88,7 @@ def attribute(grown: int, holders: Iterable[Holder]) -> Mapping[str, int]:
 
     Args:
         grown: the container's growth since the base that is not our jobs' (below 0 is 0).
-        holders: every granted lease.
+        holders: every holding lease.
 
     Returns:
         Each holder's key to its measured bytes (0 once ``grown`` is spent).

@@ -2,7 +2,8 @@
 
 A dispatcher asks for a lease before it starts a turn in another server and
 gives it back when the turn ends.  A lease holds a young reservation of its
-full estimate (its work runs elsewhere, so nothing is measured) from grant
+full estimate (less its share of the container's growth, where the gateway
+attributes one: :mod:`~roomkeeper.guard.attribution`) from grant
 until the warm-up window ends, it is released, or it expires, whichever
 comes first.  Leases take no job slot; besides the guard's memory line,
 granted leases are capped in total and per owner (a dispatcher that asks for
@@ -246,11 +247,10 @@ class Leases:
     def withdraw(self, lease_id: str) -> None:
         """Undo a grant whose record could not be saved: the lease never was, its room is
         free again, and a retry of the same request is judged afresh."""
-        with self._lock:
+        with self._lock:  # the guard is told under it, as a grant asks it (no grant between)
             self._leases.pop(lease_id, None)
             self._deadlines.pop(lease_id, None)
-            sharers = self._holding_keys()
-        self._guard.release_shared(guard_key(lease_id), sharers)
+            self._guard.release_shared(guard_key(lease_id), self._holding_keys())
 
     def end(self, lease_id: str, state: LeaseState = LeaseState.RELEASED) -> LeaseView | None:
         """Mark a granted lease ended; returns it (its hook still to run), None if it had ended.
@@ -337,11 +337,9 @@ class Leases:
         their shares of the container's growth are told afresh: some of what they were
         told may be this lease's work
         (:meth:`~roomkeeper.guard.admission.Guard.release_shared`)."""
-        with self._lock:
+        with self._lock:  # the guard is told under it, as a grant asks it (no grant between)
             self._finishing.pop(lease_id, None)
-            sharers = self._holding_keys()
-        self._guard.release_shared(guard_key(lease_id), sharers)
-        with self._lock:
+            self._guard.release_shared(guard_key(lease_id), self._holding_keys())
             lease = replace(self._get(lease_id), hook_outcome=hook_outcome)
             self._leases[lease_id] = lease
             self._completed[lease_id] = None
