@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -119,35 +120,62 @@ def fill_with(
     return granted, margins
 
 
+@dataclass
+class Attributed:
+    """A fake 10 GB container holding 1 GB (line 9 GB), its leases, and their attribution
+    after a quiet moment (the base is 1 GB)."""
+
+    tmp_path: Path
+    guard: Guard
+    clock: FakeClock
+    leases: Leases
+    growth: LeaseGrowth
+
+    def younger_grew_first(self, older: str, terms: LeaseTerms | None = None) -> None:
+        """Grant ``older`` (3 GB; ``terms`` when given), then ``quick`` (3 GB), whose work
+        grows to its estimate before the older one's starts."""
+        for name, asked in ((older, terms), ("quick", None)):
+            lease, _ = self.leases.grant(name, asked or LeaseTerms(memory_bytes=3 * GB))
+            assert lease is not None
+        set_used(self.tmp_path, 4 * GB)
+
+    def grant_while_room(self) -> list[str]:
+        """Ask for 3 GB leases until one is refused; the ids granted."""
+        granted = []
+        for n in range(5):
+            lease, _ = self.leases.grant(f"next{n}", LeaseTerms(memory_bytes=3 * GB))
+            if lease is None:
+                break
+            granted.append(lease.id)
+        return granted
+
+
+def attributed(tmp_path: Path) -> Attributed:
+    guard, clock = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
+    leases = Leases(guard)
+    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
+    growth.step()  # quiet: the base is what is there now
+    return Attributed(tmp_path, guard, clock, leases, growth)
+
+
 def test_a_lease_that_ends_takes_no_other_lease_s_measure_with_it(tmp_path: Path) -> None:
     """The growth given to an older lease may be a younger one's work.  When that younger
     lease ends, its work's memory leaves the reading and its reservation goes: the older
     one must not go on reserving nothing for work it has not grown yet, or more leases fit
     than the line holds once it grows."""
-    guard, _ = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)  # line 9 GB
-    leases = Leases(guard)
-    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
-    growth.step()  # quiet: the base is 1 GB
-    for name in ("slow", "quick"):
-        lease, _ = leases.grant(name, LeaseTerms(memory_bytes=3 * GB))
-        assert lease is not None
-    set_used(tmp_path, 4 * GB)  # the younger lease's work grew first
-    growth.step()
-    assert growth.statistics().measured == {"slow": 3 * GB, "quick": 0}
+    box = attributed(tmp_path)
+    box.younger_grew_first("slow")
+    box.growth.step()
+    assert box.growth.statistics().measured == {"slow": 3 * GB, "quick": 0}
     set_used(tmp_path, 1 * GB)  # its work ended, and then its lease
-    assert leases.end("quick") is not None
-    leases.complete("quick", None)
-    granted = ["slow"]
-    for n in range(5):
-        lease, _ = leases.grant(f"next{n}", LeaseTerms(memory_bytes=3 * GB))
-        if lease is None:
-            break
-        granted.append(lease.id)
+    assert box.leases.end("quick") is not None
+    box.leases.complete("quick", None)
+    granted = ["slow", *box.grant_while_room()]
     # The base and every granted lease's estimate fit under the line: 1 + 2 x 3 <= 9.
     assert granted == ["slow", "next0"]
-    reading = guard.memory_reading()
+    reading = box.guard.memory_reading()
     assert reading is not None
-    assert reading.used + guard.statistics().reserved_bytes >= 1 * GB + 3 * GB * len(granted)
+    assert reading.used + box.guard.statistics().reserved_bytes >= 1 * GB + 3 * GB * len(granted)
 
 
 def test_memory_given_back_after_the_end_is_told_is_no_other_lease_s_share(
@@ -156,73 +184,52 @@ def test_memory_given_back_after_the_end_is_told_is_no_other_lease_s_share(
     """A holder may tell its end before its work gives the memory back.  A step in between
     sees that memory with the lease gone: it is no remaining lease's, and none is told it,
     until the ended work has had time to give it back."""
-    guard, clock = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)  # line 9 GB
-    leases = Leases(guard)
-    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
-    growth.step()  # quiet: the base is 1 GB
-    for name in ("slow", "quick"):
-        leases.grant(name, LeaseTerms(memory_bytes=3 * GB))
-    set_used(tmp_path, 4 * GB)  # the younger lease's work grew first
-    growth.step()
-    assert leases.end("quick") is not None  # its end is told first
-    leases.complete("quick", None)
-    growth.step()  # its work's 3 GB still in the reading
+    box = attributed(tmp_path)
+    box.younger_grew_first("slow")
+    box.growth.step()
+    assert box.leases.end("quick") is not None  # its end is told first
+    box.leases.complete("quick", None)
+    box.growth.step()  # its work's 3 GB still in the reading
     set_used(tmp_path, 1 * GB)  # now given back
-    granted = ["slow"]
-    for n in range(5):
-        lease, _ = leases.grant(f"next{n}", LeaseTerms(memory_bytes=3 * GB))
-        if lease is None:
-            break
-        granted.append(lease.id)
-    assert granted == ["slow", "next0"]  # 1 + 2 x 3 <= 9
+    assert box.grant_while_room() == ["next0"]  # 1 + 2 x 3 <= 9
     # Once the ended work had time to give its memory back, shares are told again.
-    clock.advance(ENDED_WORK_SETTLES_S)
+    box.clock.advance(ENDED_WORK_SETTLES_S)
     set_used(tmp_path, 4 * GB)  # the slow lease's work grew at last
-    growth.step()
-    assert guard.statistics().reserved_bytes == 3 * GB  # next0 whole, slow measured
+    box.growth.step()
+    assert box.guard.statistics().reserved_bytes == 3 * GB  # next0 whole, slow measured
 
 
 def test_a_step_whose_reading_races_an_end_tells_nothing(tmp_path: Path) -> None:
     """The step counts ends before it reads the container: an end that lands during its
     reading makes what it would tell stale, and it tells nothing."""
-    guard, clock = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
-    leases = Leases(guard)
-    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
-    growth.step()  # quiet: the base is 1 GB
-    for name in ("slow", "quick"):
-        leases.grant(name, LeaseTerms(memory_bytes=3 * GB))
-    set_used(tmp_path, 4 * GB)  # the younger lease's work grew first
-    clock.advance(ENDED_WORK_SETTLES_S)
-    read = guard.memory_reading
+    box = attributed(tmp_path)
+    box.younger_grew_first("slow")
+    box.clock.advance(ENDED_WORK_SETTLES_S)
+    read = box.guard.memory_reading
 
     def end_while_reading() -> object:
         reading = read()
-        leases.end("quick")
-        leases.complete("quick", None)
+        box.leases.end("quick")
+        box.leases.complete("quick", None)
         return reading
 
-    guard.memory_reading = end_while_reading  # type: ignore[method-assign]
-    growth.step()
-    assert guard.statistics().reserved_bytes == 3 * GB  # the slow lease's whole estimate
+    box.guard.memory_reading = end_while_reading  # type: ignore[method-assign]
+    box.growth.step()
+    assert box.guard.statistics().reserved_bytes == 3 * GB  # the slow lease's whole estimate
 
 
 def test_a_lease_whose_hook_runs_is_reset_when_another_ends(tmp_path: Path) -> None:
     """An ended lease whose release hook still runs holds its reservation: when another
     lease ends, what it was told may be that one's work too, so it reserves whole again."""
-    guard, _ = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
-    leases = Leases(guard)
-    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
-    growth.step()  # quiet: the base is 1 GB
+    box = attributed(tmp_path)
     hook = ReleaseHook("DELETE", "http://127.0.0.1:9/chat/1")
-    leases.grant("hooked", LeaseTerms(memory_bytes=3 * GB, release=hook))
-    leases.grant("quick", LeaseTerms(memory_bytes=3 * GB))
-    set_used(tmp_path, 4 * GB)  # the younger lease's work grew first
-    growth.step()
-    assert leases.end("hooked") is not None  # its hook runs from now
+    box.younger_grew_first("hooked", LeaseTerms(memory_bytes=3 * GB, release=hook))
+    box.growth.step()
+    assert box.leases.end("hooked") is not None  # its hook runs from now
     set_used(tmp_path, 1 * GB)
-    assert leases.end("quick") is not None
-    leases.complete("quick", None)
-    assert guard.statistics().reserved_bytes == 3 * GB  # the hooked lease's whole estimate
+    assert box.leases.end("quick") is not None
+    box.leases.complete("quick", None)
+    assert box.guard.statistics().reserved_bytes == 3 * GB  # the hooked lease's whole estimate
 
 
 def test_a_share_told_from_a_reading_before_a_lease_ended_is_not_taken(
@@ -251,10 +258,8 @@ def test_a_lease_whose_release_hook_still_runs_keeps_its_share(tmp_path: Path) -
     """An ended lease whose release hook has not finished still holds its reservation, and
     its session its memory: that memory is its own share, never a granted lease's (which
     would then reserve nothing for growth it has not done)."""
-    guard, _ = fixture_guard(tmp_path, used=1 * GB, limit=10 * GB)
-    leases = Leases(guard)
-    growth = LeaseGrowth(guard=guard, scheduler=QuietJobs(), leases=leases, learn=never)  # type: ignore[arg-type]
-    growth.step()  # quiet: the base is 1 GB
+    box = attributed(tmp_path)
+    guard, leases, growth = box.guard, box.leases, box.growth
     hook = ReleaseHook("DELETE", "http://127.0.0.1:9/chat/1")
     leases.grant("ending", LeaseTerms(memory_bytes=3 * GB, release=hook))
     set_used(tmp_path, 4 * GB)  # its work grew to its estimate
