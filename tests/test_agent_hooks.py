@@ -68,6 +68,9 @@ def calls(name: str) -> list[str]:
     return [f"toolu_01{name}{i:02d}" for i in range(12)]
 
 
+@pytest.mark.kernel
+@pytest.mark.cgroups
+@pytest.mark.long_on_v2
 def test_twelve_subagents_in_a_gib_wait_for_room(gib: Box) -> None:
     """12 PreToolUse at once for 300 MB subagents in a 1 GiB group: only what fits runs at
     once, the rest wait in the hook and run as earlier ones end; no OOM kill."""
@@ -82,6 +85,9 @@ def test_twelve_subagents_in_a_gib_wait_for_room(gib: Box) -> None:
     assert {states[f"cc:{i.replace('_', '-')}"] for i in ids} == {"released"}
 
 
+@pytest.mark.kernel
+@pytest.mark.cgroups
+@pytest.mark.long_on_v2
 def test_deny_mode_refuses_what_does_not_fit_saying_why(gib: Box) -> None:
     """deny: what does not fit is refused at once with the memory needed and free; asked
     again as earlier ones end, every call runs; no OOM kill."""
@@ -100,6 +106,9 @@ def test_deny_mode_refuses_what_does_not_fit_saying_why(gib: Box) -> None:
     assert big.returncode == 0 and "needs 2048 MiB" in reason and "MiB is free" in reason
 
 
+@pytest.mark.kernel
+@pytest.mark.cgroups
+@pytest.mark.long_on_v2
 def test_defer_mode_defers_and_the_resumed_call_runs(gib: Box) -> None:
     """defer: what does not fit is deferred (claude -p exits, --resume asks again with the
     same tool_use_id) and runs once room came; no OOM kill."""

@@ -408,6 +408,9 @@ def test_a_kind_sizes_its_leases_after_three_runs_at_the_top_they_point_to() -> 
     assert lease_size([300 * MB, 250 * MB, 280 * MB], line=290 * MB) == 290 * MB
 
 
+@pytest.mark.kernel
+@pytest.mark.cgroups
+@pytest.mark.long_on_v2
 def test_a_lease_of_a_kind_asking_no_memory_is_reserved_at_what_the_kind_learned(
     tmp_path: Path,
 ) -> None:
@@ -457,6 +460,9 @@ GROW = (
 )
 
 
+@pytest.mark.kernel
+@pytest.mark.cgroups
+@pytest.mark.long_on_v2
 def test_subagents_whose_memory_shows_are_counted_once_in_a_real_group(
     tmp_path: Path,
 ) -> None:
