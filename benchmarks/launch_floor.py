@@ -122,11 +122,11 @@ class Loop:
         proc.returncode = os.waitstatus_to_exitcode(status)
         if not groups:
             return
+        self.ended = groups if self.mode == "own" else ()  # removed by stop() on a failure
         memory = groups[0]
         with open(f"{memory}/memory.max_usage_in_bytes") as f:
             f.read()  # the job's peak, as roomkeeper keeps it
         if self.mode == "own":
-            self.ended = groups
             for directory in groups:
                 remove(directory)
             self.ended = ()
