@@ -182,12 +182,20 @@ def main() -> None:
     args = parser.parse_args()
     if args.jobs < 1 or args.parallel < 1:
         sys.exit("--jobs and --parallel must be at least 1")
-    # A SIGTERM ends the loop through its clean-up, as Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # A SIGTERM ends the loop through its clean-up, as Ctrl-C does; the clean-up is not cut.
+    signal.signal(signal.SIGTERM, _end_on_sigterm)
     try:
         run(args.groups, args.jobs, args.parallel)
-    except PermissionError as err:
+    except KeyboardInterrupt:
+        sys.exit(128 + signal.SIGINT)  # cleaned up on the way out; nothing more to say
+    except OSError as err:  # not root, a read-only cgroup mount, no /proc
         sys.exit(f"cannot make or join a group ({err}): run as root, or with --groups none")
+
+
+def _end_on_sigterm(signum: int, _frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

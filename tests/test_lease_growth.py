@@ -190,6 +190,8 @@ def test_memory_given_back_after_the_end_is_told_is_no_other_lease_s_share(
     assert box.leases.end("quick") is not None  # its end is told first
     box.leases.complete("quick", None)
     box.growth.step()  # its work's 3 GB still in the reading
+    assert box.growth.statistics().measured == {"slow": 3 * GB}  # read, and not taken:
+    assert box.guard.statistics().reserved_bytes == 3 * GB  # the slow lease's whole estimate
     set_used(tmp_path, 1 * GB)  # now given back
     assert box.grant_while_room() == ["next0"]  # 1 + 2 x 3 <= 9
     # Once the ended work had time to give its memory back, shares are told again.
@@ -211,6 +213,8 @@ def test_a_step_whose_reading_races_an_end_tells_nothing(tmp_path: Path) -> None
         reading = read()
         box.leases.end("quick")
         box.leases.complete("quick", None)
+        # Past the settling second: only when the reading was taken tells it is stale.
+        box.clock.advance(ENDED_WORK_SETTLES_S)
         return reading
 
     box.guard.memory_reading = end_while_reading  # type: ignore[method-assign]
@@ -242,15 +246,16 @@ def test_a_share_told_from_a_reading_before_a_lease_ended_is_not_taken(
     leases = Leases(guard)
     for name in ("slow", "quick"):
         leases.grant(name, LeaseTerms(memory_bytes=3 * GB))
-    counted = guard.shared_ends()  # the step counts ends, then reads the container
+    read_at = clock()  # the step reads the container, then tells the shares
+    clock.advance(0.1)
     assert leases.end("quick") is not None
     leases.complete("quick", None)
-    guard.report_measured(guard_key("slow"), 3 * GB, shared_ends=counted)
+    guard.report_measured(guard_key("slow"), 3 * GB, shared_read_at=read_at)
     assert guard.statistics().reserved_bytes == 3 * GB
     clock.advance(ENDED_WORK_SETTLES_S)
-    guard.report_measured(guard_key("slow"), 3 * GB, shared_ends=counted)
-    assert guard.statistics().reserved_bytes == 3 * GB  # still from before the end
-    guard.report_measured(guard_key("slow"), 3 * GB, shared_ends=guard.shared_ends())
+    guard.report_measured(guard_key("slow"), 3 * GB, shared_read_at=read_at)
+    assert guard.statistics().reserved_bytes == 3 * GB  # still read before the end
+    guard.report_measured(guard_key("slow"), 3 * GB, shared_read_at=clock())
     assert guard.statistics().reserved_bytes == 0
 
 

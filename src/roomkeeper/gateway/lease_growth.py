@@ -109,8 +109,6 @@ class LeaseGrowth:
 
     def step(self) -> None:
         """One reading: record the base when quiet, else attribute and report the growth."""
-        # Before the reading: a lease that ends after it makes these shares stale.
-        shared_ends = self._guard.shared_ends()
         reading = self._guard.memory_reading()
         if reading is None:
             return
@@ -133,7 +131,8 @@ class LeaseGrowth:
         self._grown = unexplained - self._base
         self._measured = dict(attribute(self._grown, holders))
         for lease_id, measured in self._measured.items():
-            self._guard.report_measured(guard_key(lease_id), measured, shared_ends=shared_ends)
+            # A lease that ended since the reading makes the share stale: the guard knows.
+            self._guard.report_measured(guard_key(lease_id), measured, shared_read_at=reading.at)
 
     def sample(self) -> None:
         """One quick look for learning: which leases ended, and, while a lease of a kind is

@@ -254,9 +254,9 @@ class Guard:
         self._refusals_logged: dict[str, Word] = {}  # the reason last logged, per job
         # The peaks of the newest pack jobs that ended on a guessed estimate: what sizes trials.
         self._guessed_peaks: deque[int] = deque(maxlen=PEAKS_KEPT)
-        # Ends of reservations measured together (leases): a share told before one is stale,
-        # and so is one told while the ended work may still be giving its memory back.
-        self._shared_ends = 0
+        # The last end of a reservation measured together with others (leases): a share read
+        # before it is stale, and so is one read while the ended work may still be giving
+        # its memory back.
         self._shared_end_at = float("-inf")
 
     def admit(
@@ -505,28 +505,20 @@ class Guard:
 
         Some of what a sharer was told may be the ended one's work: that memory leaves the
         reading when the work ends, and its reservation goes now, so the sharer would go
-        on reserving nothing for growth its own work has not done.  Shares told after this
-        from a count taken before it (:meth:`shared_ends`) are ignored, and so are those
-        told within :data:`~roomkeeper.guard.attribution.ENDED_WORK_SETTLES_S` of it: the
-        ended work may tell its end before it gives its memory back, and that memory, still
-        in the reading, is no sharer's.
+        on reserving nothing for growth its own work has not done.  Shares read before
+        this are ignored, and so are those read within
+        :data:`~roomkeeper.guard.attribution.ENDED_WORK_SETTLES_S` after it: the ended
+        work may tell its end before it gives its memory back, and that memory, still in
+        the reading, is no sharer's (:meth:`report_measured`'s ``shared_read_at``).
         """
         with self._lock:
             self._young.pop(job_id, None)
-            self._shared_ends += 1
             now = self._clock()
             self._shared_end_at = now
             for key in sharers:
                 reservation = self._young.get(key)
                 if reservation is not None and reservation.measured:
                     reservation.report(now, 0)
-
-    def shared_ends(self) -> int:
-        """How many reservations measured together have ended: read before the reading a
-        share is attributed from, and given back with the share
-        (:meth:`report_measured`'s ``shared_ends``)."""
-        with self._lock:
-            return self._shared_ends
 
     def _learn_peak(self, reservation: _Reservation) -> None:
         if reservation.learns_typical:
@@ -542,7 +534,11 @@ class Guard:
             return growth_now(reservation.reports)
 
     def report_measured(
-        self, job_id: str, measured_bytes: int, *, shared_ends: int | None = None
+        self,
+        job_id: str,
+        measured_bytes: int,
+        *,
+        shared_read_at: float | None = None,
     ) -> None:
         """Tell the guard how much of ``job_id``'s memory the reading already shows.
 
@@ -552,15 +548,15 @@ class Guard:
         (:mod:`~roomkeeper.guard.attribution`); one never told keeps its whole
         reservation.
 
-        ``shared_ends``: for a share of growth measured together with others, what
-        :meth:`shared_ends` said before the reading; a share from before one of them ended
-        (:meth:`release_shared`), or from less than
+        ``shared_read_at``: for a share of growth measured together with others, when the
+        reading it came from was taken (the guard's clock, as :class:`Reading` ``.at``); a
+        share read before one of them ended (:meth:`release_shared`), or less than
         :data:`~roomkeeper.guard.attribution.ENDED_WORK_SETTLES_S` after, is ignored.
         """
         with self._lock:
-            if shared_ends is not None and (
-                shared_ends != self._shared_ends
-                or self._clock() - self._shared_end_at < ENDED_WORK_SETTLES_S
+            if (
+                shared_read_at is not None
+                and shared_read_at - self._shared_end_at < ENDED_WORK_SETTLES_S
             ):
                 return
             reservation = self._young.get(job_id)
