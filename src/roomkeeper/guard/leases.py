@@ -155,7 +155,7 @@ class Leases:
         self._ended: Counter[str] = Counter()
         self._without_hook = 0  # ended with no release hook: their sessions may stay
         # Ended, their release hooks not run yet: their sessions are still held.
-        self._finishing: dict[str, int] = {}
+        self._finishing: set[str] = set()
         self._completed: dict[str, None] = {}  # ended, hook run: oldest first
 
     def grant(self, lease_id: str, terms: LeaseTerms) -> tuple[LeaseView | None, Decision | None]:
@@ -269,7 +269,7 @@ class Leases:
             self._deadlines.pop(lease_id, None)
             self._ended[state.value] += 1
             self._without_hook += lease.terms.release is None
-            self._finishing[lease_id] = lease.terms.memory_bytes or 0
+            self._finishing.add(lease_id)
             return lease
 
     def ask_relief(self, lease_id: str) -> LeaseView | None:
@@ -323,12 +323,7 @@ class Leases:
         """What our leases reserve together: the granted ones, and the ended ones whose release
         hook has not finished (their sessions are still held)."""
         with self._lock:
-            granted = sum(
-                v.terms.memory_bytes or 0
-                for v in self._leases.values()
-                if v.state is LeaseState.GRANTED
-            )
-            return granted + sum(self._finishing.values())
+            return sum(v.terms.memory_bytes or 0 for v in self._holding())
 
     def complete(self, lease_id: str, hook_outcome: str | None) -> LeaseView:
         """After the hook ran: release the reservation and record how the hook went.
@@ -338,7 +333,7 @@ class Leases:
         told may be this lease's work
         (:meth:`~roomkeeper.guard.admission.Guard.release_shared`)."""
         with self._lock:  # the guard is told under it, as a grant asks it (no grant between)
-            self._finishing.pop(lease_id, None)
+            self._finishing.discard(lease_id)
             self._guard.release_shared(guard_key(lease_id), self._holding_keys())
             lease = replace(self._get(lease_id), hook_outcome=hook_outcome)
             self._leases[lease_id] = lease
