@@ -1,9 +1,10 @@
 """The floor under a batch's cost per job: what the kernel side of a launch costs alone.
 
 A bare single-threaded loop starts ``--jobs`` lines of ``true``, ``--parallel`` at a time,
-as roomkeeper starts a line (``nice -n 10``, then ``/bin/sh -c`` writing its pid into each
-of the job's groups before the text runs), reaps each, reads its group's peak and removes
-its groups. Nothing else: no guard, journal, lifeline, sampler, threads or start-up
+as roomkeeper batch starts a line (``/bin/sh -c`` writing its pid into each of the job's
+groups before the text runs; ``nice -n N`` first only with ``--nice N`` above ours, as a
+batch does only when ROOMKEEPER_WORKER_NICE asks), reaps each, reads its group's peak and
+removes its groups. Nothing else: no guard, journal, lifeline, sampler, threads or start-up
 imports. Whatever roomkeeper does per job comes on top of this.
 
 Modes (``--groups``):
@@ -16,7 +17,7 @@ Modes (``--groups``):
 
 Needs root and cgroup v1 memory and freezer hierarchies for ``own`` and ``pooled``.
 Usage: python benchmarks/launch_floor.py [--groups own|pooled|none] [--jobs 1000]
-       [--parallel 4]
+       [--parallel 4] [--nice 0]
 Prints the loop's wall time (from after its imports) and jobs per second; bench_overhead.py
 times the whole process, as it times a batch.
 """
@@ -40,7 +41,7 @@ from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 
 STARTED = time.monotonic()  # after the imports: the figure printed is the loop's alone
 NICE = shutil.which("nice") or "/usr/bin/nice"
-JOB_NICE = 10  # a batch line's default niceness
+BATCH_NICE = 0  # a batch line's niceness unless ROOMKEEPER_WORKER_NICE says otherwise
 
 
 def own_v1_groups() -> tuple[str, str]:
@@ -52,12 +53,13 @@ def own_v1_groups() -> tuple[str, str]:
     return tuple(group.own_dir for group in found if group is not None)  # type: ignore[return-value]
 
 
-def joined(groups: tuple[str, ...]) -> list[str]:
-    """The argv roomkeeper runs for shell text ``true`` in ``groups`` at its default nice
-    (``nice``, then ``sh`` writing its pid into each group before the text runs)."""
+def joined(groups: tuple[str, ...], job_nice: int) -> list[str]:
+    """The argv roomkeeper runs for shell text ``true`` in ``groups`` at ``job_nice``
+    (``nice`` where that is below our priority, then ``sh`` writing its pid into each group
+    before the text runs)."""
     joins = " && ".join(f"echo $$ > {shlex.quote(g + '/cgroup.procs')}" for g in groups)
     text = f"{joins} || exit $?; true" if groups else "true"
-    increment = max(0, JOB_NICE - os.getpriority(os.PRIO_PROCESS, 0))
+    increment = max(0, job_nice - os.getpriority(os.PRIO_PROCESS, 0))
     nice = [NICE, "-n", str(increment)] if increment else []
     return [*nice, "/bin/sh", "-c", text]
 
@@ -84,8 +86,9 @@ def made(directories: list[str]) -> Iterator[None]:
 class Loop:
     """The bare loop's state: its groups' roots, its free slots (pooled) and what runs."""
 
-    def __init__(self, mode: str, parallel: int) -> None:
+    def __init__(self, mode: str, parallel: int, job_nice: int) -> None:
         self.mode = mode
+        self.job_nice = job_nice
         self.tag = f"floor-{os.getpid()}"
         self.roots = () if mode == "none" else own_v1_groups()
         # Every line's output goes to one file of this run's own, as a line's to its log.
@@ -106,7 +109,7 @@ class Loop:
             for directory in groups:
                 os.mkdir(directory)
         proc = subprocess.Popen(
-            joined(groups),
+            joined(groups, self.job_nice),
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -151,9 +154,9 @@ class Loop:
                     remove(directory)
 
 
-def run(mode: str, jobs: int, parallel: int) -> None:
-    """Start, reap and clean up ``jobs`` lines, ``parallel`` at a time."""
-    loop = Loop(mode, parallel)
+def run(mode: str, jobs: int, parallel: int, job_nice: int) -> None:
+    """Start, reap and clean up ``jobs`` lines, ``parallel`` at a time, at ``job_nice``."""
+    loop = Loop(mode, parallel, job_nice)
     started = done = 0
     try:
         with made(loop.pool):
@@ -179,13 +182,18 @@ def main() -> None:
     parser.add_argument("--groups", choices=("own", "pooled", "none"), default="own")
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument(
+        "--nice", type=int, default=BATCH_NICE, help="the lines' niceness (a batch's: 0)"
+    )
     args = parser.parse_args()
     if args.jobs < 1 or args.parallel < 1:
         sys.exit("--jobs and --parallel must be at least 1")
+    if not -20 <= args.nice <= 19:
+        sys.exit(f"--nice must be in -20..19 (got {args.nice})")
     # A SIGTERM ends the loop through its clean-up, as Ctrl-C does; the clean-up is not cut.
     signal.signal(signal.SIGTERM, _end_on_sigterm)
     try:
-        run(args.groups, args.jobs, args.parallel)
+        run(args.groups, args.jobs, args.parallel, args.nice)
     except KeyboardInterrupt:
         sys.exit(128 + signal.SIGINT)  # cleaned up on the way out; nothing more to say
     except OSError as err:  # not root, a read-only cgroup mount, no /proc

@@ -16,7 +16,8 @@ from roomkeeper.gateway.leases import DurableLeases
 from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import Leases, LeaseState, LeaseView
 from roomkeeper.journal.database import Journal
-from roomkeeper.loopback.hooks import HookRunner, ReleaseHook
+from roomkeeper.loopback.hook_calls import HookRunner
+from roomkeeper.loopback.hooks import ReleaseHook
 from tests.fakes import fixture_guard
 from tests.gateways import running_gateway
 

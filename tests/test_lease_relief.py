@@ -21,7 +21,8 @@ from roomkeeper.guard.lease_terms import LeaseTerms
 from roomkeeper.guard.leases import RELIEVE_ASKED, Leases, LeaseState, LeaseView
 from roomkeeper.guard.lines import Reading
 from roomkeeper.journal.database import Journal
-from roomkeeper.loopback.hooks import HookRunner, ReleaseHook
+from roomkeeper.loopback.hook_calls import HookRunner
+from roomkeeper.loopback.hooks import ReleaseHook
 from roomkeeper.relief.cooldown import Cooldown, CooldownCause
 from roomkeeper.relief.ladder import LadderState, Live, Plan, Step, decide
 from roomkeeper.relief.monitor import RELIEF_WAIT_S, MonitorPace, PressureMonitor

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from roomkeeper.loopback.hooks import HOOK_BODY_MAX, HookRunner, ReleaseHook, run_hook
+from roomkeeper.loopback.hook_calls import HOOK_BODY_MAX, HookRunner, run_hook
+from roomkeeper.loopback.hooks import ReleaseHook
 from tests.gateways import wait_until
 
 Serve = Callable[[socket.socket], None]
@@ -181,3 +184,16 @@ def test_the_runner_runs_hooks_on_its_own_bounded_pool() -> None:
     release.set()
     assert [f.result(5) for f in futures] == ["ok 204"] * 5
     runner.close()
+
+
+def test_a_batch_loads_no_http_library() -> None:
+    """A batch of local commands never carries a hook: starting one does not pay for
+    loading httpx (about a tenth of a second, against a batch line's milliseconds)."""
+    code = (
+        "import sys, roomkeeper.cli.local, roomkeeper.batch.run;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'httpx', 'httpcore'}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]"

@@ -226,7 +226,7 @@ def test_a_lease_refused_for_disk_gets_one_reap_then_is_granted(
     from roomkeeper.gateway.leases import DurableLeases
     from roomkeeper.guard.lease_terms import LeaseTerms
     from roomkeeper.guard.leases import Leases
-    from roomkeeper.loopback.hooks import HookRunner
+    from roomkeeper.loopback.hook_calls import HookRunner
 
     big = make_repo(tmp_path, big_file_mib=20)
     env = guard_env(small_fs, job_disk_mib=100)

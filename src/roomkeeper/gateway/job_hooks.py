@@ -16,7 +16,8 @@ from dataclasses import replace
 from roomkeeper.gateway.context import GatewayContext
 from roomkeeper.gateway.persistence import FREE_SPACE, awaited
 from roomkeeper.jobs.spec import JobState, JobView
-from roomkeeper.loopback.hooks import HOOK_DUE, HookRunner, ReleaseHook
+from roomkeeper.loopback.hook_calls import HookRunner
+from roomkeeper.loopback.hooks import HOOK_DUE, ReleaseHook
 
 log = logging.getLogger("roomkeeper")
 

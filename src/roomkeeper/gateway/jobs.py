@@ -53,7 +53,8 @@ from roomkeeper.jobs.sizes import (
     with_shape_size,
 )
 from roomkeeper.jobs.spec import JobSpec, JobState, JobView
-from roomkeeper.loopback.hooks import HookRunner, ReleaseHook
+from roomkeeper.loopback.hook_calls import HookRunner
+from roomkeeper.loopback.hooks import ReleaseHook
 
 log = logging.getLogger("roomkeeper")
 

@@ -47,7 +47,8 @@ from roomkeeper.guard.leases import (
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.sizes import KIND_PREFIX, lease_size
 from roomkeeper.journal.database import Journal
-from roomkeeper.loopback.hooks import HOOK_DUE, HookRunner, ReleaseHook
+from roomkeeper.loopback.hook_calls import HookRunner
+from roomkeeper.loopback.hooks import HOOK_DUE, ReleaseHook
 
 LEASE_CHECK_EVERY_S = 0.5
 UNJUDGED_RELIEF = (

@@ -31,7 +31,8 @@ from roomkeeper.gateway.leases import DurableLeases
 from roomkeeper.guard.leases import RELIEVE_ASKED, LeaseState
 from roomkeeper.journal.database import Journal
 from roomkeeper.journal.history import HistoryEvent, RecoveryCode
-from roomkeeper.loopback.hooks import ReleaseHook, run_hook
+from roomkeeper.loopback.hook_calls import run_hook
+from roomkeeper.loopback.hooks import ReleaseHook
 from roomkeeper.relief.ladder import Live
 
 log = logging.getLogger("roomkeeper")

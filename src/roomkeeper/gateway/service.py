@@ -73,7 +73,7 @@ from roomkeeper.guard.leases import Leases
 from roomkeeper.ipc import Channel
 from roomkeeper.jobs.queue import Limits
 from roomkeeper.jobs.settings import SchedulerParts, SchedulerSettings
-from roomkeeper.loopback.hooks import HookRunner
+from roomkeeper.loopback.hook_calls import HookRunner
 from roomkeeper.processes.job_user import JobUser, read_job_user
 from roomkeeper.relief.ladder import Step
 from roomkeeper.relief.monitor import ReliefEvent

@@ -10,6 +10,7 @@ forgotten beyond KEEP_FINISHED; the journal keeps every one.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -126,6 +127,9 @@ class JobBook:
         self._wall = wall
         self._on_change = on_change
         self._jobs: dict[str, JobRecord] = {}
+        # The finished ones' ids in the order they ended: pruning looks at these alone, not
+        # at every job (a batch of thousands queued would make each round scan them all).
+        self._finished: dict[str, None] = {}
         self._ended: Counter[str] = Counter()
         self._just_ended: list[JobView] = []
         self._pending_events: list[JobView] = []
@@ -204,6 +208,10 @@ class JobBook:
     def record(self, job: JobRecord, state: JobState, reason: Word | None) -> None:
         """Move the job to ``state``: a transition in its history and a change event."""
         job.state, job.reason = state, reason
+        if state.final:
+            self._finished.setdefault(job.id)
+        else:
+            self._finished.pop(job.id, None)
         job.history.append(Transition(state, self._wall(), reason))
         job.moments.append(self._clock())
         self._pending_events.append(self.view(job))
@@ -231,19 +239,18 @@ class JobBook:
         """How many jobs ended, by final state."""
         return dict(self._ended)
 
-    def prune(self, running: int) -> bool:
-        """Forget the oldest finished jobs beyond KEEP_FINISHED (the journal keeps them all).
-
-        Args:
-            running: how many jobs run now (they are never counted as finished).
+    def prune(self) -> bool:
+        """Forget the jobs that ended first beyond KEEP_FINISHED finished ones (the journal
+        keeps them all); waiting and running jobs are never forgotten nor counted.
 
         Returns:
             Whether the book was over its bound (False: nothing to forget).
         """
-        excess = len(self._jobs) - KEEP_FINISHED - running
+        excess = len(self._finished) - KEEP_FINISHED
         if excess <= 0:
             return False
-        for job_id in [i for i, j in self._jobs.items() if j.state.final][:excess]:
+        for job_id in list(itertools.islice(self._finished, excess)):
+            del self._finished[job_id]
             del self._jobs[job_id]
         return True
 
@@ -253,6 +260,7 @@ class JobBook:
         if job is None or not job.state.final:
             return False
         del self._jobs[job_id]
+        del self._finished[job_id]
         return True
 
     def run_times(self, job: JobRecord) -> tuple[float, float]:

@@ -694,7 +694,7 @@ class LaunchRounds:
 
     def prune(self) -> None:
         """Forget the oldest finished jobs beyond the book's bound, and then idle owners' lines."""
-        if not self._book.prune(len(self.running)):
+        if not self._book.prune():
             return
         live = [*self.running.values(), *self.launching.values()]
         self._queue.forget_idle({j.spec.owner for j in live})
