@@ -31,26 +31,28 @@ def _added(book: JobBook, job_id: str) -> JobRecord:
 
 def test_finished_jobs_are_kept_up_to_the_bound_however_many_wait() -> None:
     """A queue of thousands waiting does not push out the finished jobs a person may still
-    ask about: the bound counts finished jobs alone, and the first to end go first."""
+    ask about: the bound counts finished jobs alone, and those that ended first go first,
+    whenever they were submitted."""
     book = _book()
     waiting = [_added(book, f"w{n}") for n in range(2 * KEEP_FINISHED)]
     finished = [_added(book, f"f{n}") for n in range(KEEP_FINISHED + 5)]
-    for job in finished:
+    for job in reversed(finished):  # the last submitted ends first
         book.finish(job, JobState.EXITED, None)
     assert book.prune()
     assert all(job.id in book for job in waiting)
-    assert [job.id in book for job in finished] == [False] * 5 + [True] * KEEP_FINISHED
+    assert [job.id in book for job in finished] == [True] * KEEP_FINISHED + [False] * 5
     assert not book.prune()  # at the bound: nothing more to forget
 
 
-def test_a_job_that_runs_again_is_not_counted_as_finished() -> None:
-    """A finished job moved back to waiting (a re-run) is never forgotten by the bound."""
+def test_the_bound_never_forgets_a_job_that_left_its_final_state() -> None:
+    """Should a job ever leave a final state, it leaves the finished ones too: the bound
+    forgets finished jobs only, and forgetting one by hand is refused for a live job."""
     book = _book()
-    again = _added(book, "again")
-    book.finish(again, JobState.STOPPED, None)
-    book.record(again, JobState.WAITING, None)
+    back = _added(book, "back")
+    book.record(back, JobState.EXITED, None)
+    book.record(back, JobState.WAITING, None)
     for n in range(KEEP_FINISHED + 1):
         book.finish(_added(book, f"f{n}"), JobState.EXITED, None)
     assert book.prune()
-    assert "again" in book and "f0" not in book and "f1" in book
-    assert book.forget("f1") and not book.forget("again")
+    assert "back" in book and "f0" not in book and "f1" in book
+    assert book.forget("f1") and not book.forget("back")

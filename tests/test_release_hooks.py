@@ -188,7 +188,7 @@ def test_the_runner_runs_hooks_on_its_own_bounded_pool() -> None:
 
 def test_a_batch_loads_no_http_library() -> None:
     """A batch of local commands never carries a hook: starting one does not pay for
-    loading httpx (about a tenth of a second, against a batch line's milliseconds)."""
+    loading httpx."""
     code = (
         "import sys, roomkeeper.cli.local, roomkeeper.batch.run;"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'httpx', 'httpcore'}))"

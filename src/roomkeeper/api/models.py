@@ -13,6 +13,9 @@ import re
 from dataclasses import fields
 from typing import Annotated, Any, Literal
 
+# Loaded with the gateway, not on the first request that carries a hook: checking a hook's
+# URL uses it (roomkeeper.loopback.hooks imports it only then, for a batch's sake).
+import httpx  # noqa: F401
 from fastapi import Path as PathParam
 from pydantic import (
     BaseModel,

@@ -693,12 +693,15 @@ class LaunchRounds:
                 job.reason = blocked
 
     def prune(self) -> None:
-        """Forget the oldest finished jobs beyond the book's bound, and then idle owners' lines."""
+        """Let go of stoppers that are done; forget the finished jobs that ended first beyond
+        the book's bound, and then idle owners' lines."""
+        # Every round, not only when the book is over its bound: jobs removed one by one
+        # (forget) may keep it under the bound for ever, while stops go on.
+        self._stoppers = [t for t in self._stoppers if t.is_alive()]
         if not self._book.prune():
             return
         live = [*self.running.values(), *self.launching.values()]
         self._queue.forget_idle({j.spec.owner for j in live})
-        self._stoppers = [t for t in self._stoppers if t.is_alive()]
 
     def next_due(self) -> float | None:
         """Seconds until a deadline or a retry is due, or None when nothing waits on time."""

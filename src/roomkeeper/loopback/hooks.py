@@ -68,7 +68,9 @@ def parse_hook(value: Any) -> ReleaseHook:
         raise UsageError(
             f"release.method must be one of {', '.join(sorted(METHODS))} (got {method!r})"
         )
-    import httpx  # here, not above: see the module's docstring
+    # Imported here, not above: a batch of local commands, which never carries a hook,
+    # would otherwise load httpx at every start (the gateway loads it when it starts).
+    import httpx
 
     try:
         url = httpx.URL(str(value["url"]))
