@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from roomkeeper.jobs.cores import READ_EVERY_S, SETTLED_S, STALE_S, WINDOW_S, CoreUse
+from roomkeeper.jobs.cores import (
+    FIRST_WINDOW_S,
+    READ_EVERY_S,
+    SETTLED_S,
+    STALE_S,
+    WINDOW_S,
+    CoreUse,
+)
 from roomkeeper.testing import FakeClock
 from tests.fakes import FakeHandle
 
@@ -33,6 +40,25 @@ def test_a_job_not_yet_measured_counts_as_a_core_and_then_as_its_rate() -> None:
     a.cpu, b.cpu = WINDOW_S, WINDOW_S * 0.2
     assert not use.full({"a": a, "b": b})  # 1.2 cores: more than half a core idle
     assert abs(use.busy() - 1.2) < 1e-9
+
+
+def test_a_jobs_first_window_is_shorter_than_the_next_ones() -> None:
+    """A fresh job's rate is known a fifth of a second after it was first read (the lines
+    waiting on it start sooner); after that, a rate is measured over the longer window."""
+    use, clock = _use(cores=1)
+    a = _Tree("a")
+    assert use.full({"a": a})  # not measured: a whole core
+    clock.advance(FIRST_WINDOW_S)
+    a.cpu = FIRST_WINDOW_S * 0.1  # it reads files
+    assert not use.full({"a": a})
+    assert abs(use.busy() - 0.1) < 1e-9
+    clock.advance(FIRST_WINDOW_S)
+    a.cpu += FIRST_WINDOW_S  # CPU bound from now on
+    assert not use.full({"a": a})  # its window is the longer one now: not over yet
+    clock.advance(WINDOW_S - FIRST_WINDOW_S)
+    a.cpu += WINDOW_S - FIRST_WINDOW_S
+    assert use.full({"a": a})
+    assert abs(use.busy() - 1.0) < 1e-9
 
 
 def test_a_rerun_of_the_same_job_and_a_stale_reading_start_a_new_window() -> None:

@@ -19,7 +19,9 @@ from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
+from roomkeeper.jobs.cores import FIRST_WINDOW_S
 from roomkeeper.jobs.queue import FairQueue, Limits
+from roomkeeper.jobs.rounds import CPU_RETRY_SECONDS, RETRY_SECONDS
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import (
     SchedulerClocks,
@@ -310,6 +312,29 @@ def test_without_a_count_a_job_waits_while_running_ones_keep_every_core_busy(
         rig.clock.advance(0.6)
         a.cpu, b.cpu = 1.2, 0.66  # b now waits on something else: a tenth of a core
         rig.scheduler.tick()
+        assert rig.launcher.order == ["a", "b", "c"]
+    finally:
+        rig.scheduler.close(grace=0)
+
+
+def test_a_round_the_cores_held_is_tried_again_as_soon_as_they_are_read_again(
+    tmp_path: Path,
+) -> None:
+    """A line held by busy cores is judged again when the cores are next read, not after the
+    half second a refused round waits: a fresh job's first window is a fifth of a second, and
+    a batch's first lines wait on it."""
+    rig = Rig(tmp_path, cpu_pressure_percent=None, max_running_per_owner=None)
+    rig.limits = replace(rig.limits, until_cores_free=True)
+    rig.launcher.make = _CountedCpu
+    for job_id in ("a", "b", "c"):
+        rig.submit(job_id)
+    try:
+        assert rig.scheduler.tick() == CPU_RETRY_SECONDS < RETRY_SECONDS
+        assert rig.scheduler.get("c").reason is SchedulerReason.CPU
+        a, b = (cast(_CountedCpu, rig.launcher.handles[j]) for j in ("a", "b"))
+        rig.clock.advance(FIRST_WINDOW_S)
+        a.cpu, b.cpu = FIRST_WINDOW_S, FIRST_WINDOW_S * 0.1  # b waits on something else
+        assert rig.scheduler.tick() is None  # nothing waits any more
         assert rig.launcher.order == ["a", "b", "c"]
     finally:
         rig.scheduler.close(grace=0)

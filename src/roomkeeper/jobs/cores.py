@@ -8,8 +8,10 @@ while this says the cores are full; a job whose processes mostly wait (on
 memory, disk or the network) leaves them free, and more start.
 
 Each job's rate is its tree's CPU seconds over at least :data:`WINDOW_S`; a job
-measured for less than that counts as a whole core, as if CPU bound, until
-its rate is known.  So does a job not read for :data:`STALE_S` (launches were
+not measured yet counts as a whole core, as if CPU bound, until its rate is
+known.  Its first window is shorter (:data:`FIRST_WINDOW_S`): every line of a
+batch waits on it, and a start that keeps a core busy shows it as well in a
+fifth of a second.  So does a job not read for :data:`STALE_S` (launches were
 held meanwhile, or it was suspended): a rate averaged over a pause says
 nothing of now.  A counter that steps down (a member reaped outside the tree
 takes its seconds along) keeps the job's last rate and starts a new window.
@@ -26,9 +28,20 @@ from dataclasses import dataclass
 
 from roomkeeper.jobs.handle import Handle
 
-__all__ = ["IDLE_SLACK", "READ_EVERY_S", "SETTLED_S", "STALE_S", "WINDOW_S", "CoreUse"]
+__all__ = [
+    "FIRST_WINDOW_S",
+    "IDLE_SLACK",
+    "READ_EVERY_S",
+    "SETTLED_S",
+    "STALE_S",
+    "WINDOW_S",
+    "CoreUse",
+]
 
 WINDOW_S = 0.5  # a job's CPU rate is measured over at least this long
+# ... but its first over this long: 20 ticks of the kernel's CPU clock, enough to tell a
+# core kept busy from one left idle, and the lines waiting on it start sooner.
+FIRST_WINDOW_S = 0.2
 # The cores are full while less than half a core is left idle by our jobs: a CPU-bound job
 # gets a little less than a whole core beside the machine's other work, and two of them on
 # two cores must still count as full.
@@ -46,6 +59,7 @@ class _Mark:
     cpu: float | None  # what they were then (None: not readable yet)
     rate: float  # cores it kept busy over its last window (as unmeasured until one has passed)
     seen: float  # when this run was first read: its windows count for others after SETTLED_S
+    measured: bool = False  # a window of its own has passed: ``rate`` is this run's
 
 
 class CoreUse:
@@ -87,7 +101,7 @@ class CoreUse:
         if mark is not None and now - mark.at > STALE_S:
             # A reading from before a pause (launches held, or the job suspended): the
             # average over it says nothing of now, but the rate before it is the best guess.
-            mark = _Mark(handle, now, None, mark.rate, mark.seen)
+            mark = _Mark(handle, now, None, mark.rate, mark.seen, mark.measured)
         try:
             cpu = handle.cpu_seconds()
         except Exception:  # one unreadable tree must not stop every round: as not readable
@@ -99,13 +113,13 @@ class CoreUse:
         if mark.cpu is None or cpu < mark.cpu:
             # A new window: nothing read before it, or seconds left with a member reaped
             # elsewhere.  The rate last known stands meanwhile.
-            return _Mark(handle, now, cpu, mark.rate, mark.seen)
-        if now - mark.at < WINDOW_S:
+            return _Mark(handle, now, cpu, mark.rate, mark.seen, mark.measured)
+        if now - mark.at < (WINDOW_S if mark.measured else FIRST_WINDOW_S):
             return mark
         rate = (cpu - mark.cpu) / (now - mark.at)
         if mark.at - mark.seen >= SETTLED_S:  # a start (a shell, an exec, files read) is no guide
             self._rates.append(rate)
-        return _Mark(handle, now, cpu, rate, mark.seen)
+        return _Mark(handle, now, cpu, rate, mark.seen, measured=True)
 
     def _unmeasured(self) -> float:
         """What a job not measured yet counts as: the busiest of the newest windows measured

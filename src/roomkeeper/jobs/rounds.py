@@ -59,7 +59,7 @@ from roomkeeper.errors import LaunchError, WorktreeError
 from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.guard.rule import Decision, Reason, Word
 from roomkeeper.jobs.book import JobBook, JobRecord
-from roomkeeper.jobs.cores import CoreUse
+from roomkeeper.jobs.cores import READ_EVERY_S, CoreUse
 from roomkeeper.jobs.handle import Handle, RemoteEnd, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.reruns import is_last_run, queued_again, rerun_estimate, stopped_for_others
@@ -82,6 +82,9 @@ from roomkeeper.worktrees.request import Worktree
 log = logging.getLogger("roomkeeper")
 
 RETRY_SECONDS = 0.5  # how soon a refused round is tried again without any job ending
+# ... and a round the cores held: as soon as they are read again, since a job's first window
+# ends within a fifth of a second and its rate may free a core.
+CPU_RETRY_SECONDS = READ_EVERY_S
 CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
 MEASURE_EVERY_S = 0.05  # a young job's footprint is read again for a launch at most this often
 ASIDE_SECONDS = 2.0  # a job set aside (nothing that exists could hold it) is judged again after
@@ -159,6 +162,7 @@ class LaunchRounds:
         self.pressure_hold = False  # the relief ladder holds launches (reason "pressure")
         # The last launch round ended on a job refused for memory: it waits for room.
         self.memory_waits = False
+        self.cpu_held = False  # the last launch round ended held by the CPU
         # Every job's tokens are judged by this scheduler's one guard, beside its admissions;
         # while a job waits for memory, running builds take no more tokens (they would take
         # the room it waits for, one step at a time).
@@ -362,6 +366,7 @@ class LaunchRounds:
                 if job is None:
                     self._explain(blocked)
                     self.memory_waits = False
+                    self.cpu_held = blocked is SchedulerReason.CPU
                     return
                 young = [
                     j
@@ -392,6 +397,7 @@ class LaunchRounds:
                 on_refusal(job.id, decision)
             if not decision.aside:  # the refused job keeps its place: the round ends
                 self.memory_waits = decision.reason is Reason.MEMORY
+                self.cpu_held = False
                 return
 
     def _act(
@@ -709,7 +715,7 @@ class LaunchRounds:
         live = [*self.running.values(), *self._queue]
         dues = [j.deadline - now for j in live if j.deadline is not None]
         if self._queue.waiting():
-            dues.append(RETRY_SECONDS)
+            dues.append(CPU_RETRY_SECONDS if self.cpu_held else RETRY_SECONDS)
         return max(0.0, min(dues)) if dues else None
 
     # --------------------------------------------------------------- stopping
