@@ -36,7 +36,8 @@ memory-time bound, and OOM kills and lost jobs for everyone; every
 contender's memory slack (``slack.py``: the time-averaged share of the line
 left unused while jobs waited to start); then the distribution over the
 seeds.  ``--keep DIR`` keeps each roomkeeper run's stderr (its admission and
-relief log lines); ``--only-roomkeeper`` leaves the sweep out.
+relief log lines); ``--only-roomkeeper`` leaves the sweep out; ``--from-k K`` starts it at
+K (to measure again only the Ks from there, where an earlier sweep stopped short).
 """
 
 from __future__ import annotations
@@ -172,12 +173,12 @@ def run_swarm(
 
 
 def sweep(
-    swarm: Swarm, parent: Path, version: int, tmp: Path
+    swarm: Swarm, parent: Path, version: int, tmp: Path, first: int = 3
 ) -> tuple[dict[int, float], dict[int, float | None]]:
-    """``parallel -j K`` from K = 3 up to the first K that loses a job (at most every job at
-    once), and
-    K = 2 only where 3 loses one (2 is never faster than a 3 that loses nothing); the
-    walls of the Ks that lost nothing, and every K's slack."""
+    """``parallel -j K`` from K = ``first`` (3) up to the first K that loses a job (at most
+    every job at once), and K = 2 only where 3 loses one (2 is never faster than a 3 that
+    loses nothing); the walls of the Ks that lost nothing, and every K's slack.  A later
+    ``first`` measures again only the Ks from there (those below were measured before)."""
     safe: dict[int, float] = {}
     slacks: dict[int, float | None] = {}
 
@@ -194,10 +195,12 @@ def sweep(
             safe[k] = wall
         return k in safe
 
-    if not run(3):
+    if first <= 3 and not run(3):
         run(2)
         return safe, slacks
-    for k in range(4, len(swarm.jobs) + 1):
+    if first > 3 and not run(first):
+        return safe, slacks
+    for k in range(max(4, first + 1), len(swarm.jobs) + 1):
         if not run(k):
             break
     return safe, slacks
@@ -222,6 +225,7 @@ def scorecard(
     *,
     sweep_k: bool = True,
     count: int | None = None,
+    first_k: int = 3,
 ) -> None:
     """Roomkeeper (``count``: its --max-running, none by default) against a sweep of static K
     on each seeded swarm; the distribution."""
@@ -247,7 +251,7 @@ def scorecard(
             )
             if slack is not None:
                 rk_slacks.append(slack)
-            safe, slacks = sweep(swarm, parent, version, tmpdir) if sweep_k else ({}, {})
+            safe, slacks = sweep(swarm, parent, version, tmpdir, first_k) if sweep_k else ({}, {})
         if not safe:
             if sweep_k:
                 print("  no K lost nothing: no ratio for this swarm", flush=True)
@@ -311,7 +315,16 @@ def parse_args() -> argparse.Namespace:
         help="the scorecard: give roomkeeper this count (none by default: memory and the cores "
         "decide)",
     )
-    return parser.parse_args()
+    parser.add_argument(
+        "--from-k",
+        type=int,
+        default=3,
+        help="the scorecard: start the sweep at this K (the Ks below it measured before)",
+    )
+    args = parser.parse_args()
+    if args.from_k < 2:
+        parser.error("--from-k must be 2 or more")
+    return args
 
 
 def bench_groups() -> tuple[Path, int]:
@@ -337,6 +350,7 @@ def main() -> None:
             args.keep,
             sweep_k=not args.only_roomkeeper,
             count=args.max_running,
+            first_k=args.from_k,
         )
         return
     limit = parse_size(args.limit)
