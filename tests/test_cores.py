@@ -20,8 +20,10 @@ class _Tree(FakeHandle):
     def __init__(self, job_id: str, cpu: float | None = 0.0) -> None:
         super().__init__(job_id)
         self.cpu: float | Exception | None = cpu
+        self.reads = 0
 
     def cpu_seconds(self) -> float | None:
+        self.reads += 1
         if isinstance(self.cpu, Exception):
             raise self.cpu
         return self.cpu
@@ -59,6 +61,51 @@ def test_a_jobs_first_window_is_shorter_than_the_next_ones() -> None:
     a.cpu += WINDOW_S - FIRST_WINDOW_S
     assert use.full({"a": a})
     assert abs(use.busy() - 1.0) < 1e-9
+
+
+def test_a_measured_job_keeps_the_longer_window_after_a_pause_or_a_counter_step_down() -> None:
+    """The short window is a run's first only: a stale reading or a counter that steps down
+    starts a new window of the longer kind.  :meth:`CoreUse.next_window_in` says when the
+    first open window closes."""
+    use, clock = _use(cores=1)
+    a = _Tree("a")
+    use.full({"a": a})
+    assert FIRST_WINDOW_S < use.next_window_in() < FIRST_WINDOW_S + 0.01
+    clock.advance(FIRST_WINDOW_S)
+    a.cpu = FIRST_WINDOW_S * 0.2
+    use.full({"a": a})
+    assert abs(use.busy() - 0.2) < 1e-9
+    assert WINDOW_S < use.next_window_in() < WINDOW_S + 0.01
+    clock.advance(STALE_S + 1.0)  # launches held meanwhile: a new window from here
+    a.cpu = 5.0
+    use.full({"a": a})
+    clock.advance(FIRST_WINDOW_S)
+    a.cpu += FIRST_WINDOW_S  # CPU bound from now on
+    use.full({"a": a})
+    assert abs(use.busy() - 0.2) < 1e-9  # its window is the longer one: still open
+    assert a.reads == 3  # and its counter is not read while it is
+    clock.advance(WINDOW_S - FIRST_WINDOW_S)
+    a.cpu += WINDOW_S - FIRST_WINDOW_S
+    use.full({"a": a})
+    assert abs(use.busy() - 1.0) < 1e-9
+    clock.advance(WINDOW_S)
+    a.cpu = 0.1  # a member reaped elsewhere took its seconds along: a new window
+    use.full({"a": a})
+    clock.advance(FIRST_WINDOW_S)
+    use.full({"a": a})  # idle since, but the longer window is still open
+    assert abs(use.busy() - 1.0) < 1e-9
+
+
+def test_a_job_whose_counter_cannot_be_read_is_tried_again_a_moment_later() -> None:
+    """While another thread holds a tree (a stop may take seconds), its counter reads as
+    None: the held line waits READ_EVERY_S for it, never spins."""
+    use, clock = _use(cores=1)
+    a = _Tree("a")
+    use.full({"a": a})
+    clock.advance(FIRST_WINDOW_S)
+    a.cpu = None  # its tree is held elsewhere
+    assert use.full({"a": a})  # as last known: a core
+    assert READ_EVERY_S <= use.next_window_in() < READ_EVERY_S + 0.01
 
 
 def test_a_rerun_of_the_same_job_and_a_stale_reading_start_a_new_window() -> None:
@@ -144,18 +191,20 @@ def test_a_counter_stepping_down_or_unreadable_keeps_the_last_rate() -> None:
     assert abs(use.busy() - 0.3) < 1e-9
 
 
-def test_readings_are_kept_a_moment_unless_a_job_came_or_went() -> None:
+def test_a_counter_is_read_only_once_its_window_has_closed() -> None:
     use, clock = _use(cores=1)
     a, b = _Tree("a"), _Tree("b")
     assert use.full({"a": a, "b": b})
     clock.advance(WINDOW_S)
     a.cpu = WINDOW_S  # a keeps the core busy; b waits on something
     assert use.full({"a": a, "b": b})
+    reads = a.reads + b.reads
     clock.advance(0.01)
-    b.cpu = 1.0  # not read again yet: the answer is a moment old
+    b.cpu = 1.0  # not read: its window is open
     assert use.full({"a": a, "b": b})
-    assert not use.full({"b": b})  # a went: read at once, b's window is not over: b idle
+    assert not use.full({"b": b})  # a went: b, idle when last read, leaves the core free
     clock.advance(READ_EVERY_S)
-    assert not use.full({"b": b})  # read again, its window still not over
+    assert not use.full({"b": b})
+    assert a.reads + b.reads == reads
     clock.advance(WINDOW_S)
-    assert use.full({"b": b})  # a window later, b was busy
+    assert use.full({"b": b})  # its window over: b was busy

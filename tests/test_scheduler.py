@@ -21,7 +21,7 @@ from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
 from roomkeeper.jobs.cores import FIRST_WINDOW_S
 from roomkeeper.jobs.queue import FairQueue, Limits
-from roomkeeper.jobs.rounds import CPU_RETRY_SECONDS, RETRY_SECONDS
+from roomkeeper.jobs.rounds import RETRY_SECONDS
 from roomkeeper.jobs.scheduler import Scheduler
 from roomkeeper.jobs.settings import (
     SchedulerClocks,
@@ -317,27 +317,40 @@ def test_without_a_count_a_job_waits_while_running_ones_keep_every_core_busy(
         rig.scheduler.close(grace=0)
 
 
-def test_a_round_the_cores_held_is_tried_again_as_soon_as_they_are_read_again(
+def test_a_round_the_cores_held_is_tried_again_when_a_running_jobs_window_closes(
     tmp_path: Path,
 ) -> None:
-    """A line held by busy cores is judged again when the cores are next read, not after the
-    half second a refused round waits: a fresh job's first window is a fifth of a second, and
-    a batch's first lines wait on it."""
+    """A line held by busy cores is judged again when the first open window of a running job
+    closes, not after the half second a refused round waits: a fresh job's first window is a
+    fifth of a second, and a batch's first lines wait on it.  Once the round ends on the
+    guard's refusal instead, it waits the half second again."""
     rig = Rig(tmp_path, cpu_pressure_percent=None, max_running_per_owner=None)
     rig.limits = replace(rig.limits, until_cores_free=True)
     rig.launcher.make = _CountedCpu
-    for job_id in ("a", "b", "c"):
+    for job_id in ("a", "b", "c", "d"):
         rig.submit(job_id)
+    rig.guard.refuse["d"] = Reason.MEMORY
     try:
-        assert rig.scheduler.tick() == CPU_RETRY_SECONDS < RETRY_SECONDS
+        assert FIRST_WINDOW_S < rig.scheduler.tick() < FIRST_WINDOW_S + 0.01
         assert rig.scheduler.get("c").reason is SchedulerReason.CPU
         a, b = (cast(_CountedCpu, rig.launcher.handles[j]) for j in ("a", "b"))
         rig.clock.advance(FIRST_WINDOW_S)
-        a.cpu, b.cpu = FIRST_WINDOW_S, FIRST_WINDOW_S * 0.1  # b waits on something else
-        assert rig.scheduler.tick() is None  # nothing waits any more
+        a.cpu = b.cpu = FIRST_WINDOW_S * 0.1  # both wait on something else
+        assert rig.scheduler.tick() == RETRY_SECONDS  # c started (a core); d refused for memory
         assert rig.launcher.order == ["a", "b", "c"]
+        assert rig.scheduler.get("d").reason is Reason.MEMORY
     finally:
         rig.scheduler.close(grace=0)
+
+
+def test_a_round_cpu_pressure_held_waits_the_half_second(rig: Rig) -> None:
+    """CPU pressure is a ten-second average, read at most every quarter second: a round it
+    held is tried again after the half second of any refused round, not sooner."""
+    rig.cpu = 95.0
+    rig.submit("a0", owner="a")
+    rig.submit("b0", owner="b")
+    assert rig.scheduler.tick() == RETRY_SECONDS
+    assert rig.scheduler.get("b0").reason is SchedulerReason.CPU
 
 
 def test_cores_hold_nothing_when_a_count_was_given_or_nothing_runs(tmp_path: Path) -> None:

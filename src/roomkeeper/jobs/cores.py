@@ -7,14 +7,18 @@ throwing its work away.  A batch given no count of its own holds its next line
 while this says the cores are full; a job whose processes mostly wait (on
 memory, disk or the network) leaves them free, and more start.
 
-Each job's rate is its tree's CPU seconds over at least :data:`WINDOW_S`; a job
-not measured yet counts as a whole core, as if CPU bound, until its rate is
-known.  Its first window is shorter (:data:`FIRST_WINDOW_S`): every line of a
-batch waits on it, and a start that keeps a core busy shows it as well in a
-fifth of a second.  So does a job not read for :data:`STALE_S` (launches were
-held meanwhile, or it was suspended): a rate averaged over a pause says
+Each job's rate is its tree's CPU seconds over at least :data:`WINDOW_S`, its
+first over :data:`FIRST_WINDOW_S`: every waiting line of a batch waits on it,
+and a start that keeps a core busy shows it as well in a fifth of a second.
+Until then the job counts as the busiest window measured lately past a job's
+start, a whole core before any, as if CPU bound.  A reading older than
+:data:`STALE_S` (launches were held meanwhile, or the job was suspended) starts
+a new window at the rate measured before it: a rate averaged over a pause says
 nothing of now.  A counter that steps down (a member reaped outside the tree
 takes its seconds along) keeps the job's last rate and starts a new window.
+A job's counter is read only once its window may have closed, and
+:meth:`CoreUse.next_window_in` says when the next one closes, so that a held
+line is judged again then.
 
 What is counted is the CPU our jobs got, not what they would take: beside
 other CPU-bound work on the machine they get less, and more of them start.
@@ -46,10 +50,11 @@ FIRST_WINDOW_S = 0.2
 # gets a little less than a whole core beside the machine's other work, and two of them on
 # two cores must still count as full.
 IDLE_SLACK = 0.5
-READ_EVERY_S = 0.1  # the jobs' CPU is read at most this often while the same jobs run
+READ_EVERY_S = 0.1  # a job whose CPU could not be read is read again after this long
 SETTLED_S = 2.0  # a job's windows from this long after it was first read count for others
 RATES_KEPT = 8  # the newest windows' rates, whose busiest an unmeasured job counts as
 STALE_S = 2.0  # a reading older than this starts a new window, at the rate measured before it
+_PAST_THE_END_S = 0.005  # a held round is tried again this long after a window closes
 
 
 @dataclass(slots=True)
@@ -75,8 +80,6 @@ class CoreUse:
         self._cores = cores
         self._marks: dict[str, _Mark] = {}
         self._rates: deque[float] = deque(maxlen=RATES_KEPT)  # the newest windows' rates
-        self._read_at = float("-inf")
-        self._answer = False
 
     def busy(self) -> float:
         """Cores our jobs kept busy at the last reading (each job's latest rate)."""
@@ -84,20 +87,19 @@ class CoreUse:
 
     def full(self, handles: Mapping[str, Handle]) -> bool:
         """Whether the jobs of ``handles`` (by job id, all on this machine) leave less than
-        :data:`IDLE_SLACK` of a core idle.  Read again at most every
-        :data:`READ_EVERY_S`, and at once when a job came or went."""
+        :data:`IDLE_SLACK` of a core idle.  A job's counter is read only once its window
+        has closed (one not readable: every :data:`READ_EVERY_S`), so asking for each line
+        of a fast batch reads little."""
         now = self._clock()
-        if now - self._read_at < READ_EVERY_S and handles.keys() == self._marks.keys():
-            return self._answer
-        self._read_at = now
         self._marks = {job_id: self._mark(job_id, h, now) for job_id, h in handles.items()}
-        self._answer = bool(handles) and self.busy() > max(1, self._cores()) - IDLE_SLACK
-        return self._answer
+        return bool(handles) and self.busy() > max(1, self._cores()) - IDLE_SLACK
 
     def _mark(self, job_id: str, handle: Handle, now: float) -> _Mark:
         mark = self._marks.get(job_id)
         if mark is not None and mark.handle is not handle:
             mark = None  # another run of the job: nothing known of it yet
+        if mark is not None and now < _next_read(mark):
+            return mark  # its window is open: its counter says nothing new yet
         if mark is not None and now - mark.at > STALE_S:
             # A reading from before a pause (launches held, or the job suspended): the
             # average over it says nothing of now, but the rate before it is the best guess.
@@ -114,15 +116,32 @@ class CoreUse:
             # A new window: nothing read before it, or seconds left with a member reaped
             # elsewhere.  The rate last known stands meanwhile.
             return _Mark(handle, now, cpu, mark.rate, mark.seen, mark.measured)
-        if now - mark.at < (WINDOW_S if mark.measured else FIRST_WINDOW_S):
-            return mark
         rate = (cpu - mark.cpu) / (now - mark.at)
         if mark.at - mark.seen >= SETTLED_S:  # a start (a shell, an exec, files read) is no guide
             self._rates.append(rate)
         return _Mark(handle, now, cpu, rate, mark.seen, measured=True)
+
+    def next_window_in(self) -> float:
+        """Seconds until the first open window of the jobs last read has closed (when their
+        reading may change :meth:`full`'s answer): a few milliseconds past its end, since a
+        wait that ends a millisecond early finds it open and waits once more.  A job whose
+        window closed but whose counter could not be read (another thread holds its tree,
+        a stop for seconds) is tried again after :data:`READ_EVERY_S`, not at once."""
+        now = self._clock()
+        ends = [_next_read(m) - now for m in self._marks.values()]
+        waits = [end if end > 0 else READ_EVERY_S for end in ends]
+        return min(waits, default=READ_EVERY_S) + _PAST_THE_END_S
 
     def _unmeasured(self) -> float:
         """What a job not measured yet counts as: the busiest of the newest windows measured
         past their jobs' start (jobs of one batch are alike more often than not), a whole
         core before any."""
         return min(1.0, max(self._rates)) if self._rates else 1.0
+
+
+def _next_read(mark: _Mark) -> float:
+    """When ``mark``'s job is read next: once its window has closed (the first of a run is the
+    shorter one), or, while its counter could not be read, after :data:`READ_EVERY_S`."""
+    if mark.cpu is None:
+        return mark.at + READ_EVERY_S
+    return mark.at + (WINDOW_S if mark.measured else FIRST_WINDOW_S)

@@ -59,7 +59,7 @@ from roomkeeper.errors import LaunchError, WorktreeError
 from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.guard.rule import Decision, Reason, Word
 from roomkeeper.jobs.book import JobBook, JobRecord
-from roomkeeper.jobs.cores import READ_EVERY_S, CoreUse
+from roomkeeper.jobs.cores import CoreUse
 from roomkeeper.jobs.handle import Handle, RemoteEnd, Settlement
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.reruns import is_last_run, queued_again, rerun_estimate, stopped_for_others
@@ -81,10 +81,9 @@ from roomkeeper.worktrees.request import Worktree
 
 log = logging.getLogger("roomkeeper")
 
-RETRY_SECONDS = 0.5  # how soon a refused round is tried again without any job ending
-# ... and a round the cores held: as soon as they are read again, since a job's first window
-# ends within a fifth of a second and its rate may free a core.
-CPU_RETRY_SECONDS = READ_EVERY_S
+# How soon a refused round is tried again without any job ending (a round the cores held:
+# when the first open window of a running job closes, CoreUse.next_window_in).
+RETRY_SECONDS = 0.5
 CPU_READ_SECONDS = 0.25  # CPU pressure is read at most this often
 MEASURE_EVERY_S = 0.05  # a young job's footprint is read again for a launch at most this often
 ASIDE_SECONDS = 2.0  # a job set aside (nothing that exists could hold it) is judged again after
@@ -162,7 +161,10 @@ class LaunchRounds:
         self.pressure_hold = False  # the relief ladder holds launches (reason "pressure")
         # The last launch round ended on a job refused for memory: it waits for room.
         self.memory_waits = False
-        self.cpu_held = False  # the last launch round ended held by the CPU
+        # The last launch round ended held by our running jobs' use of the cores (not by
+        # CPU pressure, a ten-second average that nothing changes sooner than RETRY_SECONDS).
+        self.cores_held = False
+        self._cores_full = False  # what the cores rule said when the CPU was last judged
         # Every job's tokens are judged by this scheduler's one guard, beside its admissions;
         # while a job waits for memory, running builds take no more tokens (they would take
         # the room it waits for, one step at a time).
@@ -366,7 +368,7 @@ class LaunchRounds:
                 if job is None:
                     self._explain(blocked)
                     self.memory_waits = False
-                    self.cpu_held = blocked is SchedulerReason.CPU
+                    self.cores_held = blocked is SchedulerReason.CPU and self._cores_full
                     return
                 young = [
                     j
@@ -397,7 +399,7 @@ class LaunchRounds:
                 on_refusal(job.id, decision)
             if not decision.aside:  # the refused job keeps its place: the round ends
                 self.memory_waits = decision.reason is Reason.MEMORY
-                self.cpu_held = False
+                self.cores_held = False
                 return
 
     def _act(
@@ -581,6 +583,7 @@ class LaunchRounds:
         """Whether the CPU holds the next launch while jobs run: pressure past
         ROOMKEEPER_CPU_PRESSURE_PERCENT, or (a batch given no count) our running jobs here
         keeping every core busy (:mod:`roomkeeper.jobs.cores`)."""
+        self._cores_full = False
         if limits.cpu_pressure_percent is not None:
             cpu = self._cpu_now()
             if cpu is not None and cpu > limits.cpu_pressure_percent:
@@ -590,7 +593,8 @@ class LaunchRounds:
         handles = {
             j.id: j.handle for j in self.running.values() if j.handle is not None and j.handle.local
         }
-        return self._core_use.full(handles)
+        self._cores_full = self._core_use.full(handles)
+        return self._cores_full
 
     def _cpu_now(self) -> float | None:
         """CPU pressure, read at most every CPU_READ_SECONDS.
@@ -715,7 +719,7 @@ class LaunchRounds:
         live = [*self.running.values(), *self._queue]
         dues = [j.deadline - now for j in live if j.deadline is not None]
         if self._queue.waiting():
-            dues.append(CPU_RETRY_SECONDS if self.cpu_held else RETRY_SECONDS)
+            dues.append(self._core_use.next_window_in() if self.cores_held else RETRY_SECONDS)
         return max(0.0, min(dues)) if dues else None
 
     # --------------------------------------------------------------- stopping
