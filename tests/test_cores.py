@@ -51,9 +51,9 @@ def test_a_jobs_first_window_is_shorter_than_the_next_ones() -> None:
     a = _Tree("a")
     assert use.full({"a": a})  # not measured: a whole core
     clock.advance(FIRST_WINDOW_S)
-    a.cpu = FIRST_WINDOW_S * 0.1  # it reads files
+    a.cpu = FIRST_WINDOW_S * 0.05  # it waits
     assert not use.full({"a": a})
-    assert abs(use.busy() - 0.1) < 1e-9
+    assert abs(use.busy() - 0.05) < 1e-9
     clock.advance(FIRST_WINDOW_S)
     a.cpu += FIRST_WINDOW_S  # CPU bound from now on
     assert not use.full({"a": a})  # its window is the longer one now: not over yet
@@ -61,6 +61,24 @@ def test_a_jobs_first_window_is_shorter_than_the_next_ones() -> None:
     a.cpu += WINDOW_S - FIRST_WINDOW_S
     assert use.full({"a": a})
     assert abs(use.busy() - 1.0) < 1e-9
+
+
+def test_a_start_partly_busy_is_judged_on_its_whole_first_window() -> None:
+    """A fifth of a second tells a start that waits; one partly busy (a compile reading its
+    headers from disk) may be CPU bound a moment later, so it counts as not measured (a
+    whole core) until its whole window has passed."""
+    use, clock = _use(cores=1)
+    a, b = _Tree("a"), _Tree("b")
+    assert use.full({"a": a, "b": b})
+    clock.advance(FIRST_WINDOW_S)
+    a.cpu, b.cpu = FIRST_WINDOW_S * 0.3, FIRST_WINDOW_S * 0.02  # a partly busy, b waits
+    assert use.full({"a": a, "b": b})  # a still counts as a core, b as its 0.02
+    assert abs(use.busy() - 1.02) < 1e-9
+    assert WINDOW_S - FIRST_WINDOW_S < use.next_window_in() < WINDOW_S - FIRST_WINDOW_S + 0.01
+    clock.advance(WINDOW_S - FIRST_WINDOW_S)
+    a.cpu = FIRST_WINDOW_S * 0.3 + (WINDOW_S - FIRST_WINDOW_S) * 0.3
+    assert not use.full({"a": a, "b": b})  # its whole window: 0.3 of a core
+    assert abs(use.busy() - 0.32) < 1e-9
 
 
 def test_a_measured_job_keeps_the_longer_window_after_a_pause_or_a_counter_step_down() -> None:
@@ -72,9 +90,9 @@ def test_a_measured_job_keeps_the_longer_window_after_a_pause_or_a_counter_step_
     use.full({"a": a})
     assert FIRST_WINDOW_S < use.next_window_in() < FIRST_WINDOW_S + 0.01
     clock.advance(FIRST_WINDOW_S)
-    a.cpu = FIRST_WINDOW_S * 0.2
+    a.cpu = FIRST_WINDOW_S * 0.05
     use.full({"a": a})
-    assert abs(use.busy() - 0.2) < 1e-9
+    assert abs(use.busy() - 0.05) < 1e-9
     assert WINDOW_S < use.next_window_in() < WINDOW_S + 0.01
     clock.advance(STALE_S + 1.0)  # launches held meanwhile: a new window from here
     a.cpu = 5.0
@@ -82,7 +100,7 @@ def test_a_measured_job_keeps_the_longer_window_after_a_pause_or_a_counter_step_
     clock.advance(FIRST_WINDOW_S)
     a.cpu += FIRST_WINDOW_S  # CPU bound from now on
     use.full({"a": a})
-    assert abs(use.busy() - 0.2) < 1e-9  # its window is the longer one: still open
+    assert abs(use.busy() - 0.05) < 1e-9  # its window is the longer one: still open
     assert a.reads == 3  # and its counter is not read while it is
     clock.advance(WINDOW_S - FIRST_WINDOW_S)
     a.cpu += WINDOW_S - FIRST_WINDOW_S
