@@ -113,13 +113,14 @@ def run_in_group(
             slack.start(group)
         with stdin.open() as f, contextlib.ExitStack() as stack:
             err = stack.enter_context(stderr.open("w")) if stderr else subprocess.DEVNULL
-            subprocess.run(
-                joiner + argv,
-                stdin=f,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                check=False,
+            contender = subprocess.Popen(
+                joiner + argv, stdin=f, stdout=subprocess.DEVNULL, stderr=err
             )
+            try:
+                contender.wait()
+            except BaseException:  # stopped (Ctrl-C, a timeout's SIGTERM): as Ctrl-C stops it
+                _interrupt(contender)
+                raise
         wall = time.monotonic() - start
         if slack is not None:
             slack.stop()
@@ -127,18 +128,50 @@ def run_in_group(
             measure(group)
         return wall, max(oom_kills(group, version), machine_oom_kills() - before)
     finally:
-        deadline = time.monotonic() + 30
-        while True:
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)  # left behind by the contender we started
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        _remove_group(group)
+
+
+def _remove_group(group: Path) -> None:
+    """Remove ``group`` once what the contender left in it is gone: first a while for it to
+    end on its own (a killed batch's lifeline removes its jobs' groups, freezer groups
+    included, and exits), then SIGKILL; job groups left inside are removed too.  Gives up
+    after 30 s."""
+    settle = time.monotonic() + 10
+    deadline = settle + 30
+    while True:
+        deepest_first = sorted(group.glob("**/"), key=lambda d: -len(d.parts))  # group last
+        pids = [pid for d in deepest_first for pid in (d / "cgroup.procs").read_text().split()]
+        if pids and time.monotonic() < settle:
+            time.sleep(0.1)
+            continue
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)  # left behind by the contender we started
+        try:
+            for directory in deepest_first:
+                directory.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _interrupt(contender: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
+    """Stop the contender as Ctrl-C does (roomkeeper stops its jobs' trees and removes their
+    groups), SIGKILL after ``grace_s``.  A Ctrl-C at the terminal reached it already (it is
+    in our process group), and so does a timeout's signal: it gets a moment first, since
+    roomkeeper takes a second SIGINT as "exit now"."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        contender.wait(timeout=2.0)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        contender.send_signal(signal.SIGINT)
+    try:
+        contender.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        contender.kill()
+        contender.wait()
 
 
 def run_swarm(
@@ -346,6 +379,8 @@ def bench_groups() -> tuple[Path, int]:
 def main() -> None:
     args = parse_args()
     parent, version = bench_groups()
+    # A timeout's SIGTERM must still run the finally that removes the contender's group.
+    signal.signal(signal.SIGTERM, _end_on_sigterm)
     if args.seeds:
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         scorecard(
@@ -439,6 +474,12 @@ def report(rows: list[tuple[str, int, int, float]], jobs: int) -> None:
     for name, _, _, wall in rows:
         if "roomkeeper" in name and best is not None:
             print(f"{name} wall / parallel -j {best} wall = {wall / safe[best]:.2f}x")
+
+
+def _end_on_sigterm(signum: int, _frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(128 + signum)
 
 
 if __name__ == "__main__":
