@@ -58,6 +58,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_ladder import machine_oom_kills, oom_kills  # one reader of the counters
+from groups import remove_group
 from slack import SlackMeter
 from swarmgen import Swarm, generate
 
@@ -132,29 +133,17 @@ def run_in_group(
 
 
 def _remove_group(group: Path) -> None:
-    """Remove ``group`` once what the contender left in it is gone: first a while for it to
-    end on its own (a killed batch's lifeline removes its jobs' groups, freezer groups
-    included, and exits), then SIGKILL; job groups left inside are removed too.  Gives up
-    after 30 s."""
+    """Remove ``group`` (:func:`groups.remove_group`) once what the contender left in it has
+    had 10 s to end on its own: a killed batch's lifeline removes its jobs' groups, freezer
+    groups included, and exits."""
     settle = time.monotonic() + 10
-    deadline = settle + 30
-    while True:
-        deepest_first = sorted(group.glob("**/"), key=lambda d: -len(d.parts))  # group last
-        pids = [pid for d in deepest_first for pid in (d / "cgroup.procs").read_text().split()]
-        if pids and time.monotonic() < settle:
-            time.sleep(0.1)
-            continue
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)  # left behind by the contender we started
-        try:
-            for directory in deepest_first:
-                directory.rmdir()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    while time.monotonic() < settle and any(
+        (d / "cgroup.procs").read_text().split() for d in [group, *group.rglob("*/")]
+    ):
+        time.sleep(0.1)
+    stuck = remove_group(group)
+    if stuck:
+        raise OSError(f"could not remove {', '.join(map(str, stuck))}")
 
 
 def _interrupt(contender: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
@@ -231,12 +220,11 @@ def sweep(
     if first > len(swarm.jobs):
         print(f"  every job at once is K = {len(swarm.jobs)}, below --from-k: no K run", flush=True)
         return safe, slacks
-    if first <= 3 and not run(3):
-        run(2)
+    if not run(first):
+        if first == 3:
+            run(2)
         return safe, slacks
-    if first > 3 and not run(first):
-        return safe, slacks
-    for k in range(max(4, first + 1), len(swarm.jobs) + 1):
+    for k in range(first + 1, len(swarm.jobs) + 1):
         if not run(k):
             break
     return safe, slacks

@@ -343,6 +343,25 @@ def test_a_round_the_cores_held_is_tried_again_when_a_running_jobs_window_closes
         rig.scheduler.close(grace=0)
 
 
+def test_a_round_ended_by_another_bound_after_the_cores_held_waits_the_half_second(
+    tmp_path: Path,
+) -> None:
+    """What held the last round is not what holds this one: a round the running bound ends
+    before the cores are judged waits the half second of any held round."""
+    rig = Rig(tmp_path, cpu_pressure_percent=None, max_running_per_owner=None)
+    rig.limits = replace(rig.limits, until_cores_free=True)
+    rig.launcher.make = _CountedCpu
+    for job_id in ("a", "b", "c"):
+        rig.submit(job_id)
+    try:
+        assert rig.scheduler.tick() < RETRY_SECONDS  # held by the cores
+        rig.limits = replace(rig.limits, max_running=2)
+        assert rig.scheduler.tick() == RETRY_SECONDS
+        assert rig.scheduler.get("c").reason is SchedulerReason.SLOTS
+    finally:
+        rig.scheduler.close(grace=0)
+
+
 def test_a_round_cpu_pressure_held_waits_the_half_second(rig: Rig) -> None:
     """CPU pressure is a ten-second average, read at most every quarter second: a round it
     held is tried again after the half second of any refused round, not sooner."""

@@ -161,10 +161,10 @@ class LaunchRounds:
         self.pressure_hold = False  # the relief ladder holds launches (reason "pressure")
         # The last launch round ended on a job refused for memory: it waits for room.
         self.memory_waits = False
-        # The last launch round ended held by our running jobs' use of the cores (not by
-        # CPU pressure, a ten-second average that nothing changes sooner than RETRY_SECONDS).
-        self.cores_held = False
-        self._cores_full = False  # what the cores rule said when the CPU was last judged
+        # This launch round was held by our running jobs' use of the cores (not by CPU
+        # pressure, a ten-second average that nothing changes sooner than RETRY_SECONDS):
+        # false at each round's start, and a round ends as soon as the cores hold it.
+        self._held_by_cores = False
         # Every job's tokens are judged by this scheduler's one guard, beside its admissions;
         # while a job waits for memory, running builds take no more tokens (they would take
         # the room it waits for, one step at a time).
@@ -362,13 +362,13 @@ class LaunchRounds:
     def launch_round(self) -> None:
         """Launch what fits, in the queue's order, until nothing may or the guard refuses."""
         limits = self._settings.limits()
+        self._held_by_cores = False
         while True:
             with self._lock:
                 job, blocked = self._next_candidate(limits)
                 if job is None:
                     self._explain(blocked)
                     self.memory_waits = False
-                    self.cores_held = blocked is SchedulerReason.CPU and self._cores_full
                     return
                 young = [
                     j
@@ -399,7 +399,6 @@ class LaunchRounds:
                 on_refusal(job.id, decision)
             if not decision.aside:  # the refused job keeps its place: the round ends
                 self.memory_waits = decision.reason is Reason.MEMORY
-                self.cores_held = False
                 return
 
     def _act(
@@ -583,7 +582,6 @@ class LaunchRounds:
         """Whether the CPU holds the next launch while jobs run: pressure past
         ROOMKEEPER_CPU_PRESSURE_PERCENT, or (a batch given no count) our running jobs here
         keeping every core busy (:mod:`roomkeeper.jobs.cores`)."""
-        self._cores_full = False
         if limits.cpu_pressure_percent is not None:
             cpu = self._cpu_now()
             if cpu is not None and cpu > limits.cpu_pressure_percent:
@@ -593,8 +591,8 @@ class LaunchRounds:
         handles = {
             j.id: j.handle for j in self.running.values() if j.handle is not None and j.handle.local
         }
-        self._cores_full = self._core_use.full(handles)
-        return self._cores_full
+        self._held_by_cores = self._core_use.full(handles)
+        return self._held_by_cores
 
     def _cpu_now(self) -> float | None:
         """CPU pressure, read at most every CPU_READ_SECONDS.
@@ -719,7 +717,7 @@ class LaunchRounds:
         live = [*self.running.values(), *self._queue]
         dues = [j.deadline - now for j in live if j.deadline is not None]
         if self._queue.waiting():
-            dues.append(self._core_use.next_window_in() if self.cores_held else RETRY_SECONDS)
+            dues.append(self._core_use.next_window_in() if self._held_by_cores else RETRY_SECONDS)
         return max(0.0, min(dues)) if dues else None
 
     # --------------------------------------------------------------- stopping
