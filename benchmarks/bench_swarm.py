@@ -58,7 +58,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_ladder import machine_oom_kills, oom_kills  # one reader of the counters
-from groups import remove_group
+from groups import end_on_sigterm, remove_group
 from slack import SlackMeter
 from swarmgen import Swarm, generate
 
@@ -368,7 +368,7 @@ def main() -> None:
     args = parse_args()
     parent, version = bench_groups()
     # A timeout's SIGTERM must still run the finally that removes the contender's group.
-    signal.signal(signal.SIGTERM, _end_on_sigterm)
+    signal.signal(signal.SIGTERM, end_on_sigterm)
     if args.seeds:
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         scorecard(
@@ -462,12 +462,6 @@ def report(rows: list[tuple[str, int, int, float]], jobs: int) -> None:
     for name, _, _, wall in rows:
         if "roomkeeper" in name and best is not None:
             print(f"{name} wall / parallel -j {best} wall = {wall / safe[best]:.2f}x")
-
-
-def _end_on_sigterm(signum: int, _frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""Removing a benchmark's memory groups: whatever is left in them is ours, and killed."""
+"""Removing a benchmark's memory groups: whatever is left in them is ours, and killed; and
+ending on a SIGTERM (a timeout's) as on Ctrl-C, so that the removal runs."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -36,3 +38,11 @@ def remove_group(group: Path, deadline_s: float = 30.0) -> list[Path]:
                     break
                 time.sleep(0.1)
     return stuck
+
+
+def end_on_sigterm(signum: int, _frame: object) -> None:
+    """A SIGTERM handler: exit through ``finally`` blocks (those that remove groups), and take
+    no second signal meanwhile."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(128 + signum)

@@ -36,6 +36,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from groups import end_on_sigterm
+
 from roomkeeper.kernel.cgroup_hierarchy import remove_group, v1_controller_group
 from roomkeeper.kernel.host import CGROUP_ROOT, PROC_ROOT
 
@@ -191,19 +193,13 @@ def main() -> None:
     if not -20 <= args.nice <= 19:
         sys.exit(f"--nice must be in -20..19 (got {args.nice})")
     # A SIGTERM ends the loop through its clean-up, as Ctrl-C does; the clean-up is not cut.
-    signal.signal(signal.SIGTERM, _end_on_sigterm)
+    signal.signal(signal.SIGTERM, end_on_sigterm)
     try:
         run(args.groups, args.jobs, args.parallel, args.nice)
     except KeyboardInterrupt:
         sys.exit(128 + signal.SIGINT)  # cleaned up on the way out; nothing more to say
     except OSError as err:  # not root, a read-only cgroup mount, no /proc
         sys.exit(f"cannot make or join a group ({err}): run as root, or with --groups none")
-
-
-def _end_on_sigterm(signum: int, _frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.exit(128 + signum)
 
 
 if __name__ == "__main__":
