@@ -55,6 +55,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench_ladder import machine_oom_kills, oom_kills  # one reader of the counters
@@ -137,13 +138,23 @@ def _remove_group(group: Path) -> None:
     had 10 s to end on its own: a killed batch's lifeline removes its jobs' groups, freezer
     groups included, and exits."""
     settle = time.monotonic() + 10
-    while time.monotonic() < settle and any(
-        (d / "cgroup.procs").read_text().split() for d in [group, *group.rglob("*/")]
-    ):
+    while time.monotonic() < settle and _has_members(group):
         time.sleep(0.1)
     stuck = remove_group(group)
     if stuck:
         raise OSError(f"could not remove {', '.join(map(str, stuck))}")
+
+
+def _has_members(group: Path) -> bool:
+    """Whether any process is left in ``group`` or its children; a child group removed while
+    it is read (the lifeline removes its jobs' groups meanwhile) has none."""
+    for directory, _, _ in os.walk(group):  # a directory gone meanwhile is skipped
+        try:
+            if Path(directory, "cgroup.procs").read_text().split():
+                return True
+        except FileNotFoundError:
+            continue
+    return False
 
 
 def _interrupt(contender: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
@@ -163,6 +174,31 @@ def _interrupt(contender: subprocess.Popen[bytes], grace_s: float = 15.0) -> Non
         contender.wait()
 
 
+@dataclass(frozen=True, slots=True)
+class SwarmRun:
+    """How one contender ran one swarm.
+
+    Attributes:
+        slack: the share of the line left unused while jobs waited to start (None: none
+            waited).
+        highest: the most its group was seen using, as a share of the group's limit.
+    """
+
+    wall: float
+    kills: int
+    lost: int
+    stderr: str
+    slack: float | None
+    highest: float
+
+    def figures(self) -> str:
+        """Wall, OOM kills, lost jobs, slack and highest use, in one line's words."""
+        return (
+            f"wall {self.wall:6.1f} s  OOM kills {self.kills}  lost {self.lost}  "
+            f"slack {percent(self.slack)}  highest use {100 * self.highest:.0f} % of the limit"
+        )
+
+
 def run_swarm(
     swarm: Swarm,
     argv: list[str],
@@ -171,10 +207,8 @@ def run_swarm(
     tmp: Path,
     name: str,
     env: dict[str, str] | None = None,
-) -> tuple[float, int, int, str, float | None]:
-    """One contender on ``swarm`` in a fresh group: (wall s, OOM kills, jobs lost, stderr,
-    memory slack: the share of the line left unused while jobs waited to start, None when
-    none waited)."""
+) -> SwarmRun:
+    """One contender on ``swarm`` in a fresh group."""
     done = tmp / f"done-{name}"
     done.mkdir(parents=True)
     commands = tmp / f"{name}.txt"
@@ -191,7 +225,8 @@ def run_swarm(
         os.environ.clear()
         os.environ.update(saved)
     lost = len(swarm.jobs) - len(list(done.iterdir()))
-    return wall, kills, lost, err.read_text(), meter.stop()
+    slack = meter.stop()
+    return SwarmRun(wall, kills, lost, err.read_text(), slack, meter.highest / swarm.limit)
 
 
 def sweep(
@@ -205,16 +240,11 @@ def sweep(
     slacks: dict[int, float | None] = {}
 
     def run(k: int) -> bool:
-        wall, kills, lost, _, slacks[k] = run_swarm(
-            swarm, ["parallel", "-j", str(k)], parent, version, tmp, f"j{k}"
-        )
-        print(
-            f"  parallel -j {k}: wall {wall:6.1f} s  OOM kills {kills}  lost {lost}  "
-            f"slack {percent(slacks[k])}",
-            flush=True,
-        )
-        if not (kills or lost):
-            safe[k] = wall
+        result = run_swarm(swarm, ["parallel", "-j", str(k)], parent, version, tmp, f"j{k}")
+        slacks[k] = result.slack
+        print(f"  parallel -j {k}: {result.figures()}", flush=True)
+        if not (result.kills or result.lost):
+            safe[k] = result.wall
         return k in safe
 
     if first > len(swarm.jobs):
@@ -264,18 +294,18 @@ def scorecard(
             tmpdir = Path(tmp)
             rk = batch_argv(count)
             env = {"ROOMKEEPER_HOME": str(tmpdir / "home")}
-            wall, kills, lost, err, slack = run_swarm(swarm, rk, parent, version, tmpdir, "rk", env)
+            result = run_swarm(swarm, rk, parent, version, tmpdir, "rk", env)
+            wall = result.wall
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
-                (keep / f"seed-{seed}.err").write_text(err)
-            rk_kills, rk_lost = rk_kills + kills, rk_lost + lost
+                (keep / f"seed-{seed}.err").write_text(result.stderr)
+            rk_kills, rk_lost = rk_kills + result.kills, rk_lost + result.lost
             print(
-                f"  roomkeeper batch: wall {wall:6.1f} s  OOM kills {kills}  lost {lost}  "
-                f"slack {percent(slack)}  ({pressure_figures(err)})",
+                f"  roomkeeper batch: {result.figures()}  ({pressure_figures(result.stderr)})",
                 flush=True,
             )
-            if slack is not None:
-                rk_slacks.append(slack)
+            if result.slack is not None:
+                rk_slacks.append(result.slack)
             safe, slacks = sweep(swarm, parent, version, tmpdir, first_k) if sweep_k else ({}, {})
         if not safe:
             if sweep_k:

@@ -6,6 +6,8 @@ fills the line while jobs wait is not.  The meter samples a contender's group ev
 kernel can take back) and which of the swarm's jobs have started (a ``grow.py`` process
 naming the job's done file, seen anywhere in the group's tree).  While fewer than all have
 started, each sample adds the unused share of the line, ``max(0, line - used) / line``.
+It also keeps the highest use sampled (:attr:`SlackMeter.highest`): how close to its limit
+a contender ran, which a safe static count may run far closer to than roomkeeper's lines.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class SlackMeter:
         self._started: set[str] = set()
         self._unused = 0.0  # share-seconds of the line left unused while work waited
         self._waited = 0.0  # seconds work waited
+        self.highest = 0  # the most the group was seen using (bytes, as the guard counts)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -59,6 +62,7 @@ class SlackMeter:
                 used = group_used_bytes(str(group), self._version)
             except (OSError, ValueError):
                 continue  # the group is going away
+            self.highest = max(self.highest, used)
             now = time.monotonic()
             if len(self._started) < self._jobs:
                 self._unused += max(0, self._line - used) / self._line * (now - last)
