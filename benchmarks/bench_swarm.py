@@ -37,7 +37,10 @@ contender's memory slack (``slack.py``: the time-averaged share of the line
 left unused while jobs waited to start); then the distribution over the
 seeds.  ``--keep DIR`` keeps each roomkeeper run's stderr (its admission and
 relief log lines); ``--only-roomkeeper`` leaves the sweep out; ``--from-k K`` starts it at
-K (to measure again only the Ks from there, where an earlier sweep stopped short).
+K (to measure again only the Ks from there, where an earlier sweep stopped short; where K
+loses a job, the sweep goes down from it) and ``--to-k K`` ends it at K; ``--repeat N`` runs
+each K N times, and a K is safe only when none of its runs lost a job (a K whose jobs' peaks
+happened not to meet in one run is not safe), its wall the median.
 """
 
 from __future__ import annotations
@@ -230,34 +233,61 @@ def run_swarm(
 
 
 def sweep(
-    swarm: Swarm, parent: Path, version: int, tmp: Path, first: int = 3
+    swarm: Swarm,
+    parent: Path,
+    version: int,
+    tmp: Path,
+    first: int = 3,
+    *,
+    last: int | None = None,
+    repeat: int = 1,
 ) -> tuple[dict[int, float], dict[int, float | None]]:
     """``parallel -j K`` from K = ``first`` (3) up to the first K that loses a job (at most
-    every job at once), and K = 2 only where 3 loses one (2 is never faster than a 3 that
-    loses nothing); the walls of the Ks that lost nothing, and every K's slack.  A later
-    ``first`` measures again only the Ks from there (those below were measured before)."""
+    every job at once, or ``last``); where ``first`` itself loses one, down from it until a K
+    loses nothing (2 at the least: 2 is never faster than a 3 that loses nothing).  Each K
+    runs ``repeat`` times (:func:`run_k`).  The walls of the safe Ks, and every K's slack.  A
+    later ``first`` measures again only the Ks from there (those below were measured
+    before), unless it loses a job."""
     safe: dict[int, float] = {}
     slacks: dict[int, float | None] = {}
 
     def run(k: int) -> bool:
-        result = run_swarm(swarm, ["parallel", "-j", str(k)], parent, version, tmp, f"j{k}")
-        slacks[k] = result.slack
-        print(f"  parallel -j {k}: {result.figures()}", flush=True)
-        if not (result.kills or result.lost):
-            safe[k] = result.wall
-        return k in safe
+        wall, slacks[k] = run_k(swarm, k, repeat, parent, version, tmp)
+        if wall is not None:
+            safe[k] = wall
+        return wall is not None
 
-    if first > len(swarm.jobs):
-        print(f"  every job at once is K = {len(swarm.jobs)}, below --from-k: no K run", flush=True)
+    top = len(swarm.jobs) if last is None else min(last, len(swarm.jobs))
+    if first > top:
+        print(f"  the sweep's highest K is {top}, below --from-k: no K run", flush=True)
         return safe, slacks
     if not run(first):
-        if first == 3:
-            run(2)
+        for k in range(first - 1, 1, -1):
+            if run(k):
+                break
         return safe, slacks
-    for k in range(first + 1, len(swarm.jobs) + 1):
+    for k in range(first + 1, top + 1):
         if not run(k):
             break
     return safe, slacks
+
+
+def run_k(
+    swarm: Swarm, k: int, repeat: int, parent: Path, version: int, tmp: Path
+) -> tuple[float | None, float | None]:
+    """``parallel -j k`` ``repeat`` times, stopping at a run that loses a job: (the median
+    wall, None when a run lost a job; the median slack, None when no job waited)."""
+    walls: list[float] = []
+    shares: list[float] = []
+    for _ in range(repeat):
+        result = run_swarm(swarm, ["parallel", "-j", str(k)], parent, version, tmp, f"j{k}")
+        print(f"  parallel -j {k}: {result.figures()}", flush=True)
+        if result.slack is not None:
+            shares.append(result.slack)
+        if result.kills or result.lost:
+            return None, result.slack
+        walls.append(result.wall)
+    return statistics.median(walls), statistics.median(shares) if shares else None
 
 
 def batch_argv(count: int | None) -> list[str]:
@@ -280,11 +310,13 @@ def scorecard(
     sweep_k: bool = True,
     count: int | None = None,
     first_k: int = 3,
+    last_k: int | None = None,
+    repeat: int = 1,
 ) -> None:
     """Roomkeeper (``count``: its --max-running, none by default) against a sweep of static K
-    on each seeded swarm; the distribution."""
+    on each seeded swarm (:func:`sweep`); the distribution."""
     ratios, bounds, rk_kills, rk_lost = [], [], 0, 0
-    among = "" if first_k <= 3 else f" from {first_k} up"  # the Ks the bars are taken from
+    among = _bars_from(first_k, last_k, repeat)
     rk_slacks: list[float] = []
     best_slacks: list[float] = []  # the fastest safe K's, per swarm
     for seed in seeds:
@@ -306,11 +338,14 @@ def scorecard(
             )
             if result.slack is not None:
                 rk_slacks.append(result.slack)
-            safe, slacks = sweep(swarm, parent, version, tmpdir, first_k) if sweep_k else ({}, {})
+            safe, slacks = (
+                sweep(swarm, parent, version, tmpdir, first_k, last=last_k, repeat=repeat)
+                if sweep_k
+                else ({}, {})
+            )
         if not safe:
             if sweep_k:
-                what = "no K" if first_k <= 3 else f"no K from {first_k} up"
-                print(f"  {what} lost nothing: no ratio for this swarm", flush=True)
+                print("  no K run lost nothing: no ratio for this swarm", flush=True)
             continue
         best = min(safe, key=lambda k: safe[k])
         ratio, bound = wall / safe[best], wall / swarm.bound_s()
@@ -345,6 +380,13 @@ def scorecard(
     print(f"roomkeeper in all: OOM kills {rk_kills}, lost jobs {rk_lost}")
 
 
+def _bars_from(first_k: int, last_k: int | None, repeat: int) -> str:
+    """What the bars were taken from, in words after "fastest safe K" (nothing for a whole
+    sweep run once)."""
+    among = "" if first_k <= 3 and last_k is None else " of the Ks run"
+    return among + (f" (safe in each of {repeat} runs)" if repeat > 1 else "")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", default="3.5G", help="the group's limit (binary suffixes)")
@@ -375,11 +417,25 @@ def parse_args() -> argparse.Namespace:
         "--from-k",
         type=int,
         default=3,
-        help="the scorecard: start the sweep at this K (the Ks below it measured before)",
+        help="the scorecard: start the sweep at this K (the Ks below it measured before; "
+        "where it loses a job, the sweep goes down from it)",
+    )
+    parser.add_argument(
+        "--to-k", type=int, help="the scorecard: go no higher than this K (default: every job)"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="the scorecard: run each K this many times; it is safe when none lost a job",
     )
     args = parser.parse_args()
     if args.from_k < 3:
         parser.error("--from-k must be 3 or more (the sweep itself runs K = 2 where 3 loses)")
+    if args.to_k is not None and args.to_k < args.from_k:
+        parser.error(f"--to-k ({args.to_k}) is below --from-k ({args.from_k}): give one above")
+    if args.repeat < 1:
+        parser.error("--repeat must be 1 or more")
     return args
 
 
@@ -409,6 +465,8 @@ def main() -> None:
             sweep_k=not args.only_roomkeeper,
             count=args.max_running,
             first_k=args.from_k,
+            last_k=args.to_k,
+            repeat=args.repeat,
         )
         return
     limit = parse_size(args.limit)
