@@ -279,8 +279,9 @@ def run_k(
     wall, None when a run lost a job; the median slack, None when no job waited)."""
     walls: list[float] = []
     shares: list[float] = []
-    for _ in range(repeat):
-        result = run_swarm(swarm, ["parallel", "-j", str(k)], parent, version, tmp, f"j{k}")
+    for run in range(repeat):
+        name = f"j{k}" if run == 0 else f"j{k}.{run + 1}"  # each run's own done files
+        result = run_swarm(swarm, ["parallel", "-j", str(k)], parent, version, tmp, name)
         print(f"  parallel -j {k}: {result.figures()}", flush=True)
         if result.slack is not None:
             shares.append(result.slack)
@@ -433,7 +434,9 @@ def parse_args() -> argparse.Namespace:
     if args.from_k < 3:
         parser.error("--from-k must be 3 or more (the sweep itself runs K = 2 where 3 loses)")
     if args.to_k is not None and args.to_k < args.from_k:
-        parser.error(f"--to-k ({args.to_k}) is below --from-k ({args.from_k}): give one above")
+        parser.error(
+            f"--to-k ({args.to_k}) is below --from-k ({args.from_k}): give one at or above it"
+        )
     if args.repeat < 1:
         parser.error("--repeat must be 1 or more")
     return args
