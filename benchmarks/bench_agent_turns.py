@@ -34,12 +34,14 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from bench_swarm import batch_argv, bench_groups, pressure_figures, run_in_group
+from groups import end_on_sigterm
 from swarmgen import Job
 
 from roomkeeper.units import parse_size
@@ -103,6 +105,7 @@ def main() -> None:
     )
     parser.add_argument("--learn-turns", type=int, default=5, help="how many (default 5)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, end_on_sigterm)  # a timeout's SIGTERM removes the groups too
     parent, version = bench_groups()
     limit = parse_size(args.limit)
     jobs = turns(args.seed, args.jobs)

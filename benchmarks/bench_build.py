@@ -9,18 +9,19 @@ output folder:
 - ``parallel -jK`` for K in ``--k``.
 
 For each: wall time, compiles done, OOM kills (the group's counter and the
-kernel's), and the CPU seconds every process of the run used (user and system,
-from ``/usr/bin/time`` around the contender: its reaped descendants, killed
-ones included); for roomkeeper also its relief ladder's counts. The last lines
-name the fastest K that finished every compile without an OOM kill, roomkeeper's
-wall against it, and the CPU seconds roomkeeper's run spent beyond the least a
-safe count's run did: roomkeeper's own work (a second or two), what its stops
-threw away, and the noise between two runs of the same compiles.
+kernel's), and the CPU seconds every process of the run used (user and system:
+what the kernel counts for the contender and every descendant reaped, killed
+ones included, as GNU ``time`` reports it); for roomkeeper also its relief
+ladder's counts. The last lines name the fastest K that finished every compile
+without an OOM kill, roomkeeper's wall against it, and the CPU seconds
+roomkeeper's run spent beyond the least a safe count's run did: roomkeeper's own
+work (a second or two), what its stops threw away, and the noise between two
+runs of the same compiles.
 
 The project is a pybind11 checkout (``--project``; ``git clone
 https://github.com/pybind/pybind11``; measured at 22bf5b6): its ``include/`` and
 ``tests/``. Needs root, a cgroup memory controller, g++, Python's headers
-(python3-dev), GNU parallel and GNU time. Usage:
+(python3-dev) and GNU parallel. Usage:
     python benchmarks/bench_build.py --project DIR [--limit 2G] [--k 2,3,4] [--files a,b,...]
         [--rounds N]
 
@@ -34,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import shutil
+import signal
 import statistics
 import sys
 import sysconfig
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_swarm import pressure_figures, run_in_group
+from groups import end_on_sigterm
 
 from roomkeeper.kernel.job_cgroups import job_cgroup_parent
 from roomkeeper.units import format_bytes, parse_size
@@ -101,18 +105,19 @@ def one_run(
         out.mkdir()
         lines = Path(scratch, "lines.txt")
         lines.write_text(compile_lines(project, files, out))
-        cpu = Path(scratch, "cpu")
         stderr = Path(scratch, "stderr")
-        timed = ["/usr/bin/time", "-f", "%U %S", "-o", str(cpu), *argv]
         os.environ["ROOMKEEPER_HOME"] = str(Path(scratch, "home"))
-        wall, kills = run_in_group(parent, version, limit, timed, lines, stderr=stderr)
+        # The contender is our only child meanwhile: what the kernel adds to our reaped
+        # children's count is its CPU and that of every descendant it reaped (no GNU time in
+        # between, which would keep a Ctrl-C from reaching the contender).
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall, kills = run_in_group(parent, version, limit, argv, lines, stderr=stderr)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
         done = sum(1 for name in files if (out / f"{name}.o").is_file())
         if keep is not None:  # the contender's stderr (roomkeeper's admission and relief log)
             shutil.copyfile(stderr, keep)
-        user, system = cpu.read_text().split()[-2:]
-        return Run(
-            wall, done, kills, float(user) + float(system), pressure_figures(stderr.read_text())
-        )
+        return Run(wall, done, kills, cpu_s, pressure_figures(stderr.read_text()))
 
 
 def main() -> None:
@@ -129,14 +134,15 @@ def main() -> None:
         "--rounds", type=int, default=1, help="run every contender this many times, in turn"
     )
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, end_on_sigterm)  # a timeout's SIGTERM removes the groups too
     project = args.project.resolve()
     files = [f for f in args.files.split(",") if f]
     missing = [f for f in files if not (project / "tests" / f"{f}.cpp").is_file()]
     if missing or not (project / "include" / "pybind11").is_dir():
         sys.exit(f"{project} is not a pybind11 checkout with these tests: {missing or 'include/'}")
-    for tool in ("g++", "parallel", "/usr/bin/time"):
+    for tool in ("g++", "parallel"):
         if shutil.which(tool) is None:
-            sys.exit(f"{tool} is needed: apt-get install -y g++ parallel time python3-dev")
+            sys.exit(f"{tool} is needed: apt-get install -y g++ parallel python3-dev")
     own = job_cgroup_parent()
     if own is None or os.geteuid() != 0:
         sys.exit("needs root and a cgroup memory controller")

@@ -7,7 +7,7 @@ kernel can take back) and which of the swarm's jobs have started (a ``grow.py`` 
 naming the job's done file, seen anywhere in the group's tree).  While fewer than all have
 started, each sample adds the unused share of the line, ``max(0, line - used) / line``.
 It also keeps the highest use sampled (:attr:`SlackMeter.highest`): how close to its limit
-a contender ran, which a safe static count may run far closer to than roomkeeper's lines.
+a contender ran (a static count that lost nothing may still have run within a few per cent).
 """
 
 from __future__ import annotations
