@@ -290,16 +290,23 @@ class _CountedCpu(FakeHandle):
         return self.cpu
 
 
+def _cores_rig(tmp_path: Path, *job_ids: str) -> Rig:
+    """A rig whose rounds hold jobs while the running ones keep every core busy (a batch
+    given no count), its jobs' CPU set by the test, with ``job_ids`` submitted."""
+    rig = Rig(tmp_path, cpu_pressure_percent=None, max_running_per_owner=None)
+    rig.limits = replace(rig.limits, until_cores_free=True)
+    rig.launcher.make = _CountedCpu
+    for job_id in job_ids:
+        rig.submit(job_id)
+    return rig
+
+
 def test_without_a_count_a_job_waits_while_running_ones_keep_every_core_busy(
     tmp_path: Path,
 ) -> None:
     """Two jobs each keeping a core busy fill two cores: the third waits (reason cpu) until
     one of them leaves its core, and a job not yet measured counts as a whole core."""
-    rig = Rig(tmp_path, cpu_pressure_percent=None, max_running_per_owner=None)
-    rig.limits = replace(rig.limits, until_cores_free=True)
-    rig.launcher.make = _CountedCpu
-    for job_id in ("a", "b", "c"):
-        rig.submit(job_id)
+    rig = _cores_rig(tmp_path, "a", "b", "c")
     try:
         rig.scheduler.tick()
         assert rig.launcher.order == ["a", "b"]  # two fresh jobs: two cores, taken as busy
@@ -324,11 +331,7 @@ def test_a_round_the_cores_held_is_tried_again_when_a_running_jobs_window_closes
     closes, not after the half second a refused round waits: a fresh job's first window is a
     fifth of a second, and a batch's first lines wait on it.  Once the round ends on the
     guard's refusal instead, it waits the half second again."""
-    rig = Rig(tmp_path, cpu_pressure_percent=None, max_running_per_owner=None)
-    rig.limits = replace(rig.limits, until_cores_free=True)
-    rig.launcher.make = _CountedCpu
-    for job_id in ("a", "b", "c", "d"):
-        rig.submit(job_id)
+    rig = _cores_rig(tmp_path, "a", "b", "c", "d")
     rig.guard.refuse["d"] = Reason.MEMORY
     try:
         assert FIRST_WINDOW_S < rig.scheduler.tick() < FIRST_WINDOW_S + 0.01
@@ -348,11 +351,7 @@ def test_a_round_ended_by_another_bound_after_the_cores_held_waits_the_half_seco
 ) -> None:
     """What held the last round is not what holds this one: a round the running bound ends
     before the cores are judged waits the half second of any held round."""
-    rig = Rig(tmp_path, cpu_pressure_percent=None, max_running_per_owner=None)
-    rig.limits = replace(rig.limits, until_cores_free=True)
-    rig.launcher.make = _CountedCpu
-    for job_id in ("a", "b", "c"):
-        rig.submit(job_id)
+    rig = _cores_rig(tmp_path, "a", "b", "c")
     try:
         assert rig.scheduler.tick() < RETRY_SECONDS  # held by the cores
         rig.limits = replace(rig.limits, max_running=2)
