@@ -259,10 +259,13 @@ def test_ctrl_c_stops_every_running_tree(tmp_path: Path) -> None:
             proc.stdin.close()
             # An emulated kernel (CI's cgroup v2 VM) takes half a minute to start the command.
             deadline = time.monotonic() + 120
-            while len(list(pids.iterdir())) < 4 and time.monotonic() < deadline:
+
+            def written() -> list[Path]:  # a pid file exists a moment before its pid is in it
+                return [p for p in pids.iterdir() if p.read_text().endswith("\n")]
+
+            while len(written()) < 4 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(0.1)  # a pid file exists a moment before its pid is in it
-            started = [int(p.read_text()) for p in pids.iterdir()]
+            started = [int(p.read_text()) for p in written()]
             assert len(started) == 4
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=60)
@@ -346,15 +349,22 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
     lifeline still takes it down."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    # Each job ignores SIGTERM, so the first SIGINT's stop waits its whole grace.
-    line = f"trap '' TERM; echo > {marks}/$$.started; while :; do sleep 0.1; done"
+    # Each job outlives SIGTERM, so the first SIGINT's stop waits its whole grace; it marks
+    # that it was sent, so the second SIGINT goes only once the first was acted on (two sent
+    # before the batch runs its handler would be taken as one).
+    line = (
+        f"trap 'echo > {marks}/$$.termed' TERM; echo > {marks}/$$.started; "
+        "while :; do sleep 0.1; done"
+    )
     proc = _start_batch(tmp_path, [line, line], max_running=2)
     try:
         deadline = time.monotonic() + 120
         while len(list(marks.glob("*.started"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60
+        while not list(marks.glob("*.termed")) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert proc.poll() is None  # still stopping the trees, which wait out the grace
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=5)

@@ -419,39 +419,44 @@ def test_a_kind_sizes_its_leases_after_three_runs_at_the_top_they_point_to() -> 
 def test_a_lease_of_a_kind_asking_no_memory_is_reserved_at_what_the_kind_learned(
     tmp_path: Path,
 ) -> None:
-    """Through a real gateway: three leases of kind ``build``, each one's work (a real
-    process in a real group) grown to 200 MiB and ended alone, teach ``build``; the next
-    lease of the kind that asks no memory is reserved at about 200 MiB, not the guard's
-    default, and says its kind."""
+    """Through a real gateway: leases of kind ``build``, each one's work (a real process in
+    a real group) grown to 200 MiB and ended alone, teach ``build`` (three runs, or a few
+    more where a loaded machine's sampler missed an end); the next lease of the kind that
+    asks no memory is reserved at about 200 MiB, not the guard's default, and says its
+    kind."""
     with memory_box(GIB) as box, gateway_in_box(box, tmp_path) as (client, _):
         time.sleep(1.5)  # a quiet moment is seen
-        default = None
-        for run in range(3):
+
+        def reserved() -> int:
+            return int(client.get("/v1/status").json()["guard"]["reserved_bytes"])
+
+        default = learned = None
+        for run in range(6):
+            before = reserved()
             lease = client.post("/v1/leases", json={"id": f"build-{run}", "kind": "build"})
             assert lease.status_code == 201, lease.text
+            if default is not None and lease.json()["memory_bytes"] != default:
+                learned = lease.json()  # three runs kept by now: reserved at what they took
+                break
+            assert run < 5, "never learned from five runs of the kind"
             assert default in (None, lease.json()["memory_bytes"])  # not yet learned
             default = lease.json()["memory_bytes"]
             argv = box.argv([sys.executable, "-c", GROW, "200"], leaf="work")
             child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             assert child.stdout is not None and child.stdout.readline() == "grown\n"
-            time.sleep(0.5)  # read grown
+            # Its growth is seen (the lease's reservation shrinks), so the readings before
+            # its end hold it; a fixed pause could pass before a busy sampler's next look.
+            grown = before + default - 100 * 2**20
+            wait_until(lambda grown=grown: reserved() <= grown, "its growth seen", 30)
             assert child.stdin is not None
             child.stdin.close()
             child.wait(timeout=30)
             child.stdout.close()
             assert client.delete(f"/v1/leases/build-{run}").status_code == 200
             time.sleep(3.0)  # alone: no other end within the window after it, kept after
-        for n in range(10):  # learned from the third run by now, or within a few tries
-            ask = {"id": f"after-{n}", "kind": "build"}
-            after = client.post("/v1/leases", json=ask)
-            assert after.status_code == 201, after.text
-            if after.json()["memory_bytes"] != default:
-                break
-            client.delete(f"/v1/leases/after-{n}")
-            time.sleep(2.0)
-        learned = after.json()["memory_bytes"]
-        assert after.json()["kind"] == "build"
-        assert 150 * MB <= learned <= 300 * MB, (learned >> 20, default)
+        assert learned is not None
+        assert learned["kind"] == "build"
+        assert 150 * MB <= learned["memory_bytes"] <= 300 * MB, (learned, default)
         assert box.oom_kills() == 0
 
 
