@@ -52,8 +52,12 @@ def test_half_open_connections_neither_stop_health_nor_stay_for_ever(gw: Running
         answers = [gw.anonymous.get("/health", timeout=5) for _ in range(20)]
         assert [a.status_code for a in answers] == [200] * 20
         assert time.monotonic() - started < 5
-        time.sleep(HEADER_TIMEOUT_S + 2)
-        still_open = [s for s in sockets if not closed_by_peer(s)]
+        # Each is closed once its header deadline passes: soon after, on a busy machine.
+        deadline = time.monotonic() + HEADER_TIMEOUT_S + 30
+        still_open = sockets
+        while still_open and time.monotonic() < deadline:
+            still_open = [s for s in still_open if not closed_by_peer(s)]
+            time.sleep(0.1)
         assert still_open == [], f"{len(still_open)} of {HALF_OPEN} still held open"
         assert gw.anonymous.get("/health", timeout=5).status_code == 200
     assert gw.proc.poll() is None

@@ -181,7 +181,8 @@ def test_cancel_stops_the_remote_tree(gateway: RunningGateway, tmp_path: Path) -
 def test_a_deadline_stops_the_remote_tree(gateway: RunningGateway, tmp_path: Path) -> None:
     """Its deadline passes while it runs on a node: timed out, and its tree there is gone."""
     script = f"echo $$ > {tmp_path}/leader; exec sleep 300"
-    late = submit(gateway, ["sh", "-c", script], timeout_s=3)
+    # 15 s: a Ray task may take seconds to start beside other load, and must run before it.
+    late = submit(gateway, ["sh", "-c", script], timeout_s=15)
     leader = pid_in(tmp_path / "leader")
     ended = wait_state(gateway, late, "timed_out", timeout=60)
     assert ended["exit_code"] is None

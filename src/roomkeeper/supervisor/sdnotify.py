@@ -7,7 +7,9 @@ Each message is one datagram of ``KEY=value`` lines (``READY=1``,
 often systemd expects ``WATCHDOG=1`` (when WATCHDOG_PID is unset or ours).
 
 Sending is best effort: no socket, or one that refuses, costs nothing and
-never stops the supervisor.
+never stops the supervisor.  Nor does one whose queue is full (nobody reads
+it): a message that would wait is dropped, since a supervisor blocked in a
+send would watch nothing and answer no signal.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Notifier:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
                 sock.connect(self.address)
-                sock.sendall("\n".join(lines).encode())
+                sock.send("\n".join(lines).encode(), socket.MSG_DONTWAIT)
         except OSError:
             return False
         self.sent += 1
