@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from roomkeeper.jobs.cores import (
-    FIRST_WINDOW_S,
     READ_EVERY_S,
     SETTLED_S,
     STALE_S,
@@ -44,73 +43,53 @@ def test_a_job_not_yet_measured_counts_as_a_core_and_then_as_its_rate() -> None:
     assert abs(use.busy() - 1.2) < 1e-9
 
 
-def test_a_jobs_first_window_is_shorter_than_the_next_ones() -> None:
-    """A fresh job's rate is known a fifth of a second after it was first read (the lines
-    waiting on it start sooner); after that, a rate is measured over the longer window."""
+def test_a_fresh_job_counts_as_a_core_until_its_whole_first_window_has_passed() -> None:
+    """A start that waits is not taken at its word early: a fifth of a second idle still
+    counts as a whole core (its counter is not even read), and its rate is known once the
+    window of every other reading has passed."""
     use, clock = _use(cores=1)
     a = _Tree("a")
     assert use.full({"a": a})  # not measured: a whole core
-    clock.advance(FIRST_WINDOW_S)
-    a.cpu = FIRST_WINDOW_S * 0.05  # it waits
+    assert WINDOW_S < use.next_window_in() < WINDOW_S + 0.01
+    clock.advance(0.2)
+    a.cpu = 0.2 * 0.05  # it waits, so far
+    assert use.full({"a": a})
+    assert a.reads == 1
+    clock.advance(WINDOW_S - 0.2)
+    a.cpu = WINDOW_S * 0.05
     assert not use.full({"a": a})
     assert abs(use.busy() - 0.05) < 1e-9
-    clock.advance(FIRST_WINDOW_S)
-    a.cpu += FIRST_WINDOW_S  # CPU bound from now on
-    assert not use.full({"a": a})  # its window is the longer one now: not over yet
-    clock.advance(WINDOW_S - FIRST_WINDOW_S)
-    a.cpu += WINDOW_S - FIRST_WINDOW_S
-    assert use.full({"a": a})
-    assert abs(use.busy() - 1.0) < 1e-9
 
 
-def test_a_start_partly_busy_is_judged_on_its_whole_first_window() -> None:
-    """A fifth of a second tells a start that waits; one partly busy (a compile reading its
-    headers from disk) may be CPU bound a moment later, so it counts as not measured (a
-    whole core) until its whole window has passed."""
-    use, clock = _use(cores=1)
-    a, b = _Tree("a"), _Tree("b")
-    assert use.full({"a": a, "b": b})
-    clock.advance(FIRST_WINDOW_S)
-    a.cpu, b.cpu = FIRST_WINDOW_S * 0.3, FIRST_WINDOW_S * 0.02  # a partly busy, b waits
-    assert use.full({"a": a, "b": b})  # a still counts as a core, b as its 0.02
-    assert abs(use.busy() - 1.02) < 1e-9
-    assert WINDOW_S - FIRST_WINDOW_S < use.next_window_in() < WINDOW_S - FIRST_WINDOW_S + 0.01
-    clock.advance(WINDOW_S - FIRST_WINDOW_S)
-    a.cpu = FIRST_WINDOW_S * 0.3 + (WINDOW_S - FIRST_WINDOW_S) * 0.3
-    assert not use.full({"a": a, "b": b})  # its whole window: 0.3 of a core
-    assert abs(use.busy() - 0.32) < 1e-9
-
-
-def test_a_measured_job_keeps_the_longer_window_after_a_pause_or_a_counter_step_down() -> None:
-    """The short window is a run's first only: a stale reading or a counter that steps down
-    starts a new window of the longer kind.  :meth:`CoreUse.next_window_in` says when the
-    first open window closes."""
+def test_a_measured_job_starts_a_new_window_after_a_pause_or_a_counter_step_down() -> None:
+    """A stale reading or a counter that steps down starts a new window, the rate known
+    before it standing meanwhile.  :meth:`CoreUse.next_window_in` says when the first open
+    window closes."""
     use, clock = _use(cores=1)
     a = _Tree("a")
     use.full({"a": a})
-    assert FIRST_WINDOW_S < use.next_window_in() < FIRST_WINDOW_S + 0.01
-    clock.advance(FIRST_WINDOW_S)
-    a.cpu = FIRST_WINDOW_S * 0.05
+    clock.advance(WINDOW_S)
+    a.cpu = WINDOW_S * 0.05
     use.full({"a": a})
     assert abs(use.busy() - 0.05) < 1e-9
     assert WINDOW_S < use.next_window_in() < WINDOW_S + 0.01
     clock.advance(STALE_S + 1.0)  # launches held meanwhile: a new window from here
     a.cpu = 5.0
     use.full({"a": a})
-    clock.advance(FIRST_WINDOW_S)
-    a.cpu += FIRST_WINDOW_S  # CPU bound from now on
+    clock.advance(0.2)
+    a.cpu += 0.2  # CPU bound from now on
     use.full({"a": a})
-    assert abs(use.busy() - 0.05) < 1e-9  # its window is the longer one: still open
+    assert abs(use.busy() - 0.05) < 1e-9  # its window is still open
     assert a.reads == 3  # and its counter is not read while it is
-    clock.advance(WINDOW_S - FIRST_WINDOW_S)
-    a.cpu += WINDOW_S - FIRST_WINDOW_S
+    clock.advance(WINDOW_S - 0.2)
+    a.cpu += WINDOW_S - 0.2
     use.full({"a": a})
     assert abs(use.busy() - 1.0) < 1e-9
     clock.advance(WINDOW_S)
     a.cpu = 0.1  # a member reaped elsewhere took its seconds along: a new window
     use.full({"a": a})
-    clock.advance(FIRST_WINDOW_S)
-    use.full({"a": a})  # idle since, but the longer window is still open
+    clock.advance(0.2)
+    use.full({"a": a})  # idle since, but the window is still open
     assert abs(use.busy() - 1.0) < 1e-9
 
 
@@ -120,7 +99,7 @@ def test_a_job_whose_counter_cannot_be_read_is_tried_again_a_moment_later() -> N
     use, clock = _use(cores=1)
     a = _Tree("a")
     use.full({"a": a})
-    clock.advance(FIRST_WINDOW_S)
+    clock.advance(WINDOW_S)
     a.cpu = None  # its tree is held elsewhere
     assert use.full({"a": a})  # as last known: a core
     assert READ_EVERY_S <= use.next_window_in() < READ_EVERY_S + 0.01

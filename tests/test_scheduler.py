@@ -19,7 +19,7 @@ from roomkeeper.guard.admission import Guard, Rerun
 from roomkeeper.guard.lines import Reading
 from roomkeeper.guard.packing import MemoryPolicy
 from roomkeeper.guard.rule import Decision, Reason
-from roomkeeper.jobs.cores import FIRST_WINDOW_S
+from roomkeeper.jobs.cores import WINDOW_S
 from roomkeeper.jobs.queue import FairQueue, Limits
 from roomkeeper.jobs.rounds import RETRY_SECONDS
 from roomkeeper.jobs.scheduler import Scheduler
@@ -328,17 +328,18 @@ def test_a_round_the_cores_held_is_tried_again_when_a_running_jobs_window_closes
     tmp_path: Path,
 ) -> None:
     """A line held by busy cores is judged again when the first open window of a running job
-    closes, not after the half second a refused round waits: a fresh job's first window is a
-    fifth of a second, and a batch's first lines wait on it.  Once the round ends on the
-    guard's refusal instead, it waits the half second again."""
+    closes (a few milliseconds past it), not at the half second a refused round waits: that
+    would find the window still open by a hair and wait half a second more, and a batch's
+    first lines wait on it.  Once the round ends on the guard's refusal instead, it waits the
+    half second again."""
     rig = _cores_rig(tmp_path, "a", "b", "c", "d")
     rig.guard.refuse["d"] = Reason.MEMORY
     try:
-        assert FIRST_WINDOW_S < rig.scheduler.tick() < FIRST_WINDOW_S + 0.01
+        assert WINDOW_S < rig.scheduler.tick() < WINDOW_S + 0.01
         assert rig.scheduler.get("c").reason is SchedulerReason.CPU
         a, b = (cast(_CountedCpu, rig.launcher.handles[j]) for j in ("a", "b"))
-        rig.clock.advance(FIRST_WINDOW_S)
-        a.cpu = b.cpu = FIRST_WINDOW_S * 0.1  # both wait on something else
+        rig.clock.advance(WINDOW_S + 0.005)
+        a.cpu = b.cpu = WINDOW_S * 0.1  # both wait on something else
         assert rig.scheduler.tick() == RETRY_SECONDS  # c started (a core); d refused for memory
         assert rig.launcher.order == ["a", "b", "c"]
         assert rig.scheduler.get("d").reason is Reason.MEMORY
@@ -353,7 +354,7 @@ def test_a_round_ended_by_another_bound_after_the_cores_held_waits_the_half_seco
     before the cores are judged waits the half second of any held round."""
     rig = _cores_rig(tmp_path, "a", "b", "c")
     try:
-        assert rig.scheduler.tick() < RETRY_SECONDS  # held by the cores
+        assert WINDOW_S < rig.scheduler.tick() < WINDOW_S + 0.01  # held by the cores
         rig.limits = replace(rig.limits, max_running=2)
         assert rig.scheduler.tick() == RETRY_SECONDS
         assert rig.scheduler.get("c").reason is SchedulerReason.SLOTS

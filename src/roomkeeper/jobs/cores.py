@@ -7,13 +7,12 @@ throwing its work away.  A batch given no count of its own holds its next line
 while this says the cores are full; a job whose processes mostly wait (on
 memory, disk or the network) leaves them free, and more start.
 
-Each job's rate is its tree's CPU seconds over at least :data:`WINDOW_S`.  Its
-first window may end after :data:`FIRST_WINDOW_S` when the job kept less than
-:data:`IDLE_START` of a core busy: every waiting line of a batch waits on it,
-and a start that waits shows it in a fifth of a second; a start partly busy
-(a compile reading its headers from disk) may be CPU bound a moment later.
+Each job's rate is its tree's CPU seconds over at least :data:`WINDOW_S`.
 Until then the job counts as the busiest window measured lately past a job's
-start, a whole core before any, as if CPU bound.  A reading older than
+start, a whole core before any, as if CPU bound.  A shorter first window for a
+start that waits was tried and dropped: it started such lines 0.2 s apart
+instead of 0.5 s, and a batch of slow-growing agent turns took 4 % longer, with
+three of them stopped where one was.  A reading older than
 :data:`STALE_S` (launches were held meanwhile, or the job was suspended) starts
 a new window at the rate measured before it: a rate averaged over a pause says
 nothing of now.  A counter that steps down (a member reaped outside the tree
@@ -30,14 +29,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from roomkeeper.jobs.handle import Handle
 
 __all__ = [
-    "FIRST_WINDOW_S",
     "IDLE_SLACK",
-    "IDLE_START",
     "READ_EVERY_S",
     "SETTLED_S",
     "STALE_S",
@@ -46,13 +43,6 @@ __all__ = [
 ]
 
 WINDOW_S = 0.5  # a job's CPU rate is measured over at least this long
-# ... but its first over this long: 20 ticks of the kernel's CPU clock, enough to tell a
-# core kept busy from one left idle, and the lines waiting on it start sooner.
-FIRST_WINDOW_S = 0.2
-# ... and what it tells only when the job kept less than this share of a core busy: a start
-# that waits shows it in a fifth of a second, but one partly busy (a compile reading its
-# headers from disk) may be CPU bound a moment later, and waits for the whole window.
-IDLE_START = 0.1
 # The cores are full while less than half a core is left idle by our jobs: a CPU-bound job
 # gets a little less than a whole core beside the machine's other work, and two of them on
 # two cores must still count as full.
@@ -72,7 +62,6 @@ class _Mark:
     rate: float  # cores it kept busy over its last window (as unmeasured until one has passed)
     seen: float  # when this run was first read: its windows count for others after SETTLED_S
     measured: bool = False  # a window of its own has passed: ``rate`` is this run's
-    early: bool = False  # its short first window showed it partly busy: the whole one decides
 
 
 class CoreUse:
@@ -125,8 +114,6 @@ class CoreUse:
             # elsewhere.  The rate last known stands meanwhile.
             return _Mark(handle, now, cpu, mark.rate, mark.seen, mark.measured)
         rate = (cpu - mark.cpu) / (now - mark.at)
-        if not mark.measured and now - mark.at < WINDOW_S and rate > IDLE_START:
-            return replace(mark, early=True)  # partly busy so far: its whole window decides
         if mark.at - mark.seen >= SETTLED_S:  # a start (a shell, an exec, files read) is no guide
             self._rates.append(rate)
         return _Mark(handle, now, cpu, rate, mark.seen, measured=True)
@@ -150,8 +137,6 @@ class CoreUse:
 
 
 def _next_read(mark: _Mark) -> float:
-    """When ``mark``'s job is read next: once its window has closed (the first of a run is the
-    shorter one), or, while its counter could not be read, after :data:`READ_EVERY_S`."""
-    if mark.cpu is None:
-        return mark.at + READ_EVERY_S
-    return mark.at + (WINDOW_S if mark.measured or mark.early else FIRST_WINDOW_S)
+    """When ``mark``'s job is read next: once its window has closed, or, while its counter
+    could not be read, after :data:`READ_EVERY_S`."""
+    return mark.at + (READ_EVERY_S if mark.cpu is None else WINDOW_S)
