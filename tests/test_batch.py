@@ -365,6 +365,7 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
         deadline = time.monotonic() + 60
         while not list(marks.glob("*.termed")) and time.monotonic() < deadline:
             time.sleep(0.02)
+        assert list(marks.glob("*.termed")), "the first SIGINT sent no SIGTERM"
         assert proc.poll() is None  # still stopping the trees, which wait out the grace
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=5)

@@ -436,10 +436,10 @@ def test_a_lease_of_a_kind_asking_no_memory_is_reserved_at_what_the_kind_learned
             lease = client.post("/v1/leases", json={"id": f"build-{run}", "kind": "build"})
             assert lease.status_code == 201, lease.text
             if default is not None and lease.json()["memory_bytes"] != default:
-                learned = lease.json()  # three runs kept by now: reserved at what they took
+                assert run >= 3, f"learned from {run} run(s): three are needed"
+                learned = lease.json()  # reserved at what the runs took
                 break
             assert run < 5, "never learned from five runs of the kind"
-            assert default in (None, lease.json()["memory_bytes"])  # not yet learned
             default = lease.json()["memory_bytes"]
             argv = box.argv([sys.executable, "-c", GROW, "200"], leaf="work")
             child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -337,8 +337,10 @@ def test_a_round_the_cores_held_is_tried_again_when_a_running_jobs_window_closes
     try:
         assert WINDOW_S < rig.scheduler.tick() < WINDOW_S + 0.01
         assert rig.scheduler.get("c").reason is SchedulerReason.CPU
+        rig.clock.advance(0.2)  # held again meanwhile: the windows close 0.3 s from here
+        assert 0.3 < rig.scheduler.tick() < 0.31
         a, b = (cast(_CountedCpu, rig.launcher.handles[j]) for j in ("a", "b"))
-        rig.clock.advance(WINDOW_S + 0.005)
+        rig.clock.advance(0.3 + 0.005)
         a.cpu = b.cpu = WINDOW_S * 0.1  # both wait on something else
         assert rig.scheduler.tick() == RETRY_SECONDS  # c started (a core); d refused for memory
         assert rig.launcher.order == ["a", "b", "c"]

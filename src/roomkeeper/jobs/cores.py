@@ -7,13 +7,12 @@ throwing its work away.  A batch given no count of its own holds its next line
 while this says the cores are full; a job whose processes mostly wait (on
 memory, disk or the network) leaves them free, and more start.
 
-Each job's rate is its tree's CPU seconds over at least :data:`WINDOW_S`.
-Until then the job counts as the busiest window measured lately past a job's
-start, a whole core before any, as if CPU bound.  A shorter first window for a
-start that waits was tried and dropped: it started such lines 0.2 s apart
-instead of 0.5 s, and a batch of slow-growing agent turns took 4 % longer, with
-three of them stopped where one was.  A reading older than
-:data:`STALE_S` (launches were held meanwhile, or the job was suspended) starts
+Each job's rate is its tree's CPU seconds over at least :data:`WINDOW_S`, its
+first window too (a shorter one for a start that waits, once tried, started
+lines of slow-growing work closer together, and more of them were stopped).
+Until its first window has passed the job counts as the busiest window measured
+lately past a job's start, a whole core before any, as if CPU bound.  A reading
+older than :data:`STALE_S` (launches were held meanwhile, or the job was suspended) starts
 a new window at the rate measured before it: a rate averaged over a pause says
 nothing of now.  A counter that steps down (a member reaped outside the tree
 takes its seconds along) keeps the job's last rate and starts a new window.
@@ -61,7 +60,6 @@ class _Mark:
     cpu: float | None  # what they were then (None: not readable yet)
     rate: float  # cores it kept busy over its last window (as unmeasured until one has passed)
     seen: float  # when this run was first read: its windows count for others after SETTLED_S
-    measured: bool = False  # a window of its own has passed: ``rate`` is this run's
 
 
 class CoreUse:
@@ -100,7 +98,7 @@ class CoreUse:
         if mark is not None and now - mark.at > STALE_S:
             # A reading from before a pause (launches held, or the job suspended): the
             # average over it says nothing of now, but the rate before it is the best guess.
-            mark = _Mark(handle, now, None, mark.rate, mark.seen, mark.measured)
+            mark = _Mark(handle, now, None, mark.rate, mark.seen)
         try:
             cpu = handle.cpu_seconds()
         except Exception:  # one unreadable tree must not stop every round: as not readable
@@ -112,11 +110,11 @@ class CoreUse:
         if mark.cpu is None or cpu < mark.cpu:
             # A new window: nothing read before it, or seconds left with a member reaped
             # elsewhere.  The rate last known stands meanwhile.
-            return _Mark(handle, now, cpu, mark.rate, mark.seen, mark.measured)
+            return _Mark(handle, now, cpu, mark.rate, mark.seen)
         rate = (cpu - mark.cpu) / (now - mark.at)
         if mark.at - mark.seen >= SETTLED_S:  # a start (a shell, an exec, files read) is no guide
             self._rates.append(rate)
-        return _Mark(handle, now, cpu, rate, mark.seen, measured=True)
+        return _Mark(handle, now, cpu, rate, mark.seen)
 
     def next_window_in(self) -> float:
         """Seconds until the first open window of the jobs last read has closed (when their

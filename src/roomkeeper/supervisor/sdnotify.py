@@ -9,7 +9,9 @@ often systemd expects ``WATCHDOG=1`` (when WATCHDOG_PID is unset or ours).
 Sending is best effort: no socket, or one that refuses, costs nothing and
 never stops the supervisor.  Nor does one whose queue is full (nobody reads
 it): a message that would wait is dropped, since a supervisor blocked in a
-send would watch nothing and answer no signal.
+send would watch nothing and answer no signal.  A dropped ``READY=1`` goes
+again with the next ``WATCHDOG=1`` (sent on every healthy heartbeat), or
+systemd would wait for it until its start timeout.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Notifier:
         if usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid())):
             self.watchdog_s = int(usec) / 1_000_000
         self.ready_sent = False
+        self._unsent_ready: str | None = None  # the status of a READY=1 that was dropped
         self.sent = 0
 
     @property
@@ -74,9 +77,13 @@ class Notifier:
             self.notify(f"STATUS={status}")
             return
         self.ready_sent = self.notify("READY=1", f"STATUS={status}")
+        self._unsent_ready = None if self.ready_sent or not self.enabled else status
 
     def watchdog(self) -> None:
-        """``WATCHDOG=1``: keep systemd's own watchdog from firing."""
+        """``WATCHDOG=1``: keep systemd's own watchdog from firing (after a ``READY=1``
+        that was dropped, sent again first)."""
+        if self._unsent_ready is not None:
+            self.ready(self._unsent_ready)
         self.notify("WATCHDOG=1")
 
     def status(self, text: str) -> None:
