@@ -410,6 +410,9 @@ def test_a_notify_socket_nobody_reads_never_blocks_the_sender(tmp_path: Path) ->
         assert listener.recv(4096) == b"WATCHDOG=1"  # READY=1 went once
 
 
+# ------------------------------------------------------- real supervisor: helpers
+
+
 def wait_healthy(url: str, timeout: float = 20) -> str:
     """Wait for GET /health; its boot id."""
     deadline = time.monotonic() + timeout
