@@ -547,9 +547,7 @@ def test_recovery_mode_is_sent_and_a_repair_clears_it(tmp_path: Path) -> None:
             assert started - ended >= delay
         # "repaired" is recorded once "off" is sent; the gateway writes what it heard in its
         # own time.
-        deadline = time.monotonic() + 30
-        while len(heard(tmp_path, 4)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(heard(tmp_path, 4)) >= 2, "the gateway heard two messages", 30)
         assert [(m["type"], m.get("on")) for m in heard(tmp_path, 4)] == [
             ("recovery_mode", True),
             ("recovery_mode", False),
