@@ -167,6 +167,7 @@ def test_roomkeeper_jobs_shows_the_estimate_and_where_it_came_from(
 ) -> None:
     """The table has an estimate column: size, source, and pack when asked for."""
     _submit(module_gw, argv=["true"], memory_bytes=300 * 10**6, memory_policy="pack")
+    _submit(module_gw, argv=["true"], kind="shown-as-default")  # nothing learned of its kind
     env = gateway_env(module_gw.home.parent)
     result = roomkeeper_cli(env, "jobs")
     assert result.returncode == 0, result.stderr

@@ -53,8 +53,8 @@ def test_a_runs_kept_sizes_say_what_the_journal_says_reading_it_once_a_key(
         def learned_size(self, key: str) -> int | None:
             raise AssertionError("the kept view reads recent peaks, not the statistic")
 
-        def record_peak(self, key: str, peak_bytes: int) -> object:
-            return journal.record_peak(key, peak_bytes)
+        def record_peaks(self, peaks: list[tuple[str, int]]) -> object:
+            return journal.record_peaks(peaks)
 
         def recent_peaks(self, key: str) -> list[int]:
             reads.append(key)
@@ -64,7 +64,8 @@ def test_a_runs_kept_sizes_say_what_the_journal_says_reading_it_once_a_key(
     said = [kept.learned_size("kind:x"), kept.learned_size("kind:new")]
     expected = [journal.learned_size("kind:x"), None]
     for peak in (500, 200, 300, 400, 50):
-        kept.record_peak("kind:x", peak * MB).result()  # type: ignore[attr-defined]
+        kept.record_peak("kind:x", peak * MB)
+        kept.write().result()  # type: ignore[attr-defined]
         said.append(kept.learned_size("kind:x"))
         expected.append(journal.learned_size("kind:x"))
     kept.record_peak("kind:new", 7)
@@ -72,6 +73,45 @@ def test_a_runs_kept_sizes_say_what_the_journal_says_reading_it_once_a_key(
     assert said[-1] == 500 * MB  # 900 was forgotten
     assert kept.learned_size("kind:new") == 7
     assert reads == ["kind:x", "kind:new"]
+
+
+def test_a_runs_peaks_are_written_together_once_the_first_is_half_a_second_old(
+    journal: Journal, tmp_path: Path
+) -> None:
+    """A batch of short lines ends hundreds a second: their peaks reach the journal in one
+    write, each key's last five, once the oldest waited half a second; a key first read after
+    its peaks were recorded still sees them."""
+    now = [0.0]
+    writes: list[list[tuple[str, int]]] = []
+
+    class Recording:
+        def record_peaks(self, peaks: list[tuple[str, int]]) -> object:
+            writes.append(list(peaks))
+            return journal.record_peaks(peaks)
+
+        def recent_peaks(self, key: str) -> list[int]:
+            return journal.recent_peaks(key)
+
+    kept = KeptSizes(Recording(), clock=lambda: now[0])
+    assert kept.write_due() is None and kept.write() is None  # nothing to write
+    for peak in range(1, 8):
+        kept.record_peak("kind:x", peak * MB)
+        now[0] += 0.05
+    kept.record_peak("shape:y", 3 * MB)
+    assert kept.write_due() is None and writes == []  # the first peak is 0.35 s old
+    assert kept.learned_size("kind:x") == 7 * MB  # unwritten, yet seen by the run
+    now[0] = 0.5
+    kept.write_due().result(timeout=10)  # type: ignore[union-attr]
+    assert writes == [[("kind:x", p * MB) for p in range(3, 8)] + [("shape:y", 3 * MB)]]
+    assert journal.recent_peaks("kind:x") == [p * MB for p in range(7, 2, -1)]
+    assert journal.recent_peaks("shape:y") == [3 * MB]
+    assert kept.write_due() is None  # all written: nothing is due
+    now[0] = 5.0
+    kept.record_peak("kind:x", 9 * MB)
+    assert kept.write_due() is None  # due half a second after this peak, not the last write
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        rows = conn.execute("SELECT count(*) FROM learned_sizes").fetchone()[0]
+    assert rows == 6  # five of kind:x, one of shape:y
 
 
 def test_the_read_takes_the_last_five_even_of_more_rows(journal: Journal, tmp_path: Path) -> None:
@@ -141,11 +181,12 @@ def test_a_shapes_typical_size_is_the_median_of_its_last_runs_once_two_are_kept(
     """None after one run; then the (upper) median of the last five, here and as read back."""
     sizes = KeptSizes(journal)
     assert sizes.typical_size("shape:x") is None
-    sizes.record_peak("shape:x", 900 * MB).result(timeout=10)
+    sizes.record_peak("shape:x", 900 * MB)
     assert sizes.typical_size("shape:x") is None  # one run says too little
     for peak in (100, 200, 300, 400, 500):  # the first (900) falls out: with it, 400
-        sizes.record_peak("shape:x", peak * MB).result(timeout=10)
+        sizes.record_peak("shape:x", peak * MB)
     assert sizes.typical_size("shape:x") == 300 * MB
+    sizes.write().result(timeout=10)  # type: ignore[attr-defined]
     assert KeptSizes(journal).typical_size("shape:x") == 300 * MB  # as the journal keeps them
 
 

@@ -273,6 +273,7 @@ def run_batch(
                 run.feed()
                 run.collect()
                 run.show()
+                run.write_sizes(due_only=True)
             if interrupted.is_set():
                 raise KeyboardInterrupt
         except KeyboardInterrupt:
@@ -282,6 +283,7 @@ def run_batch(
         finally:
             scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
             progress.pressure = scheduler.pressure_statistics()
+            run.write_sizes()  # the journal's close waits for it to be durable
     if interrupted.is_set():  # Ctrl-C while the last trees were being closed: still 130
         raise KeyboardInterrupt
     return run.results()
@@ -477,6 +479,16 @@ class _BatchRun:
         if self._line is None:
             self._line = self._guard.check(memory_bytes=0).memory_line_bytes
         return self._line
+
+    def write_sizes(self, *, due_only: bool = False) -> None:
+        """Hand the peaks learned since the last write to the journal (``due_only``: only
+        once the oldest of them waited :data:`~roomkeeper.jobs.sizes.WRITE_EVERY_S`)."""
+        if self._sizes is None:
+            return
+        if due_only:
+            self._sizes.write_due()
+        else:
+            self._sizes.write()
 
     def collect(self) -> None:
         """Wait a little for a change, then record every job that ended."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 from roomkeeper.jobs.sizes import LAST_RUNS
@@ -40,16 +41,22 @@ class SizesTable(Store):
 
     def record_peak(self, key: str, peak_bytes: int) -> Future[None]:
         """Keep one ended run's peak under ``key``; only its last LAST_RUNS are kept."""
+        return self.record_peaks([(key, peak_bytes)])
+
+    def record_peaks(self, peaks: Sequence[tuple[str, int]]) -> Future[None]:
+        """Keep ended runs' peaks, oldest first, in one transaction; each key they name is
+        trimmed back to its last LAST_RUNS once, and the table to MAX_ROWS once."""
         at = time.time()
+        rows = [{"key": key, "peak": max(0, int(peak)), "at": at} for key, peak in peaks]
+        keys = list(dict.fromkeys(key for key, _ in peaks))
 
         def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO learned_sizes (key, peak_bytes, at) VALUES (:key, :peak, :at)",
-                {"key": key, "peak": max(0, int(peak_bytes)), "at": at},
+            conn.executemany(
+                "INSERT INTO learned_sizes (key, peak_bytes, at) VALUES (:key, :peak, :at)", rows
             )
-            conn.execute(
+            conn.executemany(
                 f"DELETE FROM learned_sizes WHERE key = :key AND rowid NOT IN ({_LAST})",
-                {"key": key, "keep": LAST_RUNS},
+                [{"key": key, "keep": LAST_RUNS} for key in keys],
             )
             conn.execute(
                 "DELETE FROM learned_sizes WHERE rowid <= "
