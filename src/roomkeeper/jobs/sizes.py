@@ -164,10 +164,10 @@ class KeptSizes:
     What it records is written in one go (:meth:`write`; :meth:`write_due` once the first
     unwritten peak is :data:`WRITE_EVERY_S` old), and only each key's last
     :data:`LAST_RUNS`, the only ones kept: a batch of short lines ends hundreds a second,
-    and a transaction a line cost the lines' scheduler more than a third of a millisecond
-    each.  A run killed abruptly loses at most the last half second's peaks (a hint
-    lost, never a job).  Peaks another process records meanwhile under the same key are
-    seen by the next run.
+    and two transactions a line (its key's and its shape's) cost it about 0.2 ms a line,
+    measured on 1,000 lines of ``true``.  A run killed abruptly loses at most the last
+    half second's peaks (a hint lost, never a job).  Peaks another process records
+    meanwhile under the same key are seen by the next run.
 
     Args:
         clock: monotonic seconds, for when the unwritten peaks are due.
