@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sqlite3
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,6 +21,8 @@ from roomkeeper.jobs.sizes import KeptSizes, shape_key, size_key, with_shape_siz
 from roomkeeper.jobs.spec import JobSpec
 from roomkeeper.journal.database import Journal
 from tests.batch_cli import batch
+from tests.fakes import NO_DISK
+from tests.gateways import wait_until
 
 MB = 10**6
 
@@ -112,6 +117,55 @@ def test_a_runs_peaks_are_written_together_once_the_first_is_half_a_second_old(
     with sqlite3.connect(tmp_path / "journal.db") as conn:
         rows = conn.execute("SELECT count(*) FROM learned_sizes").fetchone()[0]
     assert rows == 6  # five of kind:x, one of shape:y
+
+
+def test_a_key_first_read_after_its_unwritten_peaks_puts_them_before_the_journals(
+    journal: Journal,
+) -> None:
+    """A shape read for the first time while two of this run's peaks wait to be written: its
+    five are those two and the journal's newest three, not the journal's five."""
+    for peak in (100, 200, 300, 400, 500):
+        journal.record_peak("shape:z", peak * MB).result(timeout=10)
+    kept = KeptSizes(journal)
+    kept.record_peak("shape:z", 900 * MB)
+    kept.record_peak("shape:z", 800 * MB)
+    assert kept.typical_size("shape:z") == 500 * MB  # of 800, 900, 500, 400, 300
+    kept.write().result(timeout=10)  # type: ignore[union-attr]
+    assert journal.recent_peaks("shape:z") == [p * MB for p in (800, 900, 500, 400, 300)]
+
+
+@pytest.mark.kernel
+def test_a_batch_writes_its_peaks_while_it_runs_not_only_at_its_end(tmp_path: Path) -> None:
+    """A line that ended is in the journal about half a second later, while the batch's other
+    line still runs: a batch killed then would not have lost it."""
+    home = tmp_path / "home"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ROOMKEEPER_")}
+    clean.update(ROOMKEEPER_HOME=str(home), **NO_DISK)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "roomkeeper", "batch", "--quiet", "--max-running", "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=clean,
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write("sleep 60\ntrue\n")
+        proc.stdin.close()
+
+        def written() -> bool:
+            try:
+                with sqlite3.connect(f"file:{home / 'journal.db'}?mode=ro", uri=True) as conn:
+                    return bool(conn.execute("SELECT count(*) FROM learned_sizes").fetchone()[0])
+            except sqlite3.Error:  # not made yet
+                return False
+
+        wait_until(written, "the ended line's peak in the journal", timeout=30)
+        assert proc.poll() is None  # the sleep still runs: written before the batch's end
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
 
 
 def test_the_read_takes_the_last_five_even_of_more_rows(journal: Journal, tmp_path: Path) -> None:

@@ -277,13 +277,16 @@ def run_batch(
             if interrupted.is_set():
                 raise KeyboardInterrupt
         except KeyboardInterrupt:
+            run.write_sizes()  # before the stop's wait, which a second Ctrl-C cuts short
             scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
             run.collect_rest()
             raise
         finally:
+            # Handed over before and after closing: closing may raise, or bring last ends.
+            run.write_sizes()  # the journal's close waits for both to be durable
             scheduler.close(grace=STOP_GRACE_ON_INTERRUPT)
             progress.pressure = scheduler.pressure_statistics()
-            run.write_sizes()  # the journal's close waits for it to be durable
+            run.write_sizes()
     if interrupted.is_set():  # Ctrl-C while the last trees were being closed: still 130
         raise KeyboardInterrupt
     return run.results()

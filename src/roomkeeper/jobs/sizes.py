@@ -153,7 +153,7 @@ class SizeBook(Protocol):
 
 
 WRITE_EVERY_S = 0.5
-"""A run's peaks are written together at most this long after the first of them ended."""
+"""A run's peaks are written together once the first of them has waited this long."""
 
 
 class KeptSizes:
@@ -164,9 +164,9 @@ class KeptSizes:
     What it records is written in one go (:meth:`write`; :meth:`write_due` once the first
     unwritten peak is :data:`WRITE_EVERY_S` old), and only each key's last
     :data:`LAST_RUNS`, the only ones kept: a batch of short lines ends hundreds a second,
-    and two transactions a line (its key's and its shape's) cost it about 0.2 ms a line,
-    measured on 1,000 lines of ``true``.  A run killed abruptly loses at most the last
-    half second's peaks (a hint lost, never a job).  Peaks another process records
+    and two transactions a line (its key's and its shape's) slowed the scheduler that
+    starts them.  A run killed abruptly loses the peaks of about its last half second (a
+    hint lost, never a job).  Peaks another process records
     meanwhile under the same key are seen by the next run.
 
     Args:
@@ -195,7 +195,7 @@ class KeptSizes:
         if peaks is None:
             ours = list(reversed(self._unwritten.get(key, ())))  # newer than the book's
             recent = self._book.recent_peaks(key)[:LAST_RUNS]  # newest first
-            peaks = self._peaks[key] = deque(ours + recent, maxlen=LAST_RUNS)
+            peaks = self._peaks[key] = deque((ours + recent)[:LAST_RUNS], maxlen=LAST_RUNS)
         return peaks
 
     def record_peak(self, key: str, peak_bytes: int) -> None:
