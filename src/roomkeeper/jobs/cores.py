@@ -12,9 +12,9 @@ first window too (a shorter one for a start that waits, once tried, started
 lines of slow-growing work closer together, and more of them were stopped).
 Until its first window has passed the job counts as the busiest window measured
 lately past a job's start, a whole core before any, as if CPU bound.  A reading
-older than :data:`STALE_S` (launches were held meanwhile, or the job was suspended) starts
-a new window at the rate measured before it: a rate averaged over a pause says
-nothing of now.  A counter that steps down (a member reaped outside the tree
+older than :data:`STALE_S` (launches were held meanwhile, or the job was
+suspended) starts a new window at the rate measured before it: a rate averaged
+over a pause says nothing of now.  A counter that steps down (a member reaped outside the tree
 takes its seconds along) keeps the job's last rate and starts a new window.
 A job's counter is read only once its window may have closed, and
 :meth:`CoreUse.next_window_in` says when the next one closes, so that a held

@@ -166,8 +166,8 @@ class KeptSizes:
     :data:`LAST_RUNS`, the only ones kept: a batch of short lines ends hundreds a second,
     and two transactions a line (its key's and its shape's) slowed the scheduler that
     starts them.  A run killed abruptly loses the peaks of about its last half second (a
-    hint lost, never a job).  Peaks another process records
-    meanwhile under the same key are seen by the next run.
+    hint lost, never a job).  Peaks another process records meanwhile under the same key
+    are seen by the next run.
 
     Args:
         clock: monotonic seconds, for when the unwritten peaks are due.
